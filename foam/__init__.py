@@ -1,0 +1,20 @@
+"""FOAM and memory-efficient optimizer baselines for LLM pre-training; imports torch only.
+
+>>> from foam import FOAM, build_optimizer, state_bytes
+"""
+
+from foam import recipes as _recipes  # noqa: F401  (registers adamw, foam, foam_mini)
+from foam.optimizer import FOAM
+from foam.param_groups import ParamSplit, split_params
+from foam.registry import available_optimizers, build_optimizer
+from foam.state import planned_state_numel, state_bytes
+
+__all__ = [
+    "FOAM",
+    "ParamSplit",
+    "available_optimizers",
+    "build_optimizer",
+    "planned_state_numel",
+    "split_params",
+    "state_bytes",
+]

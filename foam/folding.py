@@ -1,0 +1,146 @@
+"""Block folding: the fold A (block means) and unfold E (block repeat) of FOAM_SPEC section 1.
+
+Everything here works on *views*: a matrix is split into its full blocks, shaped so that a block is
+one axis of a 3-d view, plus an optional shorter tail block. Broadcasting a per-block value over
+these views is how the optimizer applies E without materialising E(y) as a full-size tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+Level = int | str | None  # an int >= 0, "mini", or None (no folding)
+FOLD_AXES = ("larger", "last")
+
+
+@dataclass(frozen=True)
+class FoldPlan:
+    """How one parameter is folded.
+
+    ``rows x cols`` is the 2-d view of the parameter (more than two dims are viewed as
+    ``(shape[0], prod(rest))``). ``axis`` is the axis of that view whose entries are averaged in
+    blocks of ``block`` consecutive entries; the last block may be shorter (``tail`` entries).
+    """
+
+    rows: int
+    cols: int
+    axis: int  # 0 or 1 in the 2-d view
+    block: int
+
+    @property
+    def length(self) -> int:
+        """Entries along the fold axis."""
+        return self.cols if self.axis == 1 else self.rows
+
+    @property
+    def full_blocks(self) -> int:
+        return self.length // self.block
+
+    @property
+    def tail(self) -> int:
+        """Entries in the last, shorter block (0 when the length is divisible)."""
+        return self.length - self.full_blocks * self.block
+
+    @property
+    def num_blocks(self) -> int:
+        return math.ceil(self.length / self.block)
+
+    @property
+    def folded_shape(self) -> tuple[int, int]:
+        """Shape of a folded state: the fold axis shrinks to one value per block."""
+        return (self.rows, self.num_blocks) if self.axis == 1 else (self.num_blocks, self.cols)
+
+
+def matrix_shape(shape: torch.Size | tuple[int, ...]) -> tuple[int, int]:
+    """The 2-d view FOAM folds: ``(shape[0], prod(rest))``."""
+    if len(shape) < 2:
+        raise ValueError(
+            f"only tensors with at least two dims are folded, got shape {tuple(shape)}"
+        )
+    return shape[0], math.prod(shape[1:])
+
+
+def block_size(level: int | str, length: int) -> int:
+    """Entries per block: ``2**level``, or the whole axis for ``"mini"``."""
+    if level == "mini":
+        return length
+    if not isinstance(level, int) or isinstance(level, bool) or level < 0:
+        raise ValueError(f"level must be an int >= 0 or 'mini', got {level!r}")
+    return 2**level
+
+
+def make_plan(shape: torch.Size | tuple[int, ...], level: int | str, fold_axis: str) -> FoldPlan:
+    """Plan the fold of a tensor of ``shape``.
+
+    ``fold_axis="larger"`` folds the larger dim (ties: the last), the paper's convention that makes
+    FOAM-Mini keep one value per row of the smaller dim; ``"last"`` always folds the last dim of
+    the 2-d view, as the authors' release does. A block larger than the axis is an error rather than
+    a silent "mini": the caller asked for a level that does not exist for this matrix.
+    """
+    if fold_axis not in FOLD_AXES:
+        raise ValueError(f"fold_axis must be one of {FOLD_AXES}, got {fold_axis!r}")
+    rows, cols = matrix_shape(shape)
+    axis = 1 if fold_axis == "last" or cols >= rows else 0
+    length = cols if axis == 1 else rows
+    block = block_size(level, length)
+    if block > length:
+        raise ValueError(
+            f"fold level {level} makes blocks of {block} entries, but a parameter of shape "
+            f"{tuple(shape)} has only {length} along its fold axis; use a smaller level or 'mini'"
+        )
+    return FoldPlan(rows=rows, cols=cols, axis=axis, block=block)
+
+
+def block_views(
+    x: torch.Tensor, y: torch.Tensor, plan: FoldPlan
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Pairs ``(x_blocks, y_values)`` where ``y_values`` broadcasts over ``x_blocks``.
+
+    ``x`` is a contiguous full-size 2-d tensor, ``y`` a folded tensor (``plan.folded_shape``). The
+    first pair covers the full blocks as a 3-d view of ``x`` whose block axis has size
+    ``plan.block``; the second, present only for a non-divisible length, covers the tail. Writing
+    into ``x_blocks`` writes into ``x``.
+    """
+    full, block, tail = plan.full_blocks, plan.block, plan.tail
+    cut = full * block
+    if plan.axis == 1:
+        if full:
+            yield x[:, :cut].view(plan.rows, full, block), y[:, :full].unsqueeze(-1)
+        if tail:
+            yield x[:, cut:], y[:, full:]
+    else:
+        if full:
+            yield x[:cut].view(full, block, plan.cols), y[:full].unsqueeze(1)
+        if tail:
+            yield x[cut:], y[full:]
+
+
+def fold(x: torch.Tensor, plan: FoldPlan) -> torch.Tensor:
+    """A(x): the mean of each block; the tail block is the mean of its real entries."""
+    block_axis = 2 if plan.axis == 1 else 1
+    parts = []
+    cut = plan.full_blocks * plan.block
+    if plan.full_blocks:
+        main = x[:, :cut] if plan.axis == 1 else x[:cut]
+        shape = (
+            (plan.rows, plan.full_blocks, plan.block)
+            if plan.axis == 1
+            else (plan.full_blocks, plan.block, plan.cols)
+        )
+        parts.append(main.reshape(shape).mean(dim=block_axis))
+    if plan.tail:
+        tail = x[:, cut:] if plan.axis == 1 else x[cut:]
+        parts.append(tail.mean(dim=plan.axis, keepdim=True))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=plan.axis)
+
+
+def unfold(y: torch.Tensor, plan: FoldPlan) -> torch.Tensor:
+    """E(y): each block value repeated over its block, truncated to the full size."""
+    out = y.new_empty((plan.rows, plan.cols))
+    for x_blocks, y_values in block_views(out, y, plan):
+        x_blocks.copy_(y_values.expand_as(x_blocks))
+    return out

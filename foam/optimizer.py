@@ -1,0 +1,259 @@
+"""FOAM: Adam with block-folded moments plus a per-step residual (FOAM_SPEC sections 1-3)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from foam.folding import FOLD_AXES, FoldPlan, block_views, fold, make_plan, unfold
+from foam.state import load_state_dict_keeping_dtypes
+
+SECOND_MOMENTS = ("square_of_mean", "mean_of_squares")
+
+
+def resolve_dtype(value: torch.dtype | str | None, fallback: torch.dtype) -> torch.dtype:
+    """``None`` -> ``fallback``; ``"float32"``/``"bfloat16"``/... (config files) -> the torch dtype."""
+    if value is None:
+        return fallback
+    dtype = getattr(torch, value, None) if isinstance(value, str) else value
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"state_dtype must be a floating torch dtype or its name, got {value!r}")
+    return dtype
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32, or the parameter's dtype when it is wider (float64 parameters stay float64)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def ema_(state: torch.Tensor, value: torch.Tensor, beta: float, *, square: bool) -> torch.Tensor:
+    """Update an EMA state in place in wide arithmetic; return the wide updated value.
+
+    ``square=True`` accumulates ``value**2``. The lerp / mul-addcmul forms are the ones
+    ``torch.optim.AdamW`` uses, so level 0 reproduces it to rounding.
+    """
+    wide = state.to(value.dtype)
+    if square:
+        wide.mul_(beta).addcmul_(value, value, value=1 - beta)
+    else:
+        wide.lerp_(value, 1 - beta)
+    if wide is not state:
+        state.copy_(wide)
+    return wide
+
+
+class FOAM(torch.optim.Optimizer):
+    """Adam whose moments are stored as block means along one axis, plus a residual.
+
+    A parameter with at least two dims in a group whose ``level`` is not ``None`` keeps its first
+    and second moments folded to blocks of ``2**level`` entries (``level="mini"``: one block per
+    row of the smaller dim). Each step re-adds the detail the fold loses, the residual
+    ``R = G - E(A(G))``, to both moments (FOAM_SPEC section 2). Everything else, and every group
+    with ``level=None``, takes the plain AdamW update without ``alpha``.
+
+    Parameters are processed one at a time, so the transient memory of a step is a few
+    temporaries the size of one parameter, never the whole model's.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        level: int | str | None = 2,
+        alpha: float = 0.25,
+        residual: bool | float = True,
+        residual_in_second_moment: bool = True,
+        second_moment: str = "square_of_mean",
+        bias_correction: bool = True,
+        fold_axis: str = "larger",
+        state_dtype: torch.dtype | str | None = None,
+    ) -> None:
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            level=level,
+            alpha=alpha,
+            residual=residual,
+            residual_in_second_moment=residual_in_second_moment,
+            second_moment=second_moment,
+            bias_correction=bias_correction,
+            fold_axis=fold_axis,
+            state_dtype=state_dtype,
+        )
+        super().__init__(params, defaults)
+
+    # -- configuration -------------------------------------------------------------------------
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Validate every group when it is added, so a bad level fails before any compute."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        _validate_group(group)
+        for p in group["params"]:
+            self.plan_for(p, group)  # raises for a level beyond the matrix
+
+    @staticmethod
+    def plan_for(p: torch.Tensor, group: dict[str, Any]) -> FoldPlan | None:
+        """How ``p`` is folded in ``group``; ``None`` when it takes plain AdamW."""
+        if group["level"] is None or p.dim() < 2:
+            return None
+        return make_plan(p.shape, group["level"], group["fold_axis"])
+
+    def planned_state_numel(self) -> int:
+        """Elements of moment state this optimizer holds once every parameter has stepped.
+
+        Derived from the same fold plans that size the states, so memory estimates made on a
+        meta-device model and the states really allocated cannot disagree.
+        """
+        total = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                plan = self.plan_for(p, group)
+                total += 2 * (p.numel() if plan is None else math.prod(plan.folded_shape))
+        return total
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        load_state_dict_keeping_dtypes(self, super().load_state_dict, state_dict)
+
+    # -- the step --------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("FOAM does not support sparse gradients")
+                self._update(p, group)
+        return loss
+
+    def _init_state(self, p: torch.Tensor, group: dict[str, Any], plan: FoldPlan | None) -> None:
+        state = self.state[p]
+        shape = p.shape if plan is None else plan.folded_shape
+        dtype = resolve_dtype(group["state_dtype"], p.dtype)
+        state["step"] = torch.tensor(0.0)
+        state["exp_avg"] = torch.zeros(shape, dtype=dtype, device=p.device)
+        state["exp_avg_sq"] = torch.zeros(shape, dtype=dtype, device=p.device)
+
+    def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
+        plan = self.plan_for(p, group)
+        state = self.state[p]
+        if not state:
+            self._init_state(p, group, plan)
+        state["step"] += 1
+        t = int(state["step"].item())
+        beta1, beta2 = group["betas"]
+        lr, eps = group["lr"], group["eps"]
+        bc1 = 1 - beta1**t if group["bias_correction"] else 1.0
+        bc2 = 1 - beta2**t if group["bias_correction"] else 1.0
+        step_size = lr * (1.0 if plan is None else group["alpha"])
+
+        wide = compute_dtype(p.dtype)
+        grad = p.grad if plan is None else p.grad.reshape(plan.rows, plan.cols)
+        g = grad.to(wide)
+
+        if plan is not None and plan.block > 1:
+            g_folded = fold(g, plan)
+            m = ema_(state["exp_avg"], g_folded, beta1, square=False)
+            if group["second_moment"] == "mean_of_squares":
+                v = ema_(state["exp_avg_sq"], fold(g.square(), plan), beta2, square=False)
+            else:
+                v = ema_(state["exp_avg_sq"], g_folded, beta2, square=True)
+            update = self._residual_update(g, g is grad, g_folded, m / bc1, v / bc2, plan, group)
+        else:
+            # Identity fold (plain AdamW, or level 0): no residual; torch.optim.AdamW's formula.
+            m = ema_(state["exp_avg"], g, beta1, square=False)
+            v = ema_(state["exp_avg_sq"], g, beta2, square=True)
+            update = m.div((v.sqrt() / bc2**0.5).add_(eps)).div_(bc1)
+
+        if group["weight_decay"]:
+            p.mul_(1 - lr * group["weight_decay"])
+        p.add_(update.view(p.shape), alpha=-step_size)
+
+    @staticmethod
+    def _residual_update(
+        g: torch.Tensor,
+        g_is_grad: bool,
+        g_folded: torch.Tensor,
+        m_hat: torch.Tensor,
+        v_hat: torch.Tensor,
+        plan: FoldPlan,
+        group: dict[str, Any],
+    ) -> torch.Tensor:
+        """``(E(m_hat) + rho R) / (sqrt(E(v_hat) + rho^2 R^2) + eps)`` with ``R = g - E(A(g))``.
+
+        Broadcasts per-block values over block views instead of materialising ``E(.)``, so the
+        only full-size temporaries are the residual (reused as the numerator) and the
+        denominator.
+        """
+        rho = float(group["residual"])
+        eps = group["eps"]
+        if rho == 0.0:  # the no-residual ablation: a block-constant update
+            return unfold(m_hat / (v_hat.sqrt() + eps), plan)
+
+        residual = g.clone() if g_is_grad else g  # never write into p.grad
+        for blocks, values in block_views(residual, g_folded, plan):
+            blocks.sub_(values)
+
+        if group["residual_in_second_moment"]:
+            denom = residual.square()
+            if rho != 1.0:
+                denom.mul_(rho * rho)
+            for blocks, values in block_views(denom, v_hat, plan):
+                blocks.add_(values)
+            denom.sqrt_().add_(eps)
+        else:
+            denom = None
+            block_denom = v_hat.sqrt().add_(eps)
+
+        if rho != 1.0:
+            residual.mul_(rho)
+        for blocks, values in block_views(residual, m_hat, plan):
+            blocks.add_(values)  # residual now holds the numerator
+        if denom is not None:
+            return residual.div_(denom)
+        for blocks, values in block_views(residual, block_denom, plan):
+            blocks.div_(values)
+        return residual
+
+
+def _validate_group(group: dict[str, Any]) -> None:
+    """Reject settings that would otherwise produce silent garbage mid-training."""
+    level = group["level"]
+    if (
+        level is not None
+        and level != "mini"
+        and (not isinstance(level, int) or isinstance(level, bool) or level < 0)
+    ):
+        raise ValueError(f"level must be an int >= 0, 'mini' or None, got {level!r}")
+    if not group["lr"] >= 0:
+        raise ValueError(f"lr must be >= 0, got {group['lr']!r}")
+    if not group["eps"] >= 0:
+        raise ValueError(f"eps must be >= 0, got {group['eps']!r}")
+    if not group["weight_decay"] >= 0:
+        raise ValueError(f"weight_decay must be >= 0, got {group['weight_decay']!r}")
+    betas = group["betas"]
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+    if not float(group["residual"]) >= 0:
+        raise ValueError(f"residual must be a bool or a scale >= 0, got {group['residual']!r}")
+    if group["second_moment"] not in SECOND_MOMENTS:
+        raise ValueError(
+            f"second_moment must be one of {SECOND_MOMENTS}, got {group['second_moment']!r}"
+        )
+    if group["fold_axis"] not in FOLD_AXES:
+        raise ValueError(f"fold_axis must be one of {FOLD_AXES}, got {group['fold_axis']!r}")
+    resolve_dtype(group["state_dtype"], torch.float32)

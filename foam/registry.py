@@ -1,0 +1,86 @@
+"""``build_optimizer``: any optimizer of the project from a model, with the paper's split.
+
+Each method registers a builder with the keywords it accepts and their defaults; the registry
+checks names and keywords once, for all of them, and checks that the groups it built cover every
+trainable parameter exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from foam.param_groups import ParamSplit, check_covers, split_params
+
+COMMON_DEFAULTS: dict[str, Any] = {
+    "lr": 1e-3,
+    "betas": (0.9, 0.95),
+    "eps": 1e-8,
+    "weight_decay": 0.0,
+}
+
+Builder = Callable[[ParamSplit, dict[str, Any]], torch.optim.Optimizer]
+
+
+@dataclass(frozen=True)
+class Method:
+    build: Builder
+    defaults: dict[str, Any]
+
+
+_METHODS: dict[str, Method] = {}
+
+
+def register(name: str, **defaults: Any) -> Callable[[Builder], Builder]:
+    """Register ``build(split, hparams)`` under ``name``; ``defaults`` are its extra keywords."""
+
+    def decorate(build: Builder) -> Builder:
+        if name in _METHODS:
+            raise ValueError(f"optimizer {name!r} is registered twice")
+        _METHODS[name] = Method(build, {**COMMON_DEFAULTS, **defaults})
+        return build
+
+    return decorate
+
+
+def available_optimizers() -> dict[str, dict[str, Any]]:
+    """Registered names and the keywords (with defaults) each accepts."""
+    return {name: dict(m.defaults) for name, m in sorted(_METHODS.items())}
+
+
+def build_optimizer(name: str, model: nn.Module, **hparams: Any) -> torch.optim.Optimizer:
+    """The optimizer ``name`` over ``model``: the method on attention/MLP matrices, AdamW elsewhere."""
+    method = _METHODS.get(name)
+    if method is None:
+        raise ValueError(f"unknown optimizer {name!r}; available: {', '.join(sorted(_METHODS))}")
+    unknown = sorted(set(hparams) - set(method.defaults))
+    if unknown:
+        raise TypeError(
+            f"optimizer {name!r} got unknown keyword(s) {unknown}; "
+            f"it accepts {sorted(method.defaults)}"
+        )
+    settings = {**method.defaults, **hparams}
+    settings["betas"] = tuple(settings["betas"])
+    optimizer = method.build(split_params(model), settings)
+    check_covers(model, optimizer.param_groups)
+    return optimizer
+
+
+def two_groups(
+    split: ParamSplit, matrices: dict[str, Any], others: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The matrix group and the rest, named for logging; an empty group is left out."""
+    groups = [
+        {"params": [p for _, p in split.matrices], "name": "matrices", **matrices},
+        {"params": [p for _, p in split.others], "name": "others", **others},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def adam_settings(hparams: dict[str, Any]) -> dict[str, Any]:
+    """The keywords every Adam-family group takes."""
+    return {k: hparams[k] for k in ("lr", "betas", "eps", "weight_decay")}
