@@ -165,6 +165,8 @@ class FOAM(torch.optim.Optimizer):
         grad = p.grad if plan is None else p.grad.reshape(plan.rows, plan.cols)
         g = grad.to(wide)
 
+        if group["weight_decay"]:
+            p.mul_(1 - lr * group["weight_decay"])
         if plan is not None and plan.block > 1:
             g_folded = fold(g, plan)
             m = ema_(state["exp_avg"], g_folded, beta1, square=False)
@@ -173,15 +175,14 @@ class FOAM(torch.optim.Optimizer):
             else:
                 v = ema_(state["exp_avg_sq"], g_folded, beta2, square=True)
             update = self._residual_update(g, g is grad, g_folded, m / bc1, v / bc2, plan, group)
+            p.add_(update.view(p.shape), alpha=-step_size)
         else:
-            # Identity fold (plain AdamW, or level 0): no residual; torch.optim.AdamW's formula.
+            # Identity fold (plain AdamW, or level 0): no residual, and torch.optim.AdamW's exact
+            # formula, so level 0 with alpha 1 reproduces it to the last bit.
             m = ema_(state["exp_avg"], g, beta1, square=False)
             v = ema_(state["exp_avg_sq"], g, beta2, square=True)
-            update = m.div((v.sqrt() / bc2**0.5).add_(eps)).div_(bc1)
-
-        if group["weight_decay"]:
-            p.mul_(1 - lr * group["weight_decay"])
-        p.add_(update.view(p.shape), alpha=-step_size)
+            denom = (v.sqrt() / bc2**0.5).add_(eps)
+            p.addcdiv_(m.view(p.shape), denom.view(p.shape), value=-step_size / bc1)
 
     @staticmethod
     def _residual_update(

@@ -1,0 +1,310 @@
+"""foam.FOAM against torch's AdamW, a naive restatement of FOAM_SPEC section 2, and exact cases."""
+
+import copy
+import math
+from functools import partial
+
+import pytest
+import torch
+
+from foam import FOAM, state_bytes
+from foam.folding import fold, make_plan, unfold
+
+SHAPES = [(6, 12), (10, 3), (4, 2, 5), (7,)]  # divisible, tall + non-divisible, 3-d, 1-d
+
+
+def make_params(dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=gen, dtype=dtype).requires_grad_() for s in SHAPES]
+
+
+def make_grads(n_steps, dtype=torch.float32, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return [[torch.randn(s, generator=gen, dtype=dtype) for s in SHAPES] for _ in range(n_steps)]
+
+
+def run(optimizer, params, grads):
+    for step_grads in grads:
+        for p, g in zip(params, step_grads, strict=True):
+            p.grad = g.clone().to(p.dtype)
+        optimizer.step()
+
+
+class NaiveFOAM:
+    """FOAM_SPEC section 2 written as plainly as possible, in float64, with E materialised."""
+
+    def __init__(
+        self,
+        params,
+        *,
+        lr,
+        betas,
+        eps,
+        weight_decay,
+        level,
+        alpha,
+        residual=1.0,
+        residual_in_second_moment=True,
+        second_moment="square_of_mean",
+        bias_correction=True,
+        fold_axis="larger",
+    ):
+        self.params, self.lr, self.betas, self.eps, self.wd = params, lr, betas, eps, weight_decay
+        self.level, self.alpha, self.rho = level, alpha, float(residual)
+        self.r_in_v, self.second_moment = residual_in_second_moment, second_moment
+        self.bias_correction, self.fold_axis, self.t, self.state = bias_correction, fold_axis, 0, {}
+
+    def step(self):
+        self.t += 1
+        b1, b2 = self.betas
+        bc1 = 1 - b1**self.t if self.bias_correction else 1.0
+        bc2 = 1 - b2**self.t if self.bias_correction else 1.0
+        for i, p in enumerate(self.params):
+            with torch.no_grad():
+                G = p.grad.double()
+                if p.dim() < 2:  # plain AdamW, no alpha
+                    m, v = self.state.get(i, (torch.zeros_like(G), torch.zeros_like(G)))
+                    m, v = b1 * m + (1 - b1) * G, b2 * v + (1 - b2) * G * G
+                    self.state[i] = (m, v)
+                    u = (m / bc1) / ((v / bc2).sqrt() + self.eps)
+                    p.mul_(1 - self.lr * self.wd).sub_(self.lr * u.to(p.dtype))
+                    continue
+                plan = make_plan(p.shape, self.level, self.fold_axis)
+                G = G.reshape(plan.rows, plan.cols)
+                A, E = partial(fold, plan=plan), partial(unfold, plan=plan)
+                m, v = self.state.get(i, (0.0, 0.0))
+                g_tilde = A(G)
+                m = b1 * m + (1 - b1) * g_tilde
+                v_in = g_tilde**2 if self.second_moment == "square_of_mean" else A(G * G)
+                v = b2 * v + (1 - b2) * v_in
+                self.state[i] = (m, v)
+                R = G - E(g_tilde)
+                m_hat = E(m / bc1) + self.rho * R
+                v_hat = E(v / bc2) + (self.rho**2 * R**2 if self.r_in_v else 0.0)
+                u = m_hat / (v_hat.sqrt() + self.eps)
+                p.mul_(1 - self.lr * self.wd)
+                p.sub_(self.lr * self.alpha * u.reshape(p.shape).to(p.dtype))
+
+
+def test_level_zero_with_alpha_one_is_torch_adamw():
+    ours, ref = make_params(), make_params()
+    hp = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    foam = FOAM(ours, level=0, alpha=1.0, **hp)
+    adamw = torch.optim.AdamW(ref, **hp)
+    for step_grads in make_grads(10):
+        run(foam, ours, [step_grads])
+        run(adamw, ref, [step_grads])
+        for a, b in zip(ours, ref, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=0)
+    for a, b in zip(ours, ref, strict=True):
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(
+                foam.state[a][key].view(b.shape), adamw.state[b][key], rtol=1e-6, atol=1e-12
+            )
+
+
+OPTION_CASES = [
+    {},
+    {"level": 1},
+    {"level": 1, "fold_axis": "last"},
+    {"level": "mini"},
+    {"second_moment": "mean_of_squares"},
+    {"residual": False},
+    {"residual": 0.5},
+    {"residual_in_second_moment": False},
+    {"bias_correction": False},
+]
+
+
+@pytest.mark.parametrize("options", OPTION_CASES, ids=lambda o: ",".join(map(str, o.items())))
+def test_matches_naive_restatement_of_the_spec(options):
+    settings = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.05, level=2, alpha=0.25)
+    settings.update(options)
+    ours, ref = make_params(torch.float64), make_params(torch.float64)
+    foam, naive = FOAM(ours, **settings), NaiveFOAM(ref, **settings)
+    for step_grads in make_grads(10, torch.float64):
+        run(foam, ours, [step_grads])
+        run(naive, ref, [step_grads])
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_first_step_reconstructs_the_gradient():
+    """At t = 1 with bias correction, E(M~/bc1) + R equals G exactly, as Adam's m_hat."""
+    p = torch.zeros(4, 10, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(4, 10, dtype=torch.float64)
+    p.grad = grad.clone()
+    foam = FOAM([p], lr=1.0, level=2, alpha=1.0, eps=0.0)
+    foam.step()
+    plan = make_plan(p.shape, 2, "larger")
+    m_hat = (
+        unfold(foam.state[p]["exp_avg"] / (1 - 0.9), plan) + grad - unfold(fold(grad, plan), plan)
+    )
+    torch.testing.assert_close(m_hat, grad)
+    # and the update divides it by sqrt(E(V~/bc2) + R^2), computed here by hand
+    v_hat = unfold(fold(grad, plan) ** 2, plan) + (grad - unfold(fold(grad, plan), plan)) ** 2
+    torch.testing.assert_close(-p.detach(), grad / v_hat.sqrt())
+
+
+def test_without_residual_updates_are_constant_within_blocks():
+    p = torch.zeros(3, 16, requires_grad=True)
+    foam = FOAM([p], lr=0.1, level=2, residual=False)
+    for _ in range(3):
+        p.grad = torch.randn(3, 16)
+        foam.step()
+    blocks = p.detach().view(3, 4, 4)
+    assert torch.equal(blocks, blocks[..., :1].expand_as(blocks))
+    assert p.detach().abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    ("shape", "level"), [((8, 32), 2), ((8, 30), 3), ((48, 16), 4), ((5, 9), 1)]
+)
+def test_state_size_is_two_rows_times_blocks(shape, level):
+    p = torch.zeros(shape, requires_grad=True)
+    foam = FOAM([p], level=level)
+    p.grad = torch.ones(shape)
+    foam.step()
+    rows, n = min(shape), max(shape)
+    expected = 2 * rows * math.ceil(n / 2**level)
+    numel = sum(foam.state[p][k].numel() for k in ("exp_avg", "exp_avg_sq"))
+    assert numel == expected == foam.planned_state_numel()
+    assert state_bytes(foam) == expected * 4 + 4  # fp32 moments + the fp32 step counter
+
+
+@pytest.mark.parametrize("shape", [(8, 32), (40, 6)])
+def test_mini_state_is_two_per_row_of_the_smaller_dim(shape):
+    p = torch.zeros(shape, requires_grad=True)
+    foam = FOAM([p], level="mini")
+    p.grad = torch.randn(shape)
+    foam.step()
+    assert foam.planned_state_numel() == 2 * min(shape)
+    assert foam.state[p]["exp_avg"].numel() == min(shape)
+
+
+def test_level_none_groups_and_vectors_take_adamw_without_alpha():
+    ours = make_params()
+    ref = make_params()
+    foam = FOAM([{"params": ours[:3], "level": None}, {"params": ours[3:]}], lr=1e-2, alpha=0.25)
+    adamw = torch.optim.AdamW(ref, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.0)
+    grads = make_grads(5)
+    run(foam, ours, grads)
+    run(adamw, ref, grads)
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=0)
+
+
+def test_per_group_overrides():
+    a, b = torch.zeros(4, 16, requires_grad=True), torch.zeros(4, 16, requires_grad=True)
+    foam = FOAM([{"params": [a], "level": 1}, {"params": [b], "level": 3, "alpha": 1.0}], level=2)
+    a.grad, b.grad = torch.ones(4, 16), torch.ones(4, 16)
+    foam.step()
+    assert foam.state[a]["exp_avg"].shape == (4, 8) and foam.state[b]["exp_avg"].shape == (4, 2)
+    # a constant gradient has no residual: the first update is lr * alpha * sign
+    torch.testing.assert_close(a.detach(), torch.full((4, 16), -1e-3 * 0.25))
+    torch.testing.assert_close(b.detach(), torch.full((4, 16), -1e-3))
+
+
+def test_bf16_parameters_keep_bf16_states_and_track_fp32():
+    ours = [p.detach().bfloat16().requires_grad_() for p in make_params()]
+    ref = make_params()
+    foam_bf16, foam_fp32 = FOAM(ours, lr=1e-3), FOAM(ref, lr=1e-3)
+    grads = make_grads(5)
+    run(foam_bf16, ours, grads)
+    run(foam_fp32, ref, grads)
+    assert all(s["exp_avg"].dtype == torch.bfloat16 for s in foam_bf16.state.values())
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a.float(), b, rtol=0, atol=2e-2)
+
+
+def test_float64_parameters_compute_in_float64():
+    ours = make_params(torch.float64)
+    foam = FOAM(ours, lr=1e-3)
+    run(foam, ours, make_grads(2, torch.float64))
+    assert all(s["exp_avg"].dtype == torch.float64 for s in foam.state.values())
+
+
+@pytest.mark.parametrize("state_dtype", [None, "float32"])
+def test_state_dict_round_trip_gives_the_identical_next_step(state_dtype):
+    params = [p.detach().bfloat16().requires_grad_() for p in make_params()]
+    foam = FOAM(params, lr=1e-2, state_dtype=state_dtype)
+    grads = make_grads(4)
+    run(foam, params, grads[:3])
+    saved = copy.deepcopy(foam.state_dict())
+    clones = [p.detach().clone().requires_grad_() for p in params]
+    restored = FOAM(clones, lr=1e-2, state_dtype=state_dtype)
+    restored.load_state_dict(saved)
+    expected = torch.float32 if state_dtype else torch.bfloat16
+    assert all(s["exp_avg"].dtype == expected for s in restored.state.values())
+    run(foam, params, grads[3:])
+    run(restored, clones, grads[3:])
+    for a, b in zip(params, clones, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_works_with_lr_schedulers_closures_and_zero_grad():
+    p = torch.nn.Parameter(torch.randn(4, 8))
+    foam = FOAM([p], lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(foam, lambda step: 0.5**step)
+
+    def closure():
+        foam.zero_grad()
+        loss = p.square().sum()
+        loss.backward()
+        return loss
+
+    loss = foam.step(closure)
+    scheduler.step()
+    assert loss is not None and foam.param_groups[0]["lr"] == pytest.approx(5e-3)
+    foam.zero_grad()
+    assert p.grad is None
+
+
+def test_converges_on_least_squares():
+    torch.manual_seed(0)
+    x, w_true = torch.randn(256, 32), torch.randn(32, 16)
+    y = x @ w_true
+    w = torch.nn.Parameter(torch.zeros(32, 16))
+    foam = FOAM([w], lr=0.05, level=2, alpha=1.0)
+    for _ in range(500):
+        foam.zero_grad()
+        loss = (x @ w - y).square().mean()
+        loss.backward()
+        foam.step()
+    assert loss.item() < 1e-3 * y.square().mean().item()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"level": 6}, "blocks of 64"),
+        ({"level": "max"}, "level must be"),
+        ({"fold_axis": "first"}, "fold_axis"),
+        ({"second_moment": "max"}, "second_moment"),
+        ({"lr": -1.0}, "lr"),
+        ({"betas": (0.9, 1.0)}, "betas"),
+        ({"state_dtype": "int8"}, "state_dtype"),
+    ],
+)
+def test_bad_settings_fail_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        FOAM([torch.zeros(4, 32, requires_grad=True)], **kwargs)
+
+
+def test_transient_memory_of_a_step_is_a_few_copies_of_the_largest_parameter():
+    """Parameters are processed one at a time: the peak must not grow with the model."""
+    from foam.profiling import peak_transient_bytes
+
+    def peak_for(n_matrices):
+        params = [torch.nn.Parameter(torch.randn(64, 256)) for _ in range(n_matrices)]
+        foam = FOAM(params, level=2)
+        for p in params:
+            p.grad = torch.randn_like(p)
+        foam.step()  # allocates the states
+        peak, kept = peak_transient_bytes(foam.step)
+        assert kept == 0
+        return peak
+
+    one_param = 64 * 256 * 4
+    assert peak_for(8) == peak_for(1)
+    assert peak_for(8) <= 3 * one_param

@@ -1,0 +1,78 @@
+"""Imports flow one way (DESIGN.md): scripts -> train -> {foam, models} -> torch."""
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STDLIB = set(sys.stdlib_module_names)
+
+# Third-party and project packages each package may import at module level.
+ALLOWED = {
+    "foam": {"torch", "foam"},
+    "models": {"torch", "transformers", "yaml", "omegaconf", "foam", "models"},
+    "train": {
+        "torch",
+        "transformers",
+        "datasets",
+        "sentencepiece",
+        "hydra",
+        "omegaconf",
+        "wandb",
+        "tqdm",
+        "yaml",
+        "pyarrow",
+        "numpy",
+        "psutil",
+        "foam",
+        "models",
+        "train",
+    },
+}
+# Optional accelerators foam/ may import lazily, inside the function that needs them.
+LAZY_OPTIONAL = {"foam": {"bitsandbytes"}}
+
+
+def imports(path: Path) -> list[tuple[str, bool]]:
+    """(top-level module, imported at module level?) for every import in a file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    top_level_nodes = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        found += [(name.split(".")[0], id(node) in top_level_nodes) for name in names]
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_packages_import_only_what_the_design_allows(package):
+    bad = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for module, at_top in imports(path):
+            if module in STDLIB or module in ALLOWED[package]:
+                continue
+            if not at_top and module in LAZY_OPTIONAL.get(package, set()):
+                continue
+            bad.append(f"{path.relative_to(ROOT)}: {module}")
+    assert not bad, f"{package}/ imports outside its layer: {bad}"
+
+
+def test_foam_imports_without_optional_packages():
+    """`import foam` in a fresh interpreter loads no third-party module but torch."""
+    import subprocess
+
+    code = (
+        "import sys, foam; "
+        "bad = {m.split('.')[0] for m in sys.modules} & "
+        "{'transformers', 'datasets', 'hydra', 'wandb', 'bitsandbytes', 'train', 'models'}; "
+        "print(sorted(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
