@@ -1,0 +1,115 @@
+"""The paper's parameter split and ``build_optimizer`` on real transformers models."""
+
+import pytest
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+import foam
+from foam import FOAM, build_optimizer, split_params
+from foam.param_groups import check_covers
+
+SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=172,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    vocab_size=256,
+)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return LlamaForCausalLM(LlamaConfig(num_key_value_heads=4, **SHAPE))
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return Qwen2ForCausalLM(Qwen2Config(num_key_value_heads=2, tie_word_embeddings=True, **SHAPE))
+
+
+def matrix_suffixes(split):
+    return sorted({name.split(".")[-2] for name, _ in split.matrices})
+
+
+def test_llama_split_is_attention_and_mlp_matrices(llama):
+    split = split_params(llama)
+    assert matrix_suffixes(split) == sorted(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    assert len(split.matrices) == 7 * 2
+    others = {name for name, _ in split.others}
+    assert {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"} <= others
+    assert all(p.dim() == 1 for name, p in split.others if "norm" in name)
+    assert len(split.matrices) + len(split.others) == len(list(llama.parameters()))
+
+
+def test_qwen_split_keeps_tied_embedding_and_biases_out(qwen):
+    split = split_params(qwen)
+    assert len(split.matrices) == 7 * 2
+    others = {name for name, _ in split.others}
+    assert "model.embed_tokens.weight" in others and "lm_head.weight" not in others  # tied
+    assert any(name.endswith("q_proj.bias") for name in others)
+
+
+def test_split_rejects_a_model_without_matrices():
+    with pytest.raises(ValueError, match="no linear weight matrices"):
+        split_params(nn.Sequential(nn.Embedding(10, 4), nn.LayerNorm(4)))
+
+
+def test_groups_must_cover_every_trainable_parameter_once(llama):
+    params = list(llama.parameters())
+    with pytest.raises(ValueError, match="missing"):
+        check_covers(llama, [{"params": params[1:]}])
+    with pytest.raises(ValueError, match="repeated"):
+        check_covers(llama, [{"params": params}, {"params": params[:1]}])
+
+
+def test_foam_groups_fold_matrices_and_leave_the_rest_to_adamw(llama):
+    opt = build_optimizer("foam", llama, lr=1e-2, level=3)
+    matrices, others = opt.param_groups
+    assert (matrices["name"], matrices["level"], matrices["alpha"]) == ("matrices", 3, 0.25)
+    assert (others["name"], others["level"]) == ("others", None)
+    assert build_optimizer("foam_mini", llama).param_groups[0]["level"] == "mini"
+
+
+def test_module_wise_lr_adamw_scales_only_the_matrices(llama):
+    opt = build_optimizer("adamw", llama, lr=1e-3, alpha=0.5)
+    assert isinstance(opt, torch.optim.AdamW)
+    assert [g["lr"] for g in opt.param_groups] == [5e-4, 1e-3]
+
+
+def test_unknown_names_and_keywords_list_what_is_accepted(llama):
+    with pytest.raises(ValueError, match=r"unknown optimizer 'adamx'; available: .*adamw"):
+        build_optimizer("adamx", llama)
+    with pytest.raises(TypeError, match=r"unknown keyword\(s\) \['rank'\].*'level'"):
+        build_optimizer("foam", llama, rank=4)
+
+
+def test_level_beyond_a_matrix_fails_at_build_time(llama):
+    with pytest.raises(ValueError, match="fold level 9"):
+        build_optimizer("foam", llama, level=9)  # 2**9 > 172, the largest dim
+
+
+@pytest.mark.parametrize(
+    ("name", "hparams"), [("foam", {"level": 2}), ("foam_mini", {}), ("adamw", {})]
+)
+def test_planned_state_matches_allocated_state(llama, name, hparams):
+    opt = build_optimizer(name, llama, **hparams)
+    for p in llama.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    opt.zero_grad()
+    moments = sum(t.numel() for s in opt.state.values() for k, t in s.items() if k != "step")
+    assert moments == foam.planned_state_numel(opt)
+
+
+def test_meta_models_can_be_planned_without_allocating():
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(num_key_value_heads=4, **SHAPE))
+    opt = build_optimizer("foam", model, level=2)
+    assert isinstance(opt, FOAM) and foam.state_bytes(opt) == 0
+    hidden, inter, vocab = 64, 172, 256
+    per_layer = 4 * 2 * hidden * hidden // 4 + 3 * 2 * hidden * inter // 4
+    others = 2 * (2 * vocab * hidden + hidden * 5)  # embed, head, 2 norms/layer + final norm
+    assert foam.planned_state_numel(opt) == 2 * per_layer + others
