@@ -1,0 +1,245 @@
+"""Pieces shared by the compressed-state baselines (GaLore, APOLLO, GWT, LDAdamW).
+
+GaLore, APOLLO and GWT are the same HF-style AdamW skeleton around a method-specific change of
+coordinates: compress the gradient, keep Adam's moments in the compressed space, normalise there,
+expand the normalised direction back to the parameter's shape. ``CompressedAdamW`` is that
+skeleton once; each method supplies the compression, the expansion and the extra state they need.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from foam.optimizer import compute_dtype, ema_, resolve_dtype
+from foam.param_groups import ParamSplit
+from foam.state import load_state_dict_keeping_dtypes
+
+PROJ_TYPES = ("std", "reverse_std", "left", "right")
+
+
+@dataclass(frozen=True)
+class Projection:
+    """How a ``rows x cols`` matrix is projected to rank ``rank``.
+
+    ``side="right"``: basis ``P`` is ``rank x cols`` and the low-rank gradient is ``G P^T``
+    (``rows x rank``). ``side="left"``: basis ``Q`` is ``rows x rank`` and the low-rank gradient
+    is ``Q^T G`` (``rank x cols``).
+    """
+
+    rows: int
+    cols: int
+    rank: int
+    side: str
+
+    @property
+    def basis_shape(self) -> tuple[int, int]:
+        return (self.rank, self.cols) if self.side == "right" else (self.rows, self.rank)
+
+    @property
+    def low_shape(self) -> tuple[int, int]:
+        return (self.rows, self.rank) if self.side == "right" else (self.rank, self.cols)
+
+    @property
+    def rank_axis(self) -> int:
+        """The axis of the low-rank gradient that has ``rank`` entries."""
+        return 1 if self.side == "right" else 0
+
+
+def plan_projection(shape: torch.Size | tuple[int, ...], rank: int, proj_type: str) -> Projection:
+    """The projection of a 2-d parameter, with GaLore's side conventions.
+
+    ``std`` projects the smaller dim (right when ``rows >= cols``), ``reverse_std`` the larger,
+    ``left``/``right`` force a side. The rank is capped at the projected dim: an SVD has no more
+    singular vectors than that, and a random projection to more dims than it has would use more
+    memory than Adam (the APOLLO reference does not cap; no LLaMA/Qwen shape reaches the cap).
+    """
+    rows, cols = shape
+    if proj_type == "std":
+        side = "right" if rows >= cols else "left"
+    elif proj_type == "reverse_std":
+        side = "left" if rows >= cols else "right"
+    else:
+        side = proj_type
+    return Projection(rows, cols, min(rank, cols if side == "right" else rows), side)
+
+
+def project(g: torch.Tensor, basis: torch.Tensor, side: str) -> torch.Tensor:
+    return g @ basis.T if side == "right" else basis.T @ g
+
+
+def project_back(low: torch.Tensor, basis: torch.Tensor, side: str) -> torch.Tensor:
+    return low @ basis if side == "right" else basis @ low
+
+
+def resolve_rank(split: ParamSplit, rank: int | None, rank_fraction: float | None) -> int:
+    """An explicit ``rank``, or ``rank_fraction`` of the hidden size.
+
+    The papers' "GaLore-1/4" / "APOLLO-1/4" mean rank = d_model/4 for every matrix. The hidden
+    size is read off the matrices as the largest of their smaller dims: d_model for LLaMA and
+    Qwen, whose attention output projection is d_model x d_model.
+    """
+    if rank is not None:
+        return rank
+    if rank_fraction is None:
+        raise ValueError("give rank or rank_fraction")
+    hidden = max(min(p.shape) for _, p in split.matrices)
+    return max(1, round(rank_fraction * hidden))
+
+
+def limit_norm_growth(
+    x: torch.Tensor, stored: torch.Tensor, first: bool, gamma: float
+) -> tuple[torch.Tensor, torch.Tensor | float]:
+    """Fira's norm-growth limiter as APOLLO and GWT apply it; returns ``(x, divisor)``.
+
+    On the first step the norm of ``x`` is stored. Later, a norm above ``gamma`` times the stored
+    one is scaled down to exactly that, and the stored norm becomes the (limited) new norm.
+    """
+    norm = torch.linalg.vector_norm(x)
+    if first:
+        stored.copy_(norm)
+        return x, 1.0
+    divisor = torch.clamp(norm / (stored.to(norm.dtype) + 1e-8), min=gamma) / gamma
+    stored.copy_(norm / divisor)
+    return x / divisor, divisor
+
+
+def validate_adam_group(group: dict[str, Any]) -> None:
+    """Reject settings that would produce silent garbage mid-training."""
+    for key in ("lr", "eps", "weight_decay"):
+        if not group[key] >= 0:
+            raise ValueError(f"{key} must be >= 0, got {group[key]!r}")
+    betas = group["betas"]
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+    resolve_dtype(group["state_dtype"], torch.float32)
+
+
+class CompressedAdamW(torch.optim.Optimizer):
+    """HF-style AdamW (the GaLore/APOLLO/GWT references' fork of transformers' AdamW).
+
+    For every parameter: ``m, v`` EMAs of the (compressed) gradient, ``N = m / (sqrt(v) + eps)``
+    with eps on the *un-corrected* sqrt(v), ``W -= lr * sqrt(bc2) / bc1 * expand(N)``, then the
+    decoupled decay ``W -= lr * wd * W`` *after* the update with the group lr. Parameters for which
+    ``compressed_shape`` is ``None`` take this update uncompressed.
+
+    States are ``state_dtype`` (default: the parameter's dtype, the paper's pure-bf16 setting);
+    arithmetic is float32 or wider. Parameters are processed one at a time.
+    """
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        validate_adam_group(group)
+        self.validate_group(group)
+
+    def validate_group(self, group: dict[str, Any]) -> None:
+        """Method-specific checks of a group (called when it is added)."""
+
+    def compressed_shape(self, p: torch.Tensor, group: dict[str, Any]) -> tuple[int, ...] | None:
+        """Shape of ``p``'s moments in compressed space; ``None``: uncompressed AdamW."""
+        raise NotImplementedError
+
+    def extra_state_shapes(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, tuple]:
+        """Persistent tensors beyond the moments (projectors, stored norms) by state key."""
+        return {}
+
+    def compress(
+        self, g: torch.Tensor, state: dict[str, Any], group: dict[str, Any], t: int
+    ) -> tuple[torch.Tensor, Any]:
+        """``(compressed gradient, context for expand)`` of the wide gradient ``g``."""
+        raise NotImplementedError
+
+    def expand(
+        self,
+        g: torch.Tensor,
+        low: torch.Tensor,
+        normalized: torch.Tensor,
+        denom: torch.Tensor,
+        context: Any,
+        state: dict[str, Any],
+        group: dict[str, Any],
+        t: int,
+    ) -> torch.Tensor:
+        """The full-size update direction from the normalised compressed one."""
+        raise NotImplementedError
+
+    def init_extra_state(self, p: torch.Tensor, state: dict[str, Any], index: int) -> None:
+        """Non-tensor state set at initialisation (``index``: 1-based position over all groups)."""
+
+    def planned_state_numel(self) -> int:
+        """Elements of state once every parameter has stepped: moments, projectors, norms.
+
+        Read off the same shapes that allocate the states, so it holds on meta-device models.
+        """
+        total = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                shape = self.compressed_shape(p, group)
+                total += 2 * math.prod(p.shape if shape is None else shape)
+                if shape is not None:
+                    total += sum(math.prod(s) for s in self.extra_state_shapes(p, group).values())
+        return total
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        load_state_dict_keeping_dtypes(self, super().load_state_dict, state_dict)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        index = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                index += 1
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+                self._update(p, group, index)
+        return loss
+
+    def _init_state(self, p: torch.Tensor, group: dict[str, Any], index: int) -> None:
+        state = self.state[p]
+        shape = self.compressed_shape(p, group)
+        dtype = resolve_dtype(group["state_dtype"], p.dtype)
+        state["step"] = torch.tensor(0.0)
+        for key in ("exp_avg", "exp_avg_sq"):
+            state[key] = torch.zeros(
+                p.shape if shape is None else shape, dtype=dtype, device=p.device
+            )
+        if shape is not None:
+            for key, extra in self.extra_state_shapes(p, group).items():
+                state[key] = torch.zeros(extra, dtype=dtype, device=p.device)
+            self.init_extra_state(p, state, index)
+
+    def _update(self, p: torch.Tensor, group: dict[str, Any], index: int) -> None:
+        state = self.state[p]
+        if not state:
+            self._init_state(p, group, index)
+        compressed = self.compressed_shape(p, group) is not None
+        state["step"] += 1
+        t = int(state["step"].item())
+        beta1, beta2 = group["betas"]
+
+        g = p.grad.to(compute_dtype(p.dtype))
+        low, context = self.compress(g, state, group, t) if compressed else (g, None)
+        m = ema_(state["exp_avg"], low, beta1, square=False)
+        v = ema_(state["exp_avg_sq"], low, beta2, square=True)
+        denom = v.sqrt().add_(group["eps"])
+        normalized = m / denom
+        if compressed:
+            update = self.expand(g, low, normalized, denom, context, state, group, t)
+        else:
+            update = normalized
+
+        lr = group["lr"]
+        p.add_(update, alpha=-lr * math.sqrt(1 - beta2**t) / (1 - beta1**t))
+        if group["weight_decay"]:
+            p.add_(p, alpha=-lr * group["weight_decay"])

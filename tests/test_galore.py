@@ -1,0 +1,224 @@
+"""foam.galore.GaLore against the reference galore_torch.GaLoreAdamW, and its library contracts."""
+
+import copy
+import itertools
+import warnings
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import foam.galore
+from foam import build_optimizer, planned_state_numel, state_bytes
+from foam.galore import GaLore
+
+SHAPES = [(48, 32), (32, 48), (32,)]  # tall (right basis), wide (left basis), a vector
+HP = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.1)
+LOW = dict(rank=8, update_proj_gap=3)  # refreshes at steps 1, 4, 7, 10
+
+
+def make_params(dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=gen, dtype=dtype).requires_grad_() for s in SHAPES]
+
+
+def make_grads(n_steps, dtype, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return [[torch.randn(s, generator=gen, dtype=dtype) for s in SHAPES] for _ in range(n_steps)]
+
+
+def run(optimizer, params, grads):
+    for step_grads in grads:
+        for p, g in zip(params, step_grads, strict=True):
+            p.grad = g.clone()
+        optimizer.step()
+
+
+def llama(dtype=torch.float32):
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=172,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=256,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).to(dtype)
+
+
+def fill_grads(model, seed):
+    gen = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=gen).to(p.dtype)
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+def test_matches_reference_galore_adamw_across_refreshes(dtype, tol):
+    reference_module = pytest.importorskip("galore_torch")
+    ours_p, ref_p = make_params(dtype), make_params(dtype)
+    ours = GaLore(
+        [{"params": ours_p[:2]}, {"params": ours_p[2:], "rank": None}], **HP, **LOW, alpha=0.25
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        ref = reference_module.GaLoreAdamW(
+            [
+                {"params": ref_p[:2], **LOW, "scale": 0.25, "proj_type": "std"},
+                {"params": ref_p[2:]},
+            ],
+            **HP,
+        )
+    grads = make_grads(10, dtype)
+    for step_grads in grads:
+        run(ours, ours_p, [step_grads])
+        run(ref, ref_p, [step_grads])
+        for a, b in zip(ours_p, ref_p, strict=True):
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    for a, b in zip(ours_p, ref_p, strict=True):
+        mine, theirs = ours.state[a], ref.state[b]
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert mine[key].shape == theirs[key].shape
+            torch.testing.assert_close(mine[key], theirs[key], rtol=tol, atol=tol)
+        if "projector" in theirs:
+            torch.testing.assert_close(mine["basis"], theirs["projector"].ortho_matrix)
+    # The smaller side is projected: moments are max(m, n) x rank, the basis rank x min(m, n).
+    assert ours.state[ours_p[0]]["exp_avg"].shape == (48, 8)
+    assert ours.state[ours_p[1]]["exp_avg"].shape == (8, 48)
+    assert ours.state[ours_p[1]]["basis"].shape == (32, 8)
+
+
+def test_basis_refreshes_every_gap_steps_and_moments_carry_over():
+    params = make_params(torch.float64)
+    opt = GaLore([params[0]], **HP, **LOW)
+    bases, moments = [], []
+    grads = make_grads(5, torch.float64)
+    for step_grads in grads:
+        run(opt, params[:1], [step_grads[:1]])
+        bases.append(opt.state[params[0]]["basis"].clone())
+        moments.append(opt.state[params[0]]["exp_avg"].clone())
+    changed = [not torch.equal(a, b) for a, b in itertools.pairwise(bases)]
+    assert changed == [False, False, True, False]  # new basis at step 4 only
+    b1 = HP["betas"][0]
+    low = grads[3][0] @ bases[3].T
+    torch.testing.assert_close(moments[3], b1 * moments[2] + (1 - b1) * low)  # not reset
+
+
+def test_alpha_scales_the_projected_step_but_not_weight_decay():
+    def displacement(alpha, weight_decay):
+        params = make_params(torch.float64)[:1]
+        start = params[0].detach().clone()
+        opt = GaLore(params, **{**HP, "weight_decay": weight_decay}, **LOW, alpha=alpha)
+        run(opt, params, [make_grads(1, torch.float64)[0][:1]])
+        return params[0].detach() - start, start
+
+    d1, _ = displacement(1.0, 0.0)
+    d_quarter, _ = displacement(0.25, 0.0)
+    torch.testing.assert_close(d_quarter, 0.25 * d1)
+    d_wd, start = displacement(0.25, 0.1)
+    torch.testing.assert_close(
+        d_wd, d_quarter - HP["lr"] * 0.1 * (start + d_quarter)
+    )  # decay after the update, with the unscaled lr
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_state_bytes_equal_the_plan_on_a_llama(dtype):
+    model = llama(dtype)
+    opt = build_optimizer("galore", model)
+    planned = planned_state_numel(opt)
+    fill_grads(model, 0)
+    opt.step()
+    n_params = len(list(model.parameters()))
+    elem = torch.finfo(dtype).bits // 8
+    assert state_bytes(opt) == planned * elem + 4 * n_params  # + one float32 step counter each
+    # rank = hidden/4 = 16 everywhere; the paper's m*r + 2*n*r per matrix (m <= n), Adam elsewhere.
+    matrices = [p for n, p in model.named_parameters() if "proj" in n]
+    others = [p for n, p in model.named_parameters() if "proj" not in n]
+    expected = sum(16 * min(p.shape) + 2 * 16 * max(p.shape) for p in matrices)
+    expected += sum(2 * p.numel() for p in others)
+    assert planned == expected
+
+
+def test_plan_works_on_meta_device_models():
+    with torch.device("meta"):
+        model = llama()
+    assert planned_state_numel(build_optimizer("galore", model)) == planned_state_numel(
+        build_optimizer("galore", llama())
+    )
+
+
+@pytest.mark.parametrize("state_dtype", [None, torch.float32])
+def test_state_dict_round_trip_gives_the_identical_next_step(state_dtype):
+    model = llama(torch.bfloat16)
+    opt = build_optimizer("galore", model, update_proj_gap=2, state_dtype=state_dtype)
+    for seed in range(3):
+        fill_grads(model, seed)
+        opt.step()
+    twin = copy.deepcopy(model)
+    saved = copy.deepcopy(opt.state_dict())
+    restored = build_optimizer("galore", twin, update_proj_gap=2, state_dtype=state_dtype)
+    restored.load_state_dict(saved)
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        for key, value in opt.state[p].items():
+            assert restored.state[q][key].dtype == value.dtype
+    for m in (model, twin):
+        fill_grads(m, 3)
+    opt.step()
+    restored.step()
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_bf16_with_lr_scheduler_closure_and_zero_grad():
+    model = llama(torch.bfloat16)
+    opt = build_optimizer("galore", model, lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: [1.0, 0.0][min(step, 1)])
+    tokens = torch.randint(0, 256, (2, 8))
+
+    def closure():
+        opt.zero_grad()
+        loss = model(tokens, labels=tokens).loss
+        loss.backward()
+        return loss
+
+    start = [p.detach().clone() for p in model.parameters()]
+    first = opt.step(closure)
+    sched.step()  # lr factor 0 from now on: the next step changes nothing
+    moved = [p.detach().clone() for p in model.parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(start, moved, strict=True))
+    opt.step(closure)
+    assert all(torch.equal(a, b) for a, b in zip(moved, model.parameters(), strict=True))
+    assert torch.isfinite(first)
+    for p in model.parameters():
+        assert all(v.dtype == torch.bfloat16 for k, v in opt.state[p].items() if k != "step")
+    opt.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_unknown_keywords_raise_listing_the_accepted_ones():
+    with pytest.raises(TypeError, match="rank_fraction"):
+        build_optimizer("galore", llama(), scale=0.25)
+
+
+def test_registered_defaults_are_the_papers():
+    assert foam.galore.GaLore is GaLore
+    opt = build_optimizer("galore", llama())
+    matrices = next(g for g in opt.param_groups if g["name"] == "matrices")
+    assert (matrices["rank"], matrices["alpha"], matrices["update_proj_gap"]) == (16, 0.25, 200)
+    assert matrices["eps"] == 1e-6 and matrices["proj_type"] == "std"
+    others = next(g for g in opt.param_groups if g["name"] == "others")
+    assert others["rank"] is None and others["lr"] == matrices["lr"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"rank": 0}, "rank"),
+        ({"update_proj_gap": 0}, "update_proj_gap"),
+        ({"proj_type": "full"}, "proj_type"),
+        ({"eps": -1.0}, "eps"),
+    ],
+)
+def test_bad_settings_fail_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GaLore(make_params(torch.float32), **kwargs)
