@@ -1,0 +1,95 @@
+"""Pieces shared by the baselines and the FOAM combinations.
+
+* ``Composite``: one ``torch.optim.Optimizer`` made of several optimizers, each owning some of the
+  groups. Muon only takes matrices, so its runs need AdamW for the rest; the trainer, LR schedulers
+  and checkpointing must still see a single optimizer.
+* ``unfold_with_residual``: FOAM's ``E(M~) + rho * R`` for a folded first moment, the piece that
+  FOAM-with-Muon and FOAM-with-Adam-mini add to their base methods (FOAM_SPEC section 5).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from foam.folding import FoldPlan, block_views
+from foam.state import load_state_dict_keeping_dtypes, planned_state_numel
+
+
+class Composite(torch.optim.Optimizer):
+    """Routes each group to the optimizer that owns it; looks like one optimizer from outside.
+
+    ``param_groups`` are the parts' own group dicts (so an LR scheduler writing ``group["lr"]``
+    drives the parts) and ``state`` is one dict shared with every part, so ``state_dict`` and
+    ``state_bytes`` see everything with the usual torch layout.
+    """
+
+    def __init__(self, parts: Sequence[torch.optim.Optimizer]) -> None:
+        if not parts:
+            raise ValueError("a Composite needs at least one optimizer")
+        self.parts = list(parts)
+        self._sealed = False
+        super().__init__([g for part in self.parts for g in part.param_groups], {})
+        self._sealed = True
+        self._share()
+
+    def _share(self) -> None:
+        """Point each part at its slice of ``param_groups`` and at the shared ``state``."""
+        start = 0
+        for part in self.parts:
+            count = len(part.param_groups)
+            part.param_groups = self.param_groups[start : start + count]
+            part.state = self.state
+            start += count
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if self._sealed:
+            raise NotImplementedError(
+                "add groups to the part optimizer that should own them, then build a new Composite"
+            )
+        super().add_param_group(param_group)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for part in self.parts:
+            part.step()
+        return loss
+
+    def planned_state_numel(self) -> int:
+        """The parts' planned state elements (each part's own accounting)."""
+        return sum(planned_state_numel(part) for part in self.parts)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        load_state_dict_keeping_dtypes(self, super().load_state_dict, state_dict)
+        self._share()  # torch's loader replaces the group dicts and the state dict
+
+
+def unfold_with_residual(
+    g: torch.Tensor, g_folded: torch.Tensor, folded: torch.Tensor, plan: FoldPlan, rho: float
+) -> torch.Tensor:
+    """``E(folded) + rho * (g - E(g_folded))`` as a new full-size tensor in ``g``'s dtype.
+
+    ``g`` is the 2-d gradient view, ``g_folded = A(g)`` and ``folded`` a folded state of the same
+    plan. Broadcasting over block views avoids materialising ``E(.)``: the result is the only
+    full-size temporary.
+    """
+    out = g.clone()
+    for blocks, values in block_views(out, g_folded, plan):
+        blocks.sub_(values)
+    if rho != 1.0:
+        out.mul_(rho)
+    for blocks, values in block_views(out, folded, plan):
+        blocks.add_(values)
+    return out
+
+
+def folded_numel(plan: FoldPlan | None, numel: int) -> int:
+    """Elements of one moment: the folded shape's, or the full tensor's when not folded."""
+    return numel if plan is None else math.prod(plan.folded_shape)
