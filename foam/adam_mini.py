@@ -1,0 +1,234 @@
+"""Adam-mini 1.1.1 and FOAM with Adam-mini (FOAM_SPEC section 5).
+
+Adam-mini keeps Adam's full first moment but one second-moment value per block: a block is an
+attention head for queries and keys, an output row for values, attention outputs, MLPs,
+embeddings and the output head, a single element for biases and the whole tensor for anything
+else (norm gains). The blocks come from parameter *names*, exactly as in adam-mini 1.1.1
+(``baselines.md`` section 7.2), so this optimizer needs named parameters, plus the model's
+``dim`` and ``n_heads`` when it has queries or keys (a head block spans ``dim * dim / n_heads``
+entries, adam-mini's convention).
+
+FOAM with Adam-mini stores the first moment of the matrices folded and re-adds the residual each
+step, ``E(M~ / bc1) + rho * R``, over Adam-mini's block second moment. Level 0 is Adam-mini.
+``alpha`` is the paper's module-wise lr: the matrix group runs at ``lr * alpha`` (default 1, as the
+paper runs Adam-mini).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from foam.composite import folded_numel, unfold_with_residual
+from foam.folding import FOLD_AXES, FoldPlan, fold, make_plan
+from foam.optimizer import compute_dtype, ema_
+from foam.param_groups import ParamSplit
+from foam.registry import register
+from foam.state import load_state_dict_keeping_dtypes
+
+# adam-mini 1.1.1's name rules (case-insensitive substrings), in priority order.
+ELEMENT_NAMES = ("bias",)
+HEAD_NAMES = ("k_proj", "q_proj", "wq", "wk", "query", "key")
+ROW_NAMES = (
+    *("embed", "embd", "wte"),
+    *("lm_head", "output", "final_layer"),
+    *("v_proj", "wv", "value"),
+    *("feed_forward", "linear", "mlp"),
+    *("o_proj", "wo", "attn.proj"),
+)
+NO_DECAY_NAMES = ("norm", "ln", "bias")
+
+
+def _matches(name: str, keys: tuple[str, ...]) -> bool:
+    return any(key in name for key in keys)
+
+
+def second_moment_blocks(name: str, shape: torch.Size, head_numel: int | None) -> int:
+    """How many equal, contiguous (row-major) blocks share one second-moment value each."""
+    name = name.lower()
+    numel = math.prod(shape)
+    if _matches(name, ELEMENT_NAMES):
+        return numel
+    if _matches(name, HEAD_NAMES):
+        if head_numel is None:
+            raise ValueError(
+                f"Adam-mini splits {name!r} into attention heads: pass dim= (hidden size) and "
+                "n_heads= (attention heads) of the model"
+            )
+        if numel % head_numel:
+            raise ValueError(
+                f"{name!r} has {numel} entries, not a multiple of dim*dim/n_heads = {head_numel}"
+            )
+        return numel // head_numel
+    if _matches(name, ROW_NAMES):
+        return shape[0]
+    return 1
+
+
+def decays(name: str) -> bool:
+    """adam-mini exempts norms and biases from weight decay (by name)."""
+    return not _matches(name.lower(), NO_DECAY_NAMES)
+
+
+class AdamMini(torch.optim.Optimizer):
+    """Adam with one second moment per Adam-mini block; optionally a folded first moment.
+
+    ``params``: ``(name, tensor)`` pairs or groups of them (``model.named_parameters()``); torch
+    keeps the names in ``group["param_names"]``. A group whose ``level`` is not ``None`` stores the
+    first moment of its matrices folded (FOAM_SPEC sections 1-2) and adds the residual back.
+    States are in the parameter's dtype; arithmetic in float32 or wider.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[tuple[str, torch.Tensor]] | Iterable[dict[str, Any]],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        *,
+        dim: int | None = None,
+        n_heads: int | None = None,
+        level: int | str | None = None,
+        fold_axis: str = "larger",
+        residual: bool | float = True,
+    ) -> None:
+        if (dim is None) != (n_heads is None):
+            raise ValueError("pass both dim= and n_heads= (or neither, for a model without heads)")
+        self.head_numel = None if dim is None else dim * dim // n_heads
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            level=level,
+            fold_axis=fold_axis,
+            residual=residual,
+        )
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Check names and plans when a group is added, so errors come before any compute."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        if "param_names" not in group:
+            raise ValueError(
+                "AdamMini partitions by parameter name: pass (name, param) pairs, "
+                "e.g. model.named_parameters()"
+            )
+        if group["fold_axis"] not in FOLD_AXES:
+            raise ValueError(f"fold_axis must be one of {FOLD_AXES}, got {group['fold_axis']!r}")
+        if not float(group["residual"]) >= 0:
+            raise ValueError(f"residual must be a bool or a scale >= 0, got {group['residual']!r}")
+        for name, p in zip(group["param_names"], group["params"], strict=True):
+            self.layout(name, p, group)
+
+    def layout(
+        self, name: str, p: torch.Tensor, group: dict[str, Any]
+    ) -> tuple[FoldPlan | None, int]:
+        """The first moment's fold plan (``None``: full) and the number of second-moment blocks."""
+        folds = group["level"] is not None and p.dim() >= 2
+        plan = make_plan(p.shape, group["level"], group["fold_axis"]) if folds else None
+        return plan, second_moment_blocks(name, p.shape, self.head_numel)
+
+    def planned_state_numel(self) -> int:
+        """Moment elements once every parameter has stepped, from the layouts that size them."""
+        total = 0
+        for group in self.param_groups:
+            for name, p in zip(group["param_names"], group["params"], strict=True):
+                plan, blocks = self.layout(name, p, group)
+                total += folded_numel(plan, p.numel()) + blocks
+        return total
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        load_state_dict_keeping_dtypes(self, super().load_state_dict, state_dict)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for name, p in zip(group["param_names"], group["params"], strict=True):
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("AdamMini does not support sparse gradients")
+                self._update(name, p, group)
+        return loss
+
+    def _update(self, name: str, p: torch.Tensor, group: dict[str, Any]) -> None:
+        plan, blocks = self.layout(name, p, group)
+        folded = plan is not None and plan.block > 1  # level 0 folds nothing: plain Adam-mini
+        state = self.state[p]
+        if not state:
+            state["step"] = torch.tensor(0.0)
+            m_shape = plan.folded_shape if folded else p.shape
+            state["exp_avg"] = torch.zeros(m_shape, dtype=p.dtype, device=p.device)
+            state["exp_avg_sq"] = torch.zeros((blocks, 1), dtype=p.dtype, device=p.device)
+        state["step"] += 1
+        t = int(state["step"].item())
+        beta1, beta2 = group["betas"]
+        bc1, bc2 = 1 - beta1**t, 1 - beta2**t
+        lr = group["lr"]
+
+        g = p.grad.to(compute_dtype(p.dtype))
+        mean_square = g.reshape(blocks, -1).square().mean(dim=1, keepdim=True)
+        v = ema_(state["exp_avg_sq"], mean_square, beta2, square=False)
+        denom = (v.sqrt() / math.sqrt(bc2)).add_(group["eps"])
+        if folded:
+            g2d = g.reshape(plan.rows, plan.cols)
+            g_folded = fold(g2d, plan)
+            m = ema_(state["exp_avg"], g_folded, beta1, square=False)
+            numerator = unfold_with_residual(g2d, g_folded, m / bc1, plan, float(group["residual"]))
+            update = numerator.view(blocks, -1).div_(denom)
+        else:
+            m = ema_(state["exp_avg"], g, beta1, square=False)
+            update = m.reshape(blocks, -1) * ((1 / bc1) / denom)
+
+        if group["weight_decay"] and decays(name):
+            p.mul_(1 - lr * group["weight_decay"])
+        p.add_(update.view(p.shape), alpha=-lr)
+
+
+def _groups(split: ParamSplit, hp: dict[str, Any], level: int | str | None) -> list[dict]:
+    """The paper's split, named: matrices at ``lr * alpha`` (folded when ``level`` is set)."""
+    groups = [
+        {
+            "params": split.matrices,
+            "name": "matrices",
+            "lr": hp["lr"] * hp["alpha"],
+            "level": level,
+        },
+        {"params": split.others, "name": "others", "level": None},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def _build(
+    split: ParamSplit, hp: dict[str, Any], level: int | str | None, **fold_options: Any
+) -> AdamMini:
+    return AdamMini(
+        _groups(split, hp, level),
+        **{k: hp[k] for k in ("lr", "betas", "eps", "weight_decay", "dim", "n_heads")},
+        **fold_options,
+    )
+
+
+HEADS: dict[str, Any] = {"alpha": 1.0, "dim": None, "n_heads": None}
+
+
+@register("adam_mini", **HEADS)
+def _adam_mini(split: ParamSplit, hp: dict[str, Any]) -> AdamMini:
+    """Adam-mini on the whole model (as the FOAM repo runs it), matrices at ``lr * alpha``."""
+    return _build(split, hp, None)
+
+
+@register("foam_adam_mini", level=2, fold_axis="larger", residual=True, **HEADS)
+def _foam_adam_mini(split: ParamSplit, hp: dict[str, Any]) -> AdamMini:
+    """Adam-mini with the matrices' first moment folded plus residual; ``level=0`` is adam_mini."""
+    return _build(split, hp, hp["level"], fold_axis=hp["fold_axis"], residual=hp["residual"])
