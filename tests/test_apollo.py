@@ -1,0 +1,230 @@
+"""foam.apollo.APOLLO against the reference apollo_torch.APOLLOAdamW, and its library contracts."""
+
+import copy
+import itertools
+import math
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import foam.apollo  # noqa: F401  (registers apollo, apollo_mini)
+from foam import build_optimizer, planned_state_numel, state_bytes
+from foam.apollo import APOLLO
+
+SHAPES = [(48, 32), (32, 48), (32,)]  # tall (right basis), wide (left basis), a vector
+HP = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.1)
+SPIKES = {4: 8.0, 8: 20.0}  # gradient norm spikes that trip the norm-growth limiter
+
+
+def make_params(dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=gen, dtype=dtype).requires_grad_() for s in SHAPES]
+
+
+def make_grads(n_steps, dtype, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        [SPIKES.get(t, 1.0) * torch.randn(s, generator=gen, dtype=dtype) for s in SHAPES]
+        for t in range(n_steps)
+    ]
+
+
+def run(optimizer, params, grads):
+    for step_grads in grads:
+        for p, g in zip(params, step_grads, strict=True):
+            p.grad = g.clone()
+        optimizer.step()
+
+
+def llama(dtype=torch.float32):
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=172,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=256,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).to(dtype)
+
+
+def fill_grads(model, seed):
+    gen = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=gen).to(p.dtype)
+
+
+CASES = [  # scale_type, rank, alpha, scale_front, dtype, tolerance
+    ("channel", 4, 1.0, False, torch.float64, 1e-12),
+    ("tensor", 1, 128.0, False, torch.float64, 1e-12),
+    ("tensor", 1, 128.0, True, torch.float64, 1e-12),
+    ("channel", 4, 0.5, True, torch.float32, 2e-6),
+]
+
+
+@pytest.mark.parametrize(("scale_type", "rank", "alpha", "scale_front", "dtype", "tol"), CASES)
+def test_matches_reference_apollo_adamw(scale_type, rank, alpha, scale_front, dtype, tol):
+    reference_module = pytest.importorskip("apollo_torch")
+    ours_p, ref_p = make_params(dtype), make_params(dtype)
+    low = dict(rank=rank, update_proj_gap=3, proj_type="std")  # redraws at steps 1, 4, 7, 10
+    ours = APOLLO(
+        [{"params": ours_p[:2]}, {"params": ours_p[2:], "rank": None}],
+        **HP,
+        **low,
+        alpha=alpha,
+        scale_type=scale_type,
+        scale_front=scale_front,
+    )
+    ref = reference_module.APOLLOAdamW(
+        [
+            {"params": ref_p[:2], **low, "scale": alpha, "scale_type": scale_type},
+            {"params": ref_p[2:]},
+        ],
+        **HP,
+        scale_front=scale_front,
+    )
+    for group in ref.param_groups[:1]:
+        group["proj"] = "random"
+    for step_grads in make_grads(10, dtype):
+        run(ours, ours_p, [step_grads])
+        run(ref, ref_p, [step_grads])
+        for a, b in zip(ours_p, ref_p, strict=True):
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    for a, b in zip(ours_p[:2], ref_p[:2], strict=True):
+        mine, theirs = ours.state[a], ref.state[b]
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert mine[key].shape == theirs[key].shape
+            torch.testing.assert_close(mine[key], theirs[key], rtol=tol, atol=tol)
+        torch.testing.assert_close(mine["basis"], theirs["projector"].ortho_matrix)
+        assert mine["seed"] == theirs["projector"].seed
+        torch.testing.assert_close(mine["grad_norm"], theirs["scaled_grad"], rtol=tol, atol=0)
+
+
+def test_limiter_caps_norm_growth_and_alpha_enters_as_its_square_root():
+    def updates(alpha, limit):
+        params = make_params(torch.float64)[:1]
+        opt = APOLLO(params, **{**HP, "weight_decay": 0.0}, rank=4, alpha=alpha)
+        opt.param_groups[0]["norm_growth_limit"] = limit
+        out = []
+        for step_grads in make_grads(6, torch.float64):
+            start = params[0].detach().clone()
+            run(opt, params, [step_grads[:1]])
+            t = len(out) + 1
+            step_size = HP["lr"] * math.sqrt(1 - 0.95**t) / (1 - 0.9**t)
+            out.append((start - params[0].detach()) / step_size)
+        return out
+
+    limited = [torch.linalg.vector_norm(u) for u in updates(1.0, 1.01)]
+    # the limiter's ratio has a 1e-8 in its denominator: the cap is 1.01 * (previous + 1e-8)
+    assert all(b <= 1.01 * (a + 1e-8) * (1 + 1e-12) for a, b in itertools.pairwise(limited))
+    assert limited[4] == pytest.approx(1.01 * limited[3])  # the spike at step 5 is capped
+    free = updates(1.0, None)
+    scaled = updates(128.0, None)
+    for a, b in zip(free, scaled, strict=True):
+        torch.testing.assert_close(b, math.sqrt(128.0) * a)
+
+
+@pytest.mark.parametrize("name", ["apollo", "apollo_mini"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_state_bytes_equal_the_plan_on_a_llama(name, dtype):
+    model = llama(dtype)
+    opt = build_optimizer(name, model)
+    planned = planned_state_numel(opt)
+    fill_grads(model, 0)
+    opt.step()
+    n_params = len(list(model.parameters()))
+    elem = torch.finfo(dtype).bits // 8
+    assert state_bytes(opt) == planned * elem + 4 * n_params  # + one float32 step counter each
+    rank = 16 if name == "apollo" else 1  # hidden/4, or APOLLO-Mini's 1
+    matrices = [p for n, p in model.named_parameters() if "proj" in n]
+    others = [p for n, p in model.named_parameters() if "proj" not in n]
+    # moments 2*max*r, basis min*r, one stored norm per matrix; AdamW moments elsewhere
+    expected = sum(rank * min(p.shape) + 2 * rank * max(p.shape) + 1 for p in matrices)
+    expected += sum(2 * p.numel() for p in others)
+    assert planned == expected
+    with torch.device("meta"):
+        meta = llama()
+    assert planned_state_numel(build_optimizer(name, meta)) == planned
+
+
+@pytest.mark.parametrize("state_dtype", [None, torch.float32])
+def test_state_dict_round_trip_gives_the_identical_next_step(state_dtype):
+    model = llama(torch.bfloat16)
+    opt = build_optimizer("apollo", model, update_proj_gap=2, state_dtype=state_dtype)
+    for seed in range(3):
+        fill_grads(model, seed)
+        opt.step()
+    twin = copy.deepcopy(model)
+    saved = copy.deepcopy(opt.state_dict())
+    restored = build_optimizer("apollo", twin, update_proj_gap=2, state_dtype=state_dtype)
+    restored.load_state_dict(saved)
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        for key, value in opt.state[p].items():
+            if isinstance(value, torch.Tensor):
+                assert restored.state[q][key].dtype == value.dtype
+    for m in (model, twin):
+        fill_grads(m, 3)
+    opt.step()  # step 4 redraws the projection from the restored seed chain
+    restored.step()
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_bf16_with_lr_scheduler_closure_and_zero_grad():
+    model = llama(torch.bfloat16)
+    opt = build_optimizer("apollo_mini", model, lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: [1.0, 0.0][min(step, 1)])
+    tokens = torch.randint(0, 256, (2, 8))
+
+    def closure():
+        opt.zero_grad()
+        loss = model(tokens, labels=tokens).loss
+        loss.backward()
+        return loss
+
+    start = [p.detach().clone() for p in model.parameters()]
+    assert torch.isfinite(opt.step(closure))
+    sched.step()  # lr factor 0 from now on: the next step changes nothing
+    moved = [p.detach().clone() for p in model.parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(start, moved, strict=True))
+    opt.step(closure)
+    assert all(torch.equal(a, b) for a, b in zip(moved, model.parameters(), strict=True))
+    for p in model.parameters():
+        states = [v for k, v in opt.state[p].items() if k not in ("step", "seed")]
+        assert all(v.dtype == torch.bfloat16 for v in states)
+    opt.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_registered_defaults_are_the_papers():
+    def matrices(name):
+        opt = build_optimizer(name, llama())
+        return next(g for g in opt.param_groups if g["name"] == "matrices")
+
+    apollo, mini = matrices("apollo"), matrices("apollo_mini")
+    assert (apollo["rank"], apollo["scale_type"], apollo["alpha"]) == (16, "channel", 1.0)
+    assert (mini["rank"], mini["scale_type"], mini["alpha"]) == (1, "tensor", 128.0)
+    assert apollo["update_proj_gap"] == mini["update_proj_gap"] == 200
+    assert apollo["eps"] == 1e-6 and apollo["norm_growth_limit"] == 1.01
+
+
+def test_unknown_keywords_raise_listing_the_accepted_ones():
+    with pytest.raises(TypeError, match="norm_growth_limit"):
+        build_optimizer("apollo", llama(), disable_nl=True)
+    with pytest.raises(TypeError, match="scale_front"):
+        build_optimizer("apollo_mini", llama(), rank_fraction=0.25)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"scale_type": "row"}, "scale_type"),
+        ({"norm_growth_limit": 0.5}, "norm_growth_limit"),
+        ({"rank": 1.5}, "rank"),
+    ],
+)
+def test_bad_settings_fail_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        APOLLO(make_params(torch.float32), **kwargs)
