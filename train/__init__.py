@@ -1,0 +1,1 @@
+"""The pre-training harness: Hydra entry point, training loop and its separately testable parts."""

@@ -1,0 +1,126 @@
+"""Checks on the composed config that fail fast, before any model is built or data is read.
+
+Every message names the offending key, so a bad launch of a thousand-GPU-hour run costs seconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+PRECISIONS = ("bf16", "bf16_mixed", "fp32")
+LOGGERS = ("wandb", "none")
+# Keys of an optim config that describe it rather than being optimizer keywords.
+OPTIM_META_KEYS = ("name", "paper_lr")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message starts with the key to fix."""
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+def optimizer_hparams(optim: DictConfig) -> dict[str, Any]:
+    """The keywords for ``foam.build_optimizer``: the optim config minus its descriptive keys."""
+    hparams = OmegaConf.to_container(optim, resolve=True)
+    return {k: v for k, v in hparams.items() if k not in OPTIM_META_KEYS}
+
+
+def accumulation_steps(global_batch: int, micro_batch: int, world_size: int) -> int:
+    """Micro-batches per rank per optimizer step, so that global = micro * accum * world."""
+    if micro_batch <= 0 or global_batch <= 0:
+        raise ConfigError(
+            "trainer.global_batch_size and trainer.micro_batch_size must be positive, got "
+            f"{global_batch} and {micro_batch}"
+        )
+    if global_batch % (micro_batch * world_size):
+        raise ConfigError(
+            f"trainer.global_batch_size={global_batch} is not divisible by "
+            f"trainer.micro_batch_size={micro_batch} x world size {world_size}: "
+            "global = micro * accumulation * world must hold exactly"
+        )
+    return global_batch // (micro_batch * world_size)
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+def check_config(cfg: DictConfig, world_size: int) -> None:
+    """Raise ConfigError on the first problem found."""
+    for group, flag in (("model", "+model"), ("optim", "+optim")):
+        if group not in cfg:
+            raise ConfigError(
+                f"{group}: none selected; add {flag}=<name> to the command line "
+                f"(options: {', '.join(options(group))})"
+            )
+    _check_optim(cfg.optim)
+    t = cfg.trainer
+    _require(
+        isinstance(t.max_steps, int) and t.max_steps > 0,
+        f"trainer.max_steps must be a positive integer, got {t.max_steps}",
+    )
+    accumulation_steps(t.global_batch_size, t.micro_batch_size, world_size)
+    _require(
+        0.0 <= t.warmup_ratio < 1.0, f"trainer.warmup_ratio must be in [0, 1), got {t.warmup_ratio}"
+    )
+    _require(
+        0.0 <= t.min_lr_ratio <= 1.0,
+        f"trainer.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}",
+    )
+    _require(t.grad_clip >= 0, f"trainer.grad_clip must be >= 0 (0 = off), got {t.grad_clip}")
+    _require(
+        t.precision in PRECISIONS,
+        f"trainer.precision must be one of {PRECISIONS}, got {t.precision!r}",
+    )
+    for key in ("eval_every", "save_every", "keep_last", "log_every"):
+        _require(t[key] >= 0, f"trainer.{key} must be >= 0, got {t[key]}")
+    _require(t.eval_tokens > 0, f"trainer.eval_tokens must be positive, got {t.eval_tokens}")
+    seq_len, max_pos = cfg.data.seq_len, cfg.model.max_position_embeddings
+    _require(
+        1 < seq_len <= max_pos,
+        f"data.seq_len must be in (1, model.max_position_embeddings={max_pos}], got {seq_len}",
+    )
+    _require(
+        cfg.logger.name in LOGGERS, f"logger must be one of {LOGGERS}, got {cfg.logger.name!r}"
+    )
+
+
+def _check_optim(optim: DictConfig) -> None:
+    import foam
+
+    registry = foam.available_optimizers()
+    _require("name" in optim, "optim.name: missing (the registry name for foam.build_optimizer)")
+    _require(
+        optim.name in registry,
+        f"optim.name={optim.name!r} is not a registered optimizer (available: {', '.join(registry)})",
+    )
+    hparams = optimizer_hparams(optim)
+    unknown = sorted(set(hparams) - set(registry[optim.name]))
+    _require(
+        not unknown,
+        f"optim.{unknown[0] if unknown else ''}: not a keyword of {optim.name!r} (accepted: {sorted(registry[optim.name])})",
+    )
+    lr = hparams.get("lr")
+    _require(isinstance(lr, int | float) and lr > 0, f"optim.lr must be positive, got {lr}")
+
+
+def check_fold_level(optim: DictConfig, matrix_shapes: list[tuple[int, ...]]) -> None:
+    """A FOAM level whose blocks are longer than a matrix's fold axis is a config error, reported
+    as one before training starts (the optimizer would otherwise fail on its first step)."""
+    if "level" not in optim:
+        return
+    from foam.folding import make_plan
+
+    fold_axis = optim.get("fold_axis", "larger")
+    for shape in matrix_shapes:
+        try:
+            make_plan(shape, optim.level, fold_axis)
+        except ValueError as err:
+            raise ConfigError(f"optim.level={optim.level}: {err}") from None

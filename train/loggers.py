@@ -1,0 +1,94 @@
+"""Metric sinks: ``metrics.jsonl`` in the run directory (always) and wandb (``logger=wandb``).
+
+Only the main rank logs. wandb runs offline unless the user is logged in, and a resumed run
+continues the same wandb run: its id is kept in the checkpoint and in ``<run_dir>/wandb_id``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class JsonlWriter:
+    """Appends one JSON object per logged step; a resume first drops lines past its step, so the
+    file reads as one uninterrupted run."""
+
+    def __init__(self, run_dir: Path, resume_step: int | None) -> None:
+        self.path = Path(run_dir) / METRICS_FILE
+        if resume_step is not None and self.path.exists():
+            kept = [
+                line
+                for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= resume_step
+            ]
+            self.path.write_text("".join(f"{line}\n" for line in kept))
+        elif resume_step is None and self.path.exists():
+            self.path.unlink()
+        self._file = open(self.path, "a")  # noqa: SIM115 (kept open for the run)
+
+    def log(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _wandb_logged_in() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")
+
+
+class WandbLogger:
+    """A thin wandb wrapper; ``mode: auto`` is online when logged in, else offline."""
+
+    def __init__(self, cfg: Any, run_dir: Path, run_id: str, config: dict[str, Any]) -> None:
+        import wandb
+
+        mode = cfg.mode
+        if mode == "auto":
+            mode = os.environ.get("WANDB_MODE") or ("online" if _wandb_logged_in() else "offline")
+        self._wandb = wandb
+        self.run = wandb.init(
+            project=cfg.project,
+            entity=cfg.entity,
+            name=cfg.run_name or Path(run_dir).name,
+            tags=list(cfg.tags or []),
+            id=run_id,
+            resume="allow",
+            dir=str(run_dir),
+            mode=mode,
+            config=config,
+        )
+        log.info("wandb run %s (%s mode)", run_id, mode)
+
+    def log(self, record: dict[str, Any]) -> None:
+        self.run.log({k: v for k, v in record.items() if v is not None}, step=record["step"])
+
+    def summary(self, values: dict[str, Any]) -> None:
+        self.run.summary.update({k: v for k, v in values.items() if not isinstance(v, list)})
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def new_run_id(run_dir: Path) -> str:
+    """The run's logger id, created once and kept in the run directory."""
+    path = Path(run_dir) / "wandb_id"
+    if path.exists():
+        return path.read_text().strip()
+    import secrets
+
+    run_id = secrets.token_hex(4)
+    path.write_text(run_id)
+    return run_id
