@@ -1,0 +1,159 @@
+"""Sweep lr (and alpha) over methods: one torchrun per grid point, locally or on SLURM.
+
+The default grids are the paper's (Appendix, Hyperparameters): AdamW, Muon and Adam-mini over
+lr only; the low-rank methods and FOAM over lr x alpha. Each point gets its own run directory
+``ROOT/MODEL/OPTIM/lr{lr}_alpha{alpha}_seed{seed}``; a point whose ``summary.json`` exists is
+finished and skipped, and an interrupted one resumes from its last checkpoint
+(``trainer.resume=auto``). Hydra's ``-m`` is never used inside torchrun: the sweep lives out here.
+
+    python scripts/sweep.py --model llama_60m --dry-run                  # the paper's full grid
+    python scripts/sweep.py --model llama_tiny --methods adamw foam2 --lrs 1e-3 --seeds 0 \
+        --root runs/demo -- trainer=cpu_debug trainer.max_steps=20
+    python scripts/sweep.py --model llama_350m --nproc 4 --launcher slurm --slurm-partition gpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+LR_ONLY = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2)
+LR_WITH_ALPHA = (1e-3, 2.5e-3, 5e-3, 1e-2)
+ALPHAS = (0.25, 0.5, 1.0)
+
+# Optim config -> does the paper sweep alpha for it?
+PAPER_METHODS: dict[str, bool] = {
+    "adamw": False,
+    "muon": False,
+    "adam_mini": False,
+    "galore_1_4": True,
+    "apollo_1_4": True,
+    "foam2": True,
+    "foam_mini": True,
+}
+
+
+@dataclass(frozen=True)
+class Point:
+    model: str
+    optim: str
+    lr: float
+    alpha: float | None
+    seed: int
+    name: str  # the method directory: the optim config, or a variant's name (ablations)
+
+    def run_dir(self, root: Path) -> Path:
+        alpha = "" if self.alpha is None else f"_alpha{self.alpha:g}"
+        return root / self.model / self.name / f"lr{self.lr:g}{alpha}_seed{self.seed}"
+
+
+def grid(
+    model: str,
+    methods: list[str],
+    lrs: list[float] | None,
+    alphas: list[float] | None,
+    seeds: list[int],
+    name: str | None = None,
+) -> list[Point]:
+    """The points to run: per method its lr grid, times alphas where the method sweeps alpha."""
+    points = []
+    for optim in methods:
+        sweeps_alpha = PAPER_METHODS.get(optim, True)
+        method_lrs = lrs or (LR_WITH_ALPHA if sweeps_alpha else LR_ONLY)
+        method_alphas = (alphas or ALPHAS) if sweeps_alpha else [None]
+        for lr, alpha, seed in itertools.product(method_lrs, method_alphas, seeds):
+            points.append(Point(model, optim, lr, alpha, seed, name or optim))
+    return points
+
+
+def train_command(point: Point, run_dir: Path, nproc: int, overrides: list[str]) -> list[str]:
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    args = [
+        *launcher,
+        f"--nproc_per_node={nproc}",
+        str(REPO / "train" / "pretrain.py"),
+        f"+model={point.model}",
+        f"+optim={point.optim}",
+        f"optim.lr={point.lr:g}",
+        f"trainer.seed={point.seed}",
+        f"hydra.run.dir={run_dir}",
+        "trainer.resume=auto",
+    ]
+    if point.alpha is not None:
+        args.append(f"optim.alpha={point.alpha:g}")
+    return args + overrides
+
+
+def submit_slurm(commands: list[list[str]], args: argparse.Namespace) -> None:
+    """One SLURM job per point through submitit, the library behind Hydra's submitit launcher."""
+    try:
+        import submitit
+    except ImportError as error:
+        raise SystemExit("--launcher slurm needs submitit: pip install submitit") from error
+    executor = submitit.AutoExecutor(folder=str(args.root / "slurm"))
+    executor.update_parameters(
+        slurm_partition=args.slurm_partition,
+        gpus_per_node=args.nproc,
+        tasks_per_node=1,
+        cpus_per_task=8 * args.nproc,
+        timeout_min=args.slurm_minutes,
+    )
+    jobs = [executor.submit(subprocess.run, cmd, check=True) for cmd in commands]
+    for cmd, job in zip(commands, jobs, strict=True):
+        print(f"submitted {job.job_id}: {shlex.join(cmd)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--methods", nargs="+", default=list(PAPER_METHODS))
+    parser.add_argument("--lrs", nargs="+", type=float, default=None, help="default: paper grid")
+    parser.add_argument("--alphas", nargs="+", type=float, default=None)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[42])
+    parser.add_argument(
+        "--name", default=None, help="method directory for a variant of one method (ablations)"
+    )
+    parser.add_argument("--nproc", type=int, default=1, help="processes (GPUs) per point")
+    parser.add_argument("--root", type=Path, default=REPO / "runs" / "sweep")
+    parser.add_argument("--launcher", choices=["local", "slurm"], default="local")
+    parser.add_argument("--slurm-partition", default=None)
+    parser.add_argument("--slurm-minutes", type=int, default=24 * 60)
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every point (after --)")
+    args = parser.parse_args(argv)
+
+    if args.name and len(args.methods) != 1:
+        parser.error("--name names a variant of exactly one method")
+    todo = []
+    for point in grid(args.model, args.methods, args.lrs, args.alphas, args.seeds, args.name):
+        run_dir = point.run_dir(args.root)
+        if (run_dir / "summary.json").exists():
+            print(f"done, skipped: {run_dir}")
+            continue
+        todo.append(train_command(point, run_dir, args.nproc, args.overrides))
+
+    if args.dry_run:
+        for cmd in todo:
+            print(shlex.join(cmd))
+        return 0
+    if args.launcher == "slurm":
+        submit_slurm(todo, args)
+        return 0
+    failed = 0
+    for index, cmd in enumerate(todo, 1):
+        print(f"[{index}/{len(todo)}] {shlex.join(cmd)}", flush=True)
+        if subprocess.run(cmd, cwd=REPO).returncode != 0:
+            failed += 1
+            print(f"point failed (continuing): {shlex.join(cmd)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
