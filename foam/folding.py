@@ -95,28 +95,36 @@ def make_plan(shape: torch.Size | tuple[int, ...], level: int | str, fold_axis: 
     return FoldPlan(rows=rows, cols=cols, axis=axis, block=block)
 
 
+def blocks_of(x: torch.Tensor, plan: FoldPlan) -> list[torch.Tensor]:
+    """Views of the full-size 2-d ``x`` by block: the full blocks as one 3-d view whose block
+    axis has ``plan.block`` entries, then (non-divisible lengths only) the shorter tail block.
+    Writing into a view writes into ``x``."""
+    full, block, cut = plan.full_blocks, plan.block, plan.full_blocks * plan.block
+    if plan.axis == 1:
+        views = [x[:, :cut].view(plan.rows, full, block)] if full else []
+        return views + ([x[:, cut:]] if plan.tail else [])
+    views = [x[:cut].view(full, block, plan.cols)] if full else []
+    return views + ([x[cut:]] if plan.tail else [])
+
+
+def values_of(y: torch.Tensor, plan: FoldPlan) -> list[torch.Tensor]:
+    """Views of the folded ``y`` that broadcast over the matching :func:`blocks_of` views.
+
+    Broadcasting is how E(y) is applied without materialising it as a full-size tensor.
+    """
+    full = plan.full_blocks
+    if plan.axis == 1:
+        views = [y[:, :full].unsqueeze(-1)] if full else []
+        return views + ([y[:, full:]] if plan.tail else [])
+    views = [y[:full].unsqueeze(1)] if full else []
+    return views + ([y[full:]] if plan.tail else [])
+
+
 def block_views(
     x: torch.Tensor, y: torch.Tensor, plan: FoldPlan
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Pairs ``(x_blocks, y_values)`` where ``y_values`` broadcasts over ``x_blocks``.
-
-    ``x`` is a contiguous full-size 2-d tensor, ``y`` a folded tensor (``plan.folded_shape``). The
-    first pair covers the full blocks as a 3-d view of ``x`` whose block axis has size
-    ``plan.block``; the second, present only for a non-divisible length, covers the tail. Writing
-    into ``x_blocks`` writes into ``x``.
-    """
-    full, block, tail = plan.full_blocks, plan.block, plan.tail
-    cut = full * block
-    if plan.axis == 1:
-        if full:
-            yield x[:, :cut].view(plan.rows, full, block), y[:, :full].unsqueeze(-1)
-        if tail:
-            yield x[:, cut:], y[:, full:]
-    else:
-        if full:
-            yield x[:cut].view(full, block, plan.cols), y[:full].unsqueeze(1)
-        if tail:
-            yield x[cut:], y[full:]
+    """Pairs ``(blocks of x, values of y)`` for in-place block-wise ops like ``x += E(y)``."""
+    return zip(blocks_of(x, plan), values_of(y, plan), strict=True)
 
 
 def fold(x: torch.Tensor, plan: FoldPlan) -> torch.Tensor:
@@ -141,6 +149,6 @@ def fold(x: torch.Tensor, plan: FoldPlan) -> torch.Tensor:
 def unfold(y: torch.Tensor, plan: FoldPlan) -> torch.Tensor:
     """E(y): each block value repeated over its block, truncated to the full size."""
     out = y.new_empty((plan.rows, plan.cols))
-    for x_blocks, y_values in block_views(out, y, plan):
-        x_blocks.copy_(y_values.expand_as(x_blocks))
+    for blocks, values in block_views(out, y, plan):
+        blocks.copy_(values.expand_as(blocks))
     return out

@@ -8,7 +8,16 @@ from typing import Any
 
 import torch
 
-from foam.folding import FOLD_AXES, FoldPlan, block_views, fold, make_plan, unfold
+from foam.folding import (
+    FOLD_AXES,
+    FoldPlan,
+    block_views,
+    blocks_of,
+    fold,
+    make_plan,
+    unfold,
+    values_of,
+)
 from foam.state import load_state_dict_keeping_dtypes
 
 SECOND_MOMENTS = ("square_of_mean", "mean_of_squares")
@@ -159,7 +168,6 @@ class FOAM(torch.optim.Optimizer):
         lr, eps = group["lr"], group["eps"]
         bc1 = 1 - beta1**t if group["bias_correction"] else 1.0
         bc2 = 1 - beta2**t if group["bias_correction"] else 1.0
-        step_size = lr * (1.0 if plan is None else group["alpha"])
 
         wide = compute_dtype(p.dtype)
         grad = p.grad if plan is None else p.grad.reshape(plan.rows, plan.cols)
@@ -174,61 +182,64 @@ class FOAM(torch.optim.Optimizer):
                 v = ema_(state["exp_avg_sq"], fold(g.square(), plan), beta2, square=False)
             else:
                 v = ema_(state["exp_avg_sq"], g_folded, beta2, square=True)
-            update = self._residual_update(g, g is grad, g_folded, m / bc1, v / bc2, plan, group)
-            p.add_(update.view(p.shape), alpha=-step_size)
+            self._residual_step(p, g, g is not grad, g_folded, m / bc1, v / bc2, plan, group)
         else:
             # Identity fold (plain AdamW, or level 0): no residual, and torch.optim.AdamW's exact
             # formula, so level 0 with alpha 1 reproduces it to the last bit.
             m = ema_(state["exp_avg"], g, beta1, square=False)
             v = ema_(state["exp_avg_sq"], g, beta2, square=True)
             denom = (v.sqrt() / bc2**0.5).add_(eps)
+            step_size = lr * (1.0 if plan is None else group["alpha"])
             p.addcdiv_(m.view(p.shape), denom.view(p.shape), value=-step_size / bc1)
 
     @staticmethod
-    def _residual_update(
+    def _residual_step(
+        p: torch.Tensor,
         g: torch.Tensor,
-        g_is_grad: bool,
+        g_owned: bool,
         g_folded: torch.Tensor,
         m_hat: torch.Tensor,
         v_hat: torch.Tensor,
         plan: FoldPlan,
         group: dict[str, Any],
-    ) -> torch.Tensor:
-        """``(E(m_hat) + rho R) / (sqrt(E(v_hat) + rho^2 R^2) + eps)`` with ``R = g - E(A(g))``.
+    ) -> None:
+        """``p -= lr * alpha * (E(m_hat) + rho R) / (sqrt(E(v_hat) + rho^2 R^2) + eps)``.
 
-        Broadcasts per-block values over block views instead of materialising ``E(.)``, so the
-        only full-size temporaries are the residual (reused as the numerator) and the
-        denominator.
+        ``R = g - E(A(g))``. Per-block values are broadcast over block views instead of
+        materialising ``E(.)``, and each pass writes where the next one reads, so a step makes
+        about as many full-size passes as AdamW's, with two full-size temporaries: the residual
+        (which becomes the numerator; it is ``g`` itself when ``g`` is already a private copy)
+        and the denominator.
         """
-        rho = float(group["residual"])
-        eps = group["eps"]
+        rho, eps = float(group["residual"]), group["eps"]
+        step_size = group["lr"] * group["alpha"]
         if rho == 0.0:  # the no-residual ablation: a block-constant update
-            return unfold(m_hat / (v_hat.sqrt() + eps), plan)
+            p.add_(unfold(m_hat / (v_hat.sqrt() + eps), plan).view(p.shape), alpha=-step_size)
+            return
 
-        residual = g.clone() if g_is_grad else g  # never write into p.grad
-        for blocks, values in block_views(residual, g_folded, plan):
-            blocks.sub_(values)
+        residual = g if g_owned else torch.empty_like(g)  # never write into p.grad
+        folded = values_of(g_folded, plan)
+        for r, gb, v in zip(blocks_of(residual, plan), blocks_of(g, plan), folded, strict=True):
+            torch.sub(gb, v, out=r)
 
+        denom = None
         if group["residual_in_second_moment"]:
-            denom = residual.square()
-            if rho != 1.0:
-                denom.mul_(rho * rho)
-            for blocks, values in block_views(denom, v_hat, plan):
-                blocks.add_(values)
+            denom = torch.empty_like(residual)
+            squares = blocks_of(denom, plan), blocks_of(residual, plan), values_of(v_hat, plan)
+            for d, r, v in zip(*squares, strict=True):
+                torch.addcmul(v, r, r, value=rho * rho, out=d)
             denom.sqrt_().add_(eps)
-        else:
-            denom = None
-            block_denom = v_hat.sqrt().add_(eps)
 
         if rho != 1.0:
             residual.mul_(rho)
-        for blocks, values in block_views(residual, m_hat, plan):
-            blocks.add_(values)  # residual now holds the numerator
+        for r, m in block_views(residual, m_hat, plan):
+            r.add_(m)  # the residual is now the numerator
         if denom is not None:
-            return residual.div_(denom)
-        for blocks, values in block_views(residual, block_denom, plan):
-            blocks.div_(values)
-        return residual
+            p.addcdiv_(residual.view(p.shape), denom.view(p.shape), value=-step_size)
+            return
+        for r, d in block_views(residual, v_hat.sqrt().add_(eps), plan):
+            r.div_(d)
+        p.add_(residual.view(p.shape), alpha=-step_size)
 
 
 def _validate_group(group: dict[str, Any]) -> None:
