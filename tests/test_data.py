@@ -1,0 +1,461 @@
+"""Data pipeline: batch format, rank shards, exact resume, bad input, tokenizers, hub arguments.
+
+Offline: tiny Shakespeare from the shared data folder and C4-format json.gz fixtures written here.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from train import corpus, data, tokenizer
+from train.data import build_tokenizer, build_train_loader, build_val_batches, rank_stream
+
+REPO = Path(__file__).resolve().parents[1]
+SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
+WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "that",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "it",
+    "an",
+    "be",
+    "this",
+    "are",
+]
+
+
+def cfg(**over) -> dict:
+    base = dict(
+        name="local",
+        path=None,
+        seq_len=32,
+        pack=False,
+        tokenizer="spm",
+        tokenizer_fallback=True,
+        tokenizer_cache_dir=None,
+        spm_vocab_size=8192,
+        val_fraction=0.1,
+        shuffle_seed=42,
+        shuffle_buffer=16,
+        num_workers=0,
+    )
+    base.update(over)
+    return base
+
+
+def doc_text(f: int, i: int) -> str:
+    n = 5 + (f * 31 + i * 17) % 60  # varied lengths: some truncated at seq_len 32, most padded
+    return f"doc{f}x{i} " + " ".join(WORDS[(f + i * k) % len(WORDS)] for k in range(n))
+
+
+def write_c4(root: Path, split: str, n_files: int, n_docs: int) -> list[str]:
+    """C4-layout json.gz shards (`en/c4-<split>.0000k-of-0000n.json.gz`); returns the texts."""
+    (root / "en").mkdir(parents=True, exist_ok=True)
+    texts = []
+    for f in range(n_files):
+        rows = []
+        for i in range(n_docs):
+            text = doc_text(f + (100 if split == "validation" else 0), i)
+            texts.append(text)
+            rows.append(
+                json.dumps({"text": text, "timestamp": "2019-04-25T12:00:00Z", "url": f"u{f}/{i}"})
+            )
+        name = f"c4-{split}.{f:05d}-of-{n_files:05d}.json.gz"
+        with gzip.open(root / "en" / name, "wt", encoding="utf-8") as fh:
+            fh.write("\n".join(rows) + "\n")
+    return texts
+
+
+@pytest.fixture(scope="session")
+def c4_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("c4")
+    write_c4(root, "train", n_files=4, n_docs=30)
+    write_c4(root, "validation", n_files=2, n_docs=20)
+    return root
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("foam-cache")
+
+
+@pytest.fixture(scope="session")
+def tok(c4_dir, cache_dir):
+    """The project SentencePiece model trained on the C4 fixture (small and fast)."""
+    return build_tokenizer(cfg(path=str(c4_dir), tokenizer_cache_dir=str(cache_dir)), 32000)
+
+
+@pytest.fixture(scope="session")
+def shakespeare() -> Path:
+    if not SHAKESPEARE.is_file():
+        pytest.skip(f"{SHAKESPEARE} is absent (the shared data folder is not mounted)")
+    return SHAKESPEARE
+
+
+def take(loader, n: int) -> list[dict]:
+    return [next(loader) for _ in range(n)]
+
+
+def assert_same(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert torch.equal(x[k], y[k]), k
+
+
+# ------------------------------------------------------------------------------------- format
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_batch_format_padding_and_labels(c4_dir, tok, pack):
+    c = cfg(path=str(c4_dir), pack=pack)
+    loader = build_train_loader(c, tok, micro_batch_size=4, rank=0, world_size=1, seed=0)
+    for batch in take(loader, 6):
+        ids, labels, mask = batch["input_ids"], batch["labels"], batch["attention_mask"]
+        assert ids.shape == labels.shape == mask.shape == (4, 32)
+        assert ids.dtype == labels.dtype == mask.dtype == torch.long
+        assert int(ids.max()) < tok.vocab_size
+        assert torch.equal(labels[mask == 1], ids[mask == 1])  # aligned, not shifted
+        assert bool((labels[mask == 0] == -100).all())
+        if pack:
+            assert bool((mask == 1).all())
+            continue
+        lens = mask.sum(1)
+        for r in range(4):
+            n = int(lens[r])
+            assert bool((mask[r, :n] == 1).all()) and bool((ids[r, n:] == tok.pad_token_id).all())
+            assert int(ids[r, n - 1]) == tok.eos_token_id  # EOS last, also when truncated
+    assert loader.stats["truncated"] > 0 or pack
+    assert loader.stats["skipped"] == 0
+
+
+def test_pack_concatenates_documents_in_order(c4_dir, tok):
+    c = cfg(path=str(c4_dir), pack=True, shuffle_buffer=0)
+    loader = build_train_loader(c, tok, micro_batch_size=2, rank=0, world_size=1, seed=0)
+    rows = torch.cat([b["input_ids"] for b in take(loader, 5)]).flatten().tolist()
+    texts = [r["text"] for r in rank_stream(c, "train", rank=0, world_size=1, seed=42)]
+    expected = [i for t in texts for i in tok.encode(t)]
+    assert rows == expected[: len(rows)]
+
+
+# ------------------------------------------------------------------------------------- shards
+
+
+@pytest.mark.parametrize(
+    "world_size", [2, 3, 4]
+)  # 4 files: whole shards for 2 and 4, records for 3
+def test_rank_shards_disjoint_and_complete(c4_dir, world_size):
+    c = cfg(path=str(c4_dir))
+    everything = sorted(r["text"] for r in rank_stream(c, "train", rank=0, world_size=1, seed=42))
+    parts = [
+        [r["text"] for r in rank_stream(c, "train", rank=k, world_size=world_size, seed=42)]
+        for k in range(world_size)
+    ]
+    flat = [t for p in parts for t in p]
+    assert len(flat) == len(set(flat)) == 120  # disjoint
+    assert sorted(flat) == everything  # complete
+    assert all(len(p) > 0 for p in parts)
+
+
+def test_rank_loaders_differ(c4_dir, tok):
+    c = cfg(path=str(c4_dir))
+    first = [
+        next(build_train_loader(c, tok, micro_batch_size=4, rank=r, world_size=2, seed=0))
+        for r in range(2)
+    ]
+    assert not torch.equal(first[0]["input_ids"], first[1]["input_ids"])
+
+
+def test_epochs_restart_and_reshuffle(c4_dir, tok):
+    c = cfg(path=str(c4_dir))
+    loader = build_train_loader(c, tok, micro_batch_size=10, rank=0, world_size=1, seed=0)
+    epoch0 = take(loader, 12)  # 120 documents = one epoch
+    assert loader.stats["epoch"] == 0 and loader.stats["documents"] == 120
+    epoch1 = take(loader, 12)
+    assert loader.stats["epoch"] == 1
+    key = lambda bs: sorted(tuple(r) for b in bs for r in b["input_ids"].tolist())  # noqa: E731
+    assert key(epoch0) == key(epoch1)  # same documents...
+    assert not torch.equal(epoch0[0]["input_ids"], epoch1[0]["input_ids"])  # ...another order
+
+
+# ------------------------------------------------------------------------------------- resume
+
+
+@pytest.mark.parametrize(("pack", "workers"), [(False, 0), (False, 2), (True, 1)])
+def test_resume_equals_uninterrupted(c4_dir, tok, pack, workers):
+    c = cfg(path=str(c4_dir), pack=pack, num_workers=workers)
+    ref = build_train_loader(c, tok, micro_batch_size=7, rank=1, world_size=2, seed=0)
+    take(ref, 6)
+    state = pickle.loads(pickle.dumps(ref.state_dict()))  # plain data, checkpointable
+    json.dumps(state)
+    expected = take(ref, 14)  # crosses an epoch boundary (60 documents per rank)
+    resumed = build_train_loader(c, tok, micro_batch_size=7, rank=1, world_size=2, seed=0)
+    resumed.load_state_dict(state)
+    assert_same(take(resumed, 14), expected)
+    assert resumed.stats == ref.stats
+    ref.close()
+    resumed.close()
+
+
+def test_resume_refuses_other_settings(c4_dir, tok):
+    c = cfg(path=str(c4_dir))
+    a = build_train_loader(c, tok, micro_batch_size=4, rank=0, world_size=2, seed=0)
+    next(a)
+    b = build_train_loader(c, tok, micro_batch_size=4, rank=0, world_size=4, seed=0)
+    with pytest.raises(ValueError, match="world_size"):
+        b.load_state_dict(a.state_dict())
+
+
+# ------------------------------------------------------------------------------------- bad input
+
+
+def test_corrupt_input_is_skipped_and_counted(tmp_path, tok):
+    root = tmp_path / "bad"
+    write_c4(root, "train", n_files=2, n_docs=10)
+    good = [
+        json.dumps({"text": f"a good validation document number {i}"}).encode() for i in range(5)
+    ]
+    lines = [
+        good[0],
+        b"{not json",
+        json.dumps({"url": "no text field"}).encode(),
+        json.dumps({"text": "   "}).encode(),
+        json.dumps({"text": None}).encode(),
+        good[1],
+        b'{"text": "caf\xe9 latin-1 bytes"}',
+        b"[1, 2, 3]",
+        b"",
+        good[2],
+    ]
+    with gzip.open(root / "en" / "c4-validation.00000-of-00004.json.gz", "wb") as fh:
+        fh.write(b"\n".join(lines) + b"\n")
+    with gzip.open(root / "en" / "c4-validation.00001-of-00004.json.gz", "wb") as fh:
+        fh.write(b"")  # empty after decompression
+    (root / "en" / "c4-validation.00002-of-00004.json").write_bytes(b"")  # empty file
+    blob = gzip.compress(b"\n".join(good[3:]) + b"\n")
+    (root / "en" / "c4-validation.00003-of-00004.json.gz").write_bytes(blob[: len(blob) // 2])
+    c = cfg(path=str(root))
+    val = build_val_batches(c, tok, micro_batch_size=2, rank=0, world_size=1, max_tokens=10**9)
+    n_rows = sum(b["input_ids"].shape[0] for b in val)
+    s = val.stats
+    assert n_rows == s["documents"] == 3
+    assert s["skipped_bad_json"] == 2 and s["skipped_no_text"] == 3 and s["skipped_bad_utf8"] == 1
+    assert s["skipped_empty_file"] == 2 and s["skipped_bad_file"] == 1
+    assert s["skipped"] == 9
+    # training data next to it is unaffected
+    loader = build_train_loader(c, tok, micro_batch_size=4, rank=0, world_size=1, seed=0)
+    take(loader, 3)
+    assert loader.stats["skipped"] == 0
+
+
+def test_missing_path_and_unreachable_hub_fail_at_startup(tmp_path, tok, monkeypatch):
+    with pytest.raises(corpus.DataSourceError, match="data=embedded"):
+        build_train_loader(
+            cfg(path=str(tmp_path / "nope")), tok, micro_batch_size=2, rank=0, world_size=1, seed=0
+        )
+    monkeypatch.setattr(corpus, "hub_reachable", lambda timeout=3.0: False)
+    with pytest.raises(corpus.DataSourceError, match=r"data=local data\.path=DIR"):
+        build_train_loader(cfg(name="c4"), tok, micro_batch_size=2, rank=0, world_size=1, seed=0)
+
+    def refuse(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'allenai/c4' on the Hub")
+
+    import datasets
+
+    monkeypatch.setattr(corpus, "hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setattr(datasets, "load_dataset", refuse)
+    with pytest.raises(corpus.DataSourceError, match="data=embedded"):
+        build_val_batches(
+            cfg(name="c4"), tok, micro_batch_size=2, rank=0, world_size=1, max_tokens=10
+        )
+
+
+# ------------------------------------------------------------------------------------- c4 == local
+
+
+def test_c4_mode_is_local_pipeline_with_hub_arguments(c4_dir, tok, monkeypatch):
+    """data=c4 calls load_dataset("allenai/c4", "en", split=..., streaming=True); everything after
+    is the local pipeline: fed the same files via the hub's json builder, batches are identical."""
+    import datasets
+
+    real_load = datasets.load_dataset
+    calls = []
+
+    def fake_load(*args, **kwargs):
+        calls.append((args, kwargs))
+        split = kwargs["split"]
+        files = sorted(str(p) for p in (c4_dir / "en").glob(f"c4-{split}.*.json.gz"))
+        return real_load("json", data_files={split: files}, split=split, streaming=True)
+
+    monkeypatch.setattr(corpus, "hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    for rank in range(2):
+        hub = build_train_loader(
+            cfg(name="c4"), tok, micro_batch_size=5, rank=rank, world_size=2, seed=0
+        )
+        loc = build_train_loader(
+            cfg(path=str(c4_dir)), tok, micro_batch_size=5, rank=rank, world_size=2, seed=0
+        )
+        assert_same(take(hub, 8), take(loc, 8))
+    hub_val = build_val_batches(
+        cfg(name="c4"), tok, micro_batch_size=4, rank=0, world_size=1, max_tokens=300
+    )
+    loc_val = build_val_batches(
+        cfg(path=str(c4_dir)), tok, micro_batch_size=4, rank=0, world_size=1, max_tokens=300
+    )
+    assert_same(list(hub_val), list(loc_val))
+    assert calls[0] == (("allenai/c4", "en"), {"split": "train", "streaming": True})
+    assert (("allenai/c4", "en"), {"split": "validation", "streaming": True}) in calls
+
+
+# ------------------------------------------------------------------------------------- validation
+
+
+def test_val_batches_fixed_budget_and_rank_split(c4_dir, tok):
+    c = cfg(path=str(c4_dir))
+    sets = [
+        build_val_batches(c, tok, micro_batch_size=3, rank=r, world_size=2, max_tokens=400)
+        for r in range(2)
+    ]
+    for v in sets:
+        first, again = list(v), list(v)
+        assert_same(first, again)  # re-iterable, fixed
+        n_tok = sum(int(b["attention_mask"].sum()) for b in first)
+        assert 200 <= n_tok < 200 + 3 * 32 and len(v) == len(first)
+        for b in first:
+            assert torch.equal(
+                b["labels"], b["input_ids"].masked_fill(b["attention_mask"] == 0, -100)
+            )
+    rows = [tuple(r) for v in sets for b in v for r in b["input_ids"].tolist()]
+    assert len(rows) == len(set(rows))  # ranks hold different documents
+
+
+def test_shakespeare_txt_with_held_out_fraction(shakespeare, tok):
+    c = cfg(path=str(shakespeare), val_fraction=0.1)
+    train = [r["text"] for r in corpus.open_source(c, "train")]
+    val = [r["text"] for r in corpus.open_source(c, "validation")]
+    assert 0.07 < len(val) / (len(train) + len(val)) < 0.13
+    assert len(train) + len(val) > 5000
+    everything = [r["text"] for r in corpus.read_file_records(shakespeare)]
+    assert Counter(train) + Counter(val) == Counter(everything)  # a partition of the records
+    loader = build_train_loader(c, tok, micro_batch_size=8, rank=0, world_size=1, seed=0)
+    assert next(loader)["input_ids"].shape == (8, 32)
+
+
+def test_embedded_corpus_is_deterministic_and_split():
+    docs = corpus.embedded_documents()
+    assert len(docs) > 300 and docs == corpus.embedded_documents()
+    c = cfg(name="embedded")
+    train = [r["text"] for r in corpus.open_source(c, "train")]
+    val = [r["text"] for r in corpus.open_source(c, "validation")]
+    assert val and Counter(train) + Counter(val) == Counter(text for _, text in docs)
+
+
+# ------------------------------------------------------------------------------------- tokenizers
+
+
+def test_sentencepiece_fallback_trains_caches_and_round_trips(tmp_path, monkeypatch):
+    monkeypatch.setattr(tokenizer, "hub_reachable", lambda timeout=3.0: False)
+
+    def no_hf(name, local_only):
+        raise OSError(f"{name} is not cached")
+
+    monkeypatch.setattr(tokenizer, "_load_hf", no_hf)
+    c = cfg(name="embedded", tokenizer="t5-base", tokenizer_cache_dir=str(tmp_path / "a"))
+    t0 = time.perf_counter()
+    tok = build_tokenizer(c, 32000)
+    assert time.perf_counter() - t0 < 30
+    assert tok.name.startswith("spm:") and tok.vocab_size <= 8192
+    assert (tok.pad_token_id, tok.eos_token_id) == (0, 1)  # the T5 layout
+    text = (
+        "Comparisons can be chained arbitrarily, e.g. x < y <= z is equivalent to x < y and y <= z."
+    )
+    ids = tok.encode(text)
+    assert ids[-1] == tok.eos_token_id and max(ids) < tok.vocab_size
+    assert tok.decode(ids) == text
+    model = next((tmp_path / "a" / "tokenizers").glob("*.model"))
+    # deterministic: a second training elsewhere gives the same bytes; a rebuild hits the cache
+    again = build_tokenizer(dict(c, tokenizer_cache_dir=str(tmp_path / "b")), 32000)
+    assert next((tmp_path / "b" / "tokenizers").glob("*.model")).read_bytes() == model.read_bytes()
+    assert again.encode(text) == ids
+    with pytest.raises(RuntimeError, match="tokenizer=spm"):
+        build_tokenizer(dict(c, tokenizer_fallback=False), 32000)
+
+
+def test_spm_round_trips_shakespeare(shakespeare, cache_dir):
+    tok = build_tokenizer(cfg(path=str(shakespeare), tokenizer_cache_dir=str(cache_dir)), 32000)
+    text = shakespeare.read_text(encoding="utf-8")[:2000]
+    for para in text.split("\n\n"):
+        if para.strip():
+            assert " ".join(tok.decode(tok.encode(para)).split()) == " ".join(para.split())
+
+
+class _StubHF:
+    """Looks like a T5 tokenizer to HFTokenizer: 32000 text ids + 100 sentinel ids."""
+
+    def __init__(self, size: int, added: range):
+        self.size, self.added_tokens_decoder = size, {i: f"<extra_id_{i}>" for i in added}
+        self.eos_token_id, self.pad_token_id, self.unk_token_id = 1, 0, 2
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __call__(self, texts, add_special_tokens=True, truncation=False):
+        return {"input_ids": [[5, 32000, 32099, 7, 1] for _ in texts]}
+
+
+def test_t5_sentinel_ids_map_to_unk_and_big_vocab_is_refused():
+    t5 = tokenizer.HFTokenizer(_StubHF(32100, range(32000, 32100)), "stub-t5", 32000)
+    assert t5.vocab_size == 32000
+    assert t5.encode("x <extra_id_0> <extra_id_99> y") == [5, 2, 2, 7, 1]
+    assert (
+        tokenizer.HFTokenizer(_StubHF(32100, range(32000, 32100)), "t5", 32100).vocab_size == 32100
+    )
+    with pytest.raises(ValueError, match="vocab_size"):
+        tokenizer.HFTokenizer(_StubHF(50257, range(50256, 50257)), "gpt2-like", 32000)
+
+
+# ------------------------------------------------------------------------------------- configs
+
+
+def test_config_files_and_dictconfig(c4_dir, tok):
+    from omegaconf import OmegaConf
+
+    for name in ("c4", "local", "embedded"):
+        path = REPO / "configs" / "data" / f"{name}.yaml"
+        assert path.read_text().splitlines()[0] == "# @package data"
+        c = OmegaConf.load(path)
+        assert c.name == name
+        assert (c.seq_len, c.pack, c.tokenizer, c.shuffle_seed) == (256, False, "t5-base", 42)
+        for key in ("path", "tokenizer_cache_dir", "val_fraction", "shuffle_buffer", "num_workers"):
+            assert key in list(c)  # `in` is False for a ??? value
+    c = OmegaConf.load(REPO / "configs/data/local.yaml")
+    c.path, c.seq_len, c.num_workers = str(c4_dir), 32, 0
+    loader = build_train_loader(c, tok, micro_batch_size=2, rank=0, world_size=1, seed=0)
+    assert next(loader)["input_ids"].shape == (2, 32)
+
+
+def test_module_exports():
+    for name in ("build_tokenizer", "build_train_loader", "build_val_batches", "TrainLoader"):
+        assert hasattr(data, name)

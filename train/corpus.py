@@ -1,0 +1,351 @@
+"""Where documents come from: the C4 hub stream, files on disk, or the embedded offline corpus.
+
+Every mode ends up as a `datasets.IterableDataset` of records with a `text` field, so the rest of
+the pipeline (shuffle with seed 42, split across ranks, tokenize, batch) is one piece of code:
+`data=c4` differs from `data=local` only in how the source is opened (`load_dataset` arguments
+for the hub, a robust file reader for disk). The local reader is a `from_generator` dataset whose
+shards are the files, in sorted order, like the hub's json builder, so a local C4 mirror is
+shuffled and split across ranks with the same shard permutation and shuffle buffer as the hub.
+
+Bad input never raises mid-run: the reader yields `{"text": None, "error": REASON}` for each
+malformed JSON line, record without usable text, line of invalid UTF-8, empty or corrupt file,
+and the batcher counts them (`skipped_<reason>` in the loader's stats).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import re
+import socket
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+logger = logging.getLogger(__name__)
+
+HUB_NAME = "allenai/c4"
+HUB_CONFIG = "en"
+SKIP_REASONS = ("bad_json", "no_text", "bad_utf8", "empty_file", "bad_file")
+TEXT_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".txt", ".txt.gz", ".parquet")
+EMBEDDED_SHARDS = 8  # a factor of 1/2/4/8 ranks, so ranks get whole shards like C4's 1024
+_VAL_WORDS = re.compile(r"(^|[^a-z])(validation|valid|val|dev)([^a-z]|$)")
+_TEST_WORDS = re.compile(r"(^|[^a-z])test([^a-z]|$)")
+_HASH_SPACE = 1_000_000
+
+Record = dict[str, Any]
+
+
+class DataSourceError(RuntimeError):
+    """The data source cannot be opened; the message says what to use instead."""
+
+
+def _cfg(cfg: Any, key: str, default: Any = None) -> Any:
+    """Read a key from an OmegaConf node, a dict or a namespace, with a default."""
+    if cfg is None:
+        return default
+    if hasattr(cfg, "get"):  # dict and OmegaConf DictConfig
+        return cfg.get(key, default)
+    return getattr(cfg, key, default)
+
+
+def _bad(reason: str) -> Record:
+    return {"text": None, "error": reason}
+
+
+def _good(text: Any) -> Record:
+    if not isinstance(text, str) or not text.strip():
+        return _bad("no_text")
+    return {"text": text, "error": None}
+
+
+def is_held_out(key: str, val_fraction: float) -> bool:
+    """Deterministic, order-free train/validation assignment of one record (crc32 of its key)."""
+    return zlib.crc32(key.encode()) % _HASH_SPACE < val_fraction * _HASH_SPACE
+
+
+def _role_filter(
+    items: Iterator[Record], key: str, role: str, val_fraction: float
+) -> Iterator[Record]:
+    """Keep the records of one role ('all', 'train', 'val'); index i of file `key` decides."""
+    for i, rec in enumerate(items):
+        if role == "all" or (is_held_out(f"{key}:{i}", val_fraction) == (role == "val")):
+            yield rec
+
+
+# ---------------------------------------------------------------------------------------------
+# Local files
+
+
+def _suffix(path: Path) -> str:
+    name = path.name.lower()
+    return next((s for s in sorted(TEXT_SUFFIXES, key=len, reverse=True) if name.endswith(s)), "")
+
+
+def list_local_files(path: str | os.PathLike) -> tuple[list[Path], list[Path]]:
+    """Train and validation files of a local directory (or one file), sorted by name.
+
+    A C4 mirror keeps its files under `en/`; that folder wins when present. A file whose name
+    contains validation/valid/val/dev is validation, test files are ignored (never trained on),
+    everything else is training data.
+    """
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise DataSourceError(
+            f"data.path={str(path)!r} does not exist. Point data=local data.path=DIR at a folder of "
+            "C4 json.gz / jsonl / txt / parquet files, or use data=embedded (no download) or data=c4."
+        )
+    if root.is_file():
+        files = [root]
+    else:
+        base = root / HUB_CONFIG if (root / HUB_CONFIG).is_dir() else root
+        files = sorted(
+            (p for p in base.iterdir() if p.is_file() and _suffix(p)), key=lambda p: p.name
+        )
+    train, val, test = [], [], []
+    for f in files:
+        stem = f.name.lower()
+        (val if _VAL_WORDS.search(stem) else test if _TEST_WORDS.search(stem) else train).append(f)
+    if test:
+        logger.info("data: ignoring %d test file(s) under %s", len(test), root)
+    if not train and not val:
+        raise DataSourceError(
+            f"no data files under {root} (looked for {', '.join(TEXT_SUFFIXES)}). "
+            "Use data=embedded for the offline corpus or data=c4 to stream from the hub."
+        )
+    return train, val
+
+
+def _open_binary(path: Path):
+    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
+
+
+def _json_lines(path: Path) -> Iterator[Record]:
+    """Records of a JSON-lines file (or one JSON array), one per line, bad lines as markers."""
+    with _open_binary(path) as fh:
+        first = fh.peek(1)[:1] if hasattr(fh, "peek") else b""
+        if first == b"[":
+            try:
+                rows = json.loads(fh.read().decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                yield _bad("bad_file")
+                return
+            for row in rows if isinstance(rows, list) else []:
+                yield _good(row.get("text")) if isinstance(row, dict) else _bad("bad_json")
+            return
+        for raw in fh:
+            if not raw.strip():
+                continue  # blank separator lines are not records
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                yield _bad("bad_utf8")
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                yield _bad("bad_json")
+                continue
+            yield _good(row.get("text")) if isinstance(row, dict) else _bad("bad_json")
+
+
+def _text_blocks(path: Path) -> Iterator[Record]:
+    """Documents of a plain-text file: blocks separated by blank lines."""
+    block: list[str] = []
+    with _open_binary(path) as fh:
+        for raw in fh:
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                yield _bad("bad_utf8")
+                continue
+            if line.strip():
+                block.append(line)
+            elif block:
+                yield _good("".join(block).rstrip("\n"))
+                block = []
+    if block:
+        yield _good("".join(block).rstrip("\n"))
+
+
+def _parquet_rows(path: Path) -> Iterator[Record]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    if "text" not in pf.schema_arrow.names:
+        yield _bad("bad_file")
+        return
+    for batch in pf.iter_batches(columns=["text"], batch_size=1024):
+        for text in batch.column(0).to_pylist():
+            yield _good(text)
+
+
+def read_file_records(path: Path) -> Iterator[Record]:
+    """All records of one file; an empty or unreadable file yields a single marker."""
+    suffix = _suffix(path)
+    reader = (
+        _parquet_rows
+        if suffix == ".parquet"
+        else _text_blocks
+        if suffix.startswith(".txt")
+        else _json_lines
+    )
+    n = 0
+    try:
+        for rec in reader(path):
+            n += 1
+            yield rec
+    except (OSError, EOFError, zlib.error, ValueError) as exc:  # truncated gzip, bad parquet...
+        logger.warning("data: stopped reading %s after %d records: %s", path, n, exc)
+        yield _bad("bad_file")
+        return
+    if n == 0:
+        yield _bad("empty_file")
+
+
+def _local_records(paths: list[str], role: str, val_fraction: float) -> Iterator[Record]:
+    """Generator behind `from_generator`: one shard per file, held-out records by hash."""
+    for p in paths:
+        path = Path(p)
+        items = read_file_records(path)
+        if role != "all":
+            items = _role_filter(items, path.name, role, val_fraction)
+        yield from items
+
+
+# ---------------------------------------------------------------------------------------------
+# Embedded corpus
+
+
+def embedded_documents() -> list[tuple[str, str]]:
+    """(key, text) documents from `pydoc_data.topics`, which ships with every CPython.
+
+    Topics are cut at blank lines into documents of at least ~1000 characters (C4 documents
+    average ~2200), giving a few hundred documents; the keys are stable for a Python version.
+    """
+    from pydoc_data.topics import topics
+
+    docs: list[tuple[str, str]] = []
+    for name in sorted(topics):
+        paragraphs = [p.strip() for p in re.split(r"\n\s*\n", topics[name]) if p.strip()]
+        chunk: list[str] = []
+        for para in paragraphs:
+            chunk.append(para)
+            if sum(len(c) for c in chunk) >= 1000:
+                docs.append((f"{name}:{len(docs)}", "\n\n".join(chunk)))
+                chunk = []
+        if chunk:
+            docs.append((f"{name}:{len(docs)}", "\n\n".join(chunk)))
+    return docs
+
+
+def _embedded_records(shards: list[int], role: str, val_fraction: float) -> Iterator[Record]:
+    docs = embedded_documents()
+    for shard in shards:
+        for key, text in docs[shard::EMBEDDED_SHARDS]:
+            if role == "all" or is_held_out(key, val_fraction) == (role == "val"):
+                yield _good(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hub
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Quick TCP probe of the hub, so an offline machine fails in seconds rather than after the
+    ~25-50 s of retries inside `datasets`/`huggingface_hub`. Assumes reachable behind a proxy."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        with socket.create_connection((url.hostname, url.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def hub_load_args(data_cfg: Any, split: str) -> tuple[tuple, dict]:
+    """The exact `datasets.load_dataset` call of the benchmark protocol for one split.
+
+    Validation uses `allenai/c4` as training does (the GaLore scripts' legacy `"c4"` name for
+    validation is the same data under an older alias; see benchmark_protocol.md §16.2).
+    """
+    name = _cfg(data_cfg, "hub_name") or HUB_NAME
+    config = _cfg(data_cfg, "hub_config") or HUB_CONFIG
+    return (name, config), {
+        "split": "train" if split == "train" else "validation",
+        "streaming": True,
+    }
+
+
+def _open_hub(data_cfg: Any, split: str):
+    import datasets
+
+    args, kwargs = hub_load_args(data_cfg, split)
+    advice = (
+        "Use data=local data.path=DIR with a local C4 mirror (en/c4-train.*.json.gz), or "
+        "data=embedded for the offline corpus."
+    )
+    if not hub_reachable():
+        raise DataSourceError(
+            f"the Hugging Face hub is unreachable, cannot stream {args[0]}. {advice}"
+        )
+    try:
+        return datasets.load_dataset(*args, **kwargs)
+    except (
+        Exception
+    ) as exc:  # network errors come in many types (ConnectionError, HfHubHTTPError...)
+        raise DataSourceError(f"could not open {args[0]} {kwargs}: {exc}. {advice}") from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+
+
+def open_source(data_cfg: Any, split: str):
+    """The unshuffled, unsplit `IterableDataset` of one split ('train' or 'validation')."""
+    from datasets import IterableDataset
+
+    if split not in ("train", "validation"):
+        raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
+    name = _cfg(data_cfg, "name", "embedded")
+    val_fraction = float(_cfg(data_cfg, "val_fraction", 0.0) or 0.0)
+    role = "train" if split == "train" else "val"
+    if name == "c4":
+        return _open_hub(data_cfg, split)
+    if name == "embedded":
+        if not 0.0 < val_fraction < 1.0:
+            raise DataSourceError("data=embedded needs 0 < data.val_fraction < 1")
+        kwargs = {
+            "shards": list(range(EMBEDDED_SHARDS)),
+            "role": role,
+            "val_fraction": val_fraction,
+        }
+        return IterableDataset.from_generator(_embedded_records, gen_kwargs=kwargs)
+    if name == "local":
+        path = _cfg(data_cfg, "path")
+        if not path:
+            raise DataSourceError(
+                "data=local needs data.path=DIR (a C4 mirror or jsonl/txt/parquet files)"
+            )
+        train, val = list_local_files(path)
+        if val:
+            files, role = (train if split == "train" else val), "all"
+        elif 0.0 < val_fraction < 1.0:
+            files = train
+        else:
+            raise DataSourceError(
+                f"no validation files under {path} (names with 'validation'/'val'); set "
+                "data.val_fraction to hold out a fraction of the training records"
+            )
+        if not files:
+            raise DataSourceError(f"no {split} files under {path}")
+        kwargs = {"paths": [str(f) for f in files], "role": role, "val_fraction": val_fraction}
+        return IterableDataset.from_generator(_local_records, gen_kwargs=kwargs)
+    raise DataSourceError(f"unknown data.name={name!r}: use c4, local or embedded")

@@ -1,0 +1,471 @@
+"""Training and validation batches: the benchmark protocol's C4 pipeline, resumable and robust.
+
+Pipeline (the same code for `data=c4`, `data=local` and `data=embedded`; only the source differs,
+see `train/corpus.py`):
+
+    source -> .shuffle(seed=data.shuffle_seed (42), buffer_size=data.shuffle_buffer (1000))
+           -> split_dataset_by_node(rank, world_size) -> tokenize -> batch
+
+* Default (`data.pack=false`), as the protocol: each document is tokenized alone with EOS
+  appended, truncated to `seq_len` (EOS kept last, like HF `truncation=True` for T5) and
+  right-padded with the pad id.
+* `data.pack=true`: documents (each ending in EOS) are concatenated and cut into rows of `seq_len`
+  with no padding; documents are not truncated.
+
+Batches are dicts of LongTensor[B, T]: `input_ids`; `attention_mask` (1 for real tokens);
+`labels` = `input_ids` with padding set to -100. Labels are **not shifted**: position t holds
+token t, and the trainer shifts (logits[:, :-1] predict labels[:, 1:]), as HF's causal-LM loss does.
+
+Ranks see disjoint data: `split_dataset_by_node` gives whole shards (files) to ranks when the
+shard count divides the world size, otherwise every rank keeps one record in `world_size`.
+
+Resume: the train loader's position is (epoch, raw records consumed from this rank's stream,
+tokens carried into the next batch). `load_state_dict` rebuilds the stream of that epoch and
+skips the consumed records without tokenizing them, so the following batches are exactly those
+of an uninterrupted run. Finite data restarts a new epoch via `IterableDataset.set_epoch`, which
+reshuffles deterministically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+from train.corpus import SKIP_REASONS, _cfg, open_source
+from train.tokenizer import Tokenizer, build_tokenizer
+
+__all__ = [
+    "TrainLoader",
+    "ValBatches",
+    "build_tokenizer",
+    "build_train_loader",
+    "build_val_batches",
+]
+
+logger = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+STATE_VERSION = 1
+_READ_CHUNK = 256  # raw records tokenized together (batch encoding is much faster per document)
+
+
+def rank_stream(
+    data_cfg: Any, split: str, *, rank: int, world_size: int, seed: int, epoch: int = 0
+) -> Iterable[dict]:
+    """This rank's shuffled record stream for one split and epoch (the protocol's steps 1-3)."""
+    from datasets.distributed import split_dataset_by_node
+
+    ds = open_source(data_cfg, split)
+    buffer = int(_cfg(data_cfg, "shuffle_buffer", 1000) or 0)
+    if buffer > 0:
+        ds = ds.shuffle(seed=seed, buffer_size=buffer)
+    ds.set_epoch(epoch)
+    if world_size > 1:
+        ds = split_dataset_by_node(ds, rank=rank, world_size=world_size)
+    return ds
+
+
+def _new_stats() -> dict[str, int]:
+    stats = {"epoch": 0, "records": 0, "documents": 0, "truncated": 0, "tokens": 0, "skipped": 0}
+    stats.update({f"skipped_{r}": 0 for r in SKIP_REASONS})
+    return stats
+
+
+class _Batcher:
+    """Turns tokenized documents into fixed-shape batches (truncate+pad, or pack)."""
+
+    def __init__(self, tokenizer: Tokenizer, batch_size: int, seq_len: int, pack: bool):
+        self.B, self.T, self.pack = batch_size, seq_len, pack
+        self.pad, self.eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+
+    def add(self, carry: list[list[int]], ids: list[int], stats: dict) -> list[list[list[int]]]:
+        """Add one document to `carry` (in place); return the completed batches' rows."""
+        T, B = self.T, self.B
+        if not self.pack:
+            if len(ids) > T:
+                ids = [*ids[: T - 1], self.eos]
+                stats["truncated"] += 1
+            carry.append(ids)
+            if len(carry) < B:
+                return []
+            rows = carry[:]
+            carry.clear()
+            return [rows]
+        if not carry:
+            carry.append([])
+        buf = carry[0]
+        buf.extend(ids)
+        out = []
+        while len(buf) >= B * T:
+            out.append([buf[i * T : (i + 1) * T] for i in range(B)])
+            del buf[: B * T]
+        return out
+
+    def tensors(self, rows: list[list[int]]) -> dict[str, torch.Tensor]:
+        ids = torch.full((len(rows), self.T), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), self.T), dtype=torch.long)
+        for r, row in enumerate(rows):
+            ids[r, : len(row)] = torch.tensor(row, dtype=torch.long)
+            mask[r, : len(row)] = 1
+        labels = ids.masked_fill(mask == 0, IGNORE_INDEX)
+        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def _produce(
+    records: Iterator[dict],
+    tokenizer: Tokenizer,
+    batcher: _Batcher,
+    state: dict,
+) -> Iterator[tuple[list[list[int]], dict]]:
+    """Yield (rows, state after these rows) over `records`, updating `state` as it goes.
+
+    `state["records"]` counts raw records (good or bad) consumed in this epoch; `state["carry"]`
+    holds tokens of consumed documents not yet in a batch. Records are read and tokenized in
+    chunks, but the state attached to a batch counts only the records up to that batch, so a
+    restore at any batch boundary is exact.
+    """
+    stats = state["stats"]
+    while True:
+        chunk = list(itertools.islice(records, _READ_CHUNK))
+        if not chunk:
+            return
+        texts = [r.get("text") for r in chunk]
+        good = [t for t in texts if isinstance(t, str) and t.strip()]
+        encoded = iter(tokenizer.encode_batch(good) if good else [])
+        for rec, text in zip(chunk, texts, strict=True):
+            state["records"] += 1
+            stats["records"] += 1
+            if not (isinstance(text, str) and text.strip()):
+                reason = rec.get("error") or "no_text"
+                stats["skipped"] += 1
+                stats[f"skipped_{reason}"] = stats.get(f"skipped_{reason}", 0) + 1
+                continue
+            ids = next(encoded)
+            stats["documents"] += 1
+            for rows in batcher.add(state["carry"], ids, stats):
+                stats["tokens"] += sum(len(r) for r in rows)
+                yield rows, _snapshot(state)
+
+
+def _snapshot(state: dict) -> dict:
+    return {
+        "epoch": state["epoch"],
+        "records": state["records"],
+        "carry": [list(c) for c in state["carry"]],
+        "stats": dict(state["stats"]),
+    }
+
+
+class TrainLoader:
+    """Infinite iterator of training batches for one rank, with an exact, resumable position.
+
+    `num_workers` > 0 runs the reading and tokenizing in one background thread (tokenizers use
+    `num_workers` threads for batch encoding); the batch order is the same as with 0. The state
+    returned by `state_dict()` is the position after the last batch handed out, not after what
+    the background thread has read ahead.
+    """
+
+    def __init__(
+        self,
+        open_stream: Callable[[int], Iterable[dict]],
+        tokenizer: Tokenizer,
+        *,
+        micro_batch_size: int,
+        seq_len: int,
+        pack: bool,
+        num_workers: int = 0,
+        prefetch: int = 4,
+        fingerprint: dict | None = None,
+    ):
+        self._open_stream = open_stream
+        self.tokenizer = tokenizer
+        self._batcher = _Batcher(tokenizer, micro_batch_size, seq_len, pack)
+        self._threaded = num_workers > 0
+        self._prefetch = max(1, prefetch)
+        self._fingerprint = fingerprint or {}
+        self._state = {"epoch": 0, "records": 0, "carry": [], "stats": _new_stats()}
+        self._gen: Iterator[tuple[list[list[int]], dict]] | None = None
+        self._queue: queue.Queue | None = None
+        self._stop: threading.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters up to the last batch handed out (records, documents, skipped, tokens...)."""
+        return self._state["stats"]
+
+    def __iter__(self) -> TrainLoader:
+        return self
+
+    def _epochs(self, start: dict) -> Iterator[tuple[list[list[int]], dict]]:
+        """Batches from `start` on, across epochs; the first epoch skips consumed records."""
+        state = _snapshot(start)
+        while True:
+            stream = iter(self._open_stream(state["epoch"]))
+            skipped = sum(1 for _ in itertools.islice(stream, state["records"]))
+            if skipped < state["records"]:
+                raise RuntimeError(
+                    f"cannot resume: epoch {state['epoch']} has {skipped} records on this rank, "
+                    f"the checkpoint consumed {state['records']} (did the data change?)"
+                )
+            before = state["stats"]["documents"]
+            yield from _produce(stream, self.tokenizer, self._batcher, state)
+            if skipped == 0 and state["stats"]["documents"] == before:
+                raise RuntimeError("the training data of this rank is empty: no usable documents")
+            state["epoch"] += 1
+            state["stats"]["epoch"] = state["epoch"]
+            state["records"] = 0
+            logger.info("data: epoch %d begins (finite data restarts, reshuffled)", state["epoch"])
+
+    def _worker(self, gen: Iterator, q: queue.Queue, stop: threading.Event) -> None:
+        try:
+            for item in gen:
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+        except BaseException as exc:  # surface errors in the consumer thread
+            q.put(exc)
+
+    def _start(self) -> None:
+        gen = self._epochs(self._state)
+        if not self._threaded:
+            self._gen = gen
+            return
+        self._queue = queue.Queue(maxsize=self._prefetch)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._worker, args=(gen, self._queue, self._stop), daemon=True, name="foam-data"
+        )
+        self._thread.start()
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        if self._gen is None and self._thread is None:
+            self._start()
+        if self._threaded:
+            item = self._queue.get()
+            if isinstance(item, BaseException):
+                self.close()
+                raise item
+        else:
+            item = next(self._gen)
+        rows, self._state = item
+        return self._batcher.tensors(rows)
+
+    def state_dict(self) -> dict:
+        """Position after the last batch returned: plain ints and lists (torch.save / JSON)."""
+        return {
+            "version": STATE_VERSION,
+            "config": dict(self._fingerprint),
+            **_snapshot(self._state),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue exactly after the batch at which `state` was taken."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"unsupported data state version {state.get('version')}")
+        saved = state.get("config", {})
+        diff = {k: (saved.get(k), v) for k, v in self._fingerprint.items() if saved.get(k) != v}
+        if diff:
+            raise ValueError(
+                "the data checkpoint was taken with different settings (saved, now): "
+                f"{diff}; resume with the same data config, batch size and world size"
+            )
+        self.close()
+        stats = _new_stats()
+        stats.update(state["stats"])
+        self._state = {
+            "epoch": int(state["epoch"]),
+            "records": int(state["records"]),
+            "carry": [list(c) for c in state["carry"]],
+            "stats": stats,
+        }
+
+    def close(self) -> None:
+        """Stop the background thread (if any); the next `next()` restarts from the state."""
+        if self._thread is not None:
+            self._stop.set()
+            while self._thread.is_alive():
+                with contextlib.suppress(queue.Empty):
+                    self._queue.get(timeout=0.05)
+            self._thread.join()
+        self._gen, self._queue, self._stop, self._thread = None, None, None, None
+
+    def __del__(self) -> None:
+        try:
+            if self._stop is not None:
+                self._stop.set()
+        except Exception:
+            pass
+
+
+def _seed(data_cfg: Any, seed: int) -> int:
+    """The protocol shuffles with 42 whatever the run's seed; `shuffle_seed: null` uses `seed`."""
+    s = _cfg(data_cfg, "shuffle_seed", 42)
+    return int(seed if s is None else s)
+
+
+def _fingerprint(data_cfg: Any, tokenizer: Tokenizer, **extra: Any) -> dict:
+    keys = ("name", "seq_len", "pack", "val_fraction", "shuffle_buffer")
+    fp = {k: _cfg(data_cfg, k) for k in keys}
+    fp.update(tokenizer=tokenizer.name, **extra)
+    return {
+        k: (str(v) if v is not None and not isinstance(v, int | float | bool) else v)
+        for k, v in fp.items()
+    }
+
+
+def build_train_loader(
+    data_cfg: Any,
+    tokenizer: Tokenizer,
+    *,
+    micro_batch_size: int,
+    rank: int,
+    world_size: int,
+    seed: int,
+) -> TrainLoader:
+    """The infinite training loader of this rank (see the module docstring for the format).
+
+    The source is opened once here, so a missing path or an unreachable hub fails at start-up.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} not in [0, {world_size})")
+    open_source(data_cfg, "train")  # fail fast with the source's message
+    shuffle_seed = _seed(data_cfg, seed)
+
+    def open_stream(epoch: int) -> Iterable[dict]:
+        return rank_stream(
+            data_cfg, "train", rank=rank, world_size=world_size, seed=shuffle_seed, epoch=epoch
+        )
+
+    return TrainLoader(
+        open_stream,
+        tokenizer,
+        micro_batch_size=micro_batch_size,
+        seq_len=int(_cfg(data_cfg, "seq_len", 256)),
+        pack=bool(_cfg(data_cfg, "pack", False)),
+        num_workers=int(_cfg(data_cfg, "num_workers", 0) or 0),
+        fingerprint=_fingerprint(
+            data_cfg,
+            tokenizer,
+            micro_batch_size=micro_batch_size,
+            rank=rank,
+            world_size=world_size,
+            shuffle_seed=shuffle_seed,
+        ),
+    )
+
+
+class ValBatches:
+    """A fixed validation set: built on first iteration, then re-iterated from memory.
+
+    Holds ~`max_tokens / world_size` non-pad tokens of this rank's shuffled validation stream
+    (stops after the batch that reaches the budget, or at the end of the split), stored as int32
+    ids plus lengths (~50 MB for the protocol's 10M tokens); masks and labels are rebuilt per
+    batch. The last batch may have fewer rows. Ranks may hold different numbers of batches:
+    reduce sums of loss and token counts once after the loop, not per batch.
+    """
+
+    def __init__(
+        self,
+        records: Callable[[], Iterable[dict]],
+        tokenizer: Tokenizer,
+        *,
+        micro_batch_size: int,
+        seq_len: int,
+        pack: bool,
+        max_tokens: int,
+    ):
+        self._records = records
+        self._tokenizer = tokenizer
+        self._batcher = _Batcher(tokenizer, micro_batch_size, seq_len, pack)
+        self._max_tokens = max_tokens
+        self._ids: torch.Tensor | None = None
+        self._lens: torch.Tensor | None = None
+        self.stats: dict[str, int] = _new_stats()
+
+    def _build(self) -> None:
+        state = {"epoch": 0, "records": 0, "carry": [], "stats": self.stats}
+        rows: list[list[int]] = []
+        tokens = 0
+        for batch_rows, _ in _produce(iter(self._records()), self._tokenizer, self._batcher, state):
+            rows.extend(batch_rows)
+            tokens += sum(len(r) for r in batch_rows)
+            if tokens >= self._max_tokens:
+                break
+        else:
+            tail = state["carry"] if not self._batcher.pack else []
+            rows.extend(tail)  # a last, smaller batch of padded documents
+            tokens += sum(len(r) for r in tail)
+            self.stats["tokens"] += sum(len(r) for r in tail)
+        if not rows:
+            raise RuntimeError("the validation split of this rank is empty: no usable documents")
+        T = self._batcher.T
+        ids = torch.full((len(rows), T), self._batcher.pad, dtype=torch.int32)
+        for r, row in enumerate(rows):
+            ids[r, : len(row)] = torch.tensor(row, dtype=torch.int32)
+        self._ids = ids
+        self._lens = torch.tensor([len(r) for r in rows], dtype=torch.int32)
+        self.num_tokens = tokens
+        logger.info(
+            "data: validation set of %d sequences, %d tokens on this rank", len(rows), tokens
+        )
+
+    def __len__(self) -> int:
+        if self._ids is None:
+            self._build()
+        return -(-self._ids.shape[0] // self._batcher.B)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        if self._ids is None:
+            self._build()
+        B, T = self._batcher.B, self._batcher.T
+        positions = torch.arange(T)
+        for start in range(0, self._ids.shape[0], B):
+            ids = self._ids[start : start + B].long()
+            mask = (positions[None, :] < self._lens[start : start + B, None]).long()
+            yield {
+                "input_ids": ids,
+                "labels": ids.masked_fill(mask == 0, IGNORE_INDEX),
+                "attention_mask": mask,
+            }
+
+
+def build_val_batches(
+    data_cfg: Any,
+    tokenizer: Tokenizer,
+    *,
+    micro_batch_size: int,
+    rank: int,
+    world_size: int,
+    max_tokens: int,
+) -> ValBatches:
+    """This rank's share of a fixed validation set of about `max_tokens` non-pad tokens.
+
+    Same shuffle (seed 42), rank split, tokenization and batch format as training; the data is
+    read lazily on first iteration, then kept in memory so every evaluation sees the same tokens.
+    """
+    open_source(data_cfg, "validation")  # fail fast
+    shuffle_seed = _seed(data_cfg, 0)
+    budget = -(-int(max_tokens) // world_size)
+    return ValBatches(
+        lambda: rank_stream(
+            data_cfg, "validation", rank=rank, world_size=world_size, seed=shuffle_seed
+        ),
+        tokenizer,
+        micro_batch_size=micro_batch_size,
+        seq_len=int(_cfg(data_cfg, "seq_len", 256)),
+        pack=bool(_cfg(data_cfg, "pack", False)),
+        max_tokens=budget,
+    )
