@@ -1,0 +1,24 @@
+"""LLaMA and Qwen2 models for pre-training, built on transformers from ``configs/model/*.yaml``.
+
+Public API: :func:`load_model_config`, :func:`build_model`, :func:`count_params`
+(:class:`ParamCounts`), :func:`flops_per_token`, :func:`available_models`,
+:func:`enable_gradient_checkpointing`.
+"""
+
+from .build import build_model, enable_gradient_checkpointing, hf_config
+from .config import CONFIG_DIR, available_models, head_dim, load_model_config
+from .counting import ParamCounts, count_params, flops_per_token, matmul_params
+
+__all__ = [
+    "CONFIG_DIR",
+    "ParamCounts",
+    "available_models",
+    "build_model",
+    "count_params",
+    "enable_gradient_checkpointing",
+    "flops_per_token",
+    "head_dim",
+    "hf_config",
+    "load_model_config",
+    "matmul_params",
+]

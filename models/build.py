@@ -1,0 +1,93 @@
+"""Build LLaMA / Qwen2 causal LMs from a model config, on any device (``"meta"`` included)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from .config import validate_model_config
+
+_FAMILIES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel]]] = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen": (Qwen2Config, Qwen2ForCausalLM),
+}
+
+_OWN_KEYS = ("name", "family")
+"""Keys of our YAML files that are ours, not transformers config fields."""
+
+
+def _plain(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """A plain dict from a dict or an OmegaConf DictConfig, without importing OmegaConf."""
+    to_container = getattr(type(cfg), "to_container", None)
+    if to_container is None:  # not a DictConfig
+        return dict(cfg)
+    from omegaconf import OmegaConf  # only reached when the caller already uses OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def hf_config(cfg: Mapping[str, Any]) -> PretrainedConfig:
+    """The transformers config for ``cfg``.
+
+    Every key other than ``name``/``family`` is handed to the config class; keys the class does
+    not know raise instead of being stored silently (transformers accepts any keyword), so a typo
+    like ``num_kv_heads`` cannot fall back to a default shape.
+    """
+    cfg = _plain(cfg)
+    validate_model_config(cfg)
+    config_cls, _ = _FAMILIES[cfg["family"]]
+    kwargs = {k: v for k, v in cfg.items() if k not in _OWN_KEYS}
+    reference = config_cls()
+    unknown = [k for k in kwargs if k != "rope_theta" and not hasattr(reference, k)]
+    if unknown:
+        raise ValueError(f"{config_cls.__name__} has no field(s) {unknown} (model {cfg['name']!r})")
+    config = config_cls(**kwargs)
+    config.architectures = [_FAMILIES[cfg["family"]][1].__name__]
+    return config
+
+
+def build_model(
+    cfg: Mapping[str, Any],
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> PreTrainedModel:
+    """A freshly initialised ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` for ``cfg``.
+
+    Init is transformers' own: N(0, ``initializer_range``) for every Linear and Embedding, ones
+    for RMSNorm, zero biases, as the protocol's models. Weights are created in float32 on
+    ``device`` and then cast to ``dtype``, exactly as the reference scripts do
+    (``model.to(device, dtype=bfloat16)`` after an fp32 init), so a seed gives the same bf16
+    weights as theirs. ``device="meta"`` allocates nothing: use it to count parameters or size
+    optimizer states of 7B models on a laptop.
+    """
+    config = hf_config(cfg)
+    _, model_cls = _FAMILIES[_plain(cfg)["family"]]
+    with torch.device(device):
+        model = model_cls(config)
+    return model.to(dtype=dtype)
+
+
+def enable_gradient_checkpointing(model: PreTrainedModel) -> None:
+    """Checkpoint every decoder layer (``torch.utils.checkpoint``, non-reentrant).
+
+    transformers 5.x renamed ``gradient_checkpointing_enable`` to
+    ``activation_checkpointing_enable`` (the old name warns until v6) and renamed its keyword;
+    the trainer calls this so it works with either. Non-reentrant checkpointing is used because
+    the reentrant one needs an input that requires grad and drops gradients otherwise.
+    """
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:  # transformers < 5.x
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

@@ -1,0 +1,62 @@
+"""Parameter and FLOP counts used for logging, MFU and the memory estimate."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from .config import head_dim
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Trainable parameters, each tensor counted once (a tied embedding/head is one tensor)."""
+
+    total: int
+    folded: int
+    """Attention q/k/v/o and MLP gate/up/down weight matrices: what FOAM/GaLore/APOLLO compress."""
+    other: int
+    """Embeddings, untied lm_head, norms, biases: plain AdamW in every method."""
+
+
+def count_params(model: nn.Module) -> ParamCounts:
+    """Counts with the optimizers' own split (``foam.split_params``), so they cannot drift."""
+    import foam  # imported here: foam is optional for code that only builds models
+
+    split = foam.split_params(model)
+    folded = sum(p.numel() for _, p in split.matrices)
+    other = sum(p.numel() for _, p in split.others)
+    return ParamCounts(total=folded + other, folded=folded, other=other)
+
+
+def matmul_params(cfg: Mapping[str, Any]) -> int:
+    """Parameters that take part in a matmul per token: the 7 block matrices and the lm_head.
+
+    The input embedding is a lookup (no FLOPs); norms and biases are elementwise and ignored.
+    A tied head is still one V x h matmul per token, so it counts either way.
+    """
+    h, inter = int(cfg["hidden_size"]), int(cfg["intermediate_size"])
+    layers, vocab = int(cfg["num_hidden_layers"]), int(cfg["vocab_size"])
+    q_width = int(cfg["num_attention_heads"]) * head_dim(cfg)
+    kv_width = int(cfg["num_key_value_heads"]) * head_dim(cfg)
+    attention = h * q_width + 2 * h * kv_width + q_width * h
+    mlp = 3 * h * inter
+    return layers * (attention + mlp) + vocab * h
+
+
+def flops_per_token(cfg: Mapping[str, Any], seq_len: int) -> int:
+    """Training FLOPs per token (forward + backward), for MFU.
+
+    ``6 * N_matmul + 12 * L * H_q * seq_len`` (PaLM, Chowdhery et al. 2022, Appendix B):
+    * ``N_matmul`` = :func:`matmul_params` (2 FLOPs per weight per token forward, 4 backward);
+    * per layer, ``Q K^T`` and ``A V`` each cost ``2 * seq_len * H_q`` FLOPs per token forward
+      (``H_q`` = heads x head_dim), times 3 for forward + backward = ``12 * H_q * seq_len``.
+    The attention term is not halved for the causal mask (the common MFU convention, as PaLM and
+    nanoGPT), and gradient-checkpointing recomputation is not counted (MFU, not HFU).
+    """
+    q_width = int(cfg["num_attention_heads"]) * head_dim(cfg)
+    layers = int(cfg["num_hidden_layers"])
+    return 6 * matmul_params(cfg) + 12 * layers * q_width * int(seq_len)
