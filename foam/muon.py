@@ -24,7 +24,7 @@ from foam.composite import Composite, folded_numel, unfold_with_residual
 from foam.folding import FOLD_AXES, FoldPlan, fold, make_plan
 from foam.optimizer import FOAM, compute_dtype, ema_
 from foam.param_groups import ParamSplit
-from foam.registry import register
+from foam.registry import adam_settings, register
 
 MATCH_RMS = "match_rms_adamw"  # Moonlight's scale; lets Muon reuse AdamW's lr and decay
 MUON_OPTIONS: dict[str, Any] = {"alpha": 1.0, "momentum": 0.95, "nesterov": True, "ns_steps": 5}
@@ -140,8 +140,7 @@ def _with_adamw(
     parts = [matrices]
     if split.others:
         others = [{"params": [p for _, p in split.others], "name": "others", "level": None}]
-        adam = {k: hp[k] for k in ("lr", "betas", "eps", "weight_decay")}
-        parts.append(FOAM(others, **adam))
+        parts.append(FOAM(others, **adam_settings(hp)))
     return Composite(parts)
 
 
