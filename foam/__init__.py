@@ -3,7 +3,8 @@
 >>> from foam import FOAM, build_optimizer, state_bytes
 """
 
-from foam import recipes as _recipes  # noqa: F401  (registers adamw, foam, foam_mini)
+# Importing a method's module registers it with build_optimizer.
+from foam import adam_mini, apollo, galore, muon, quantized, recipes  # noqa: F401
 from foam.optimizer import FOAM
 from foam.param_groups import ParamSplit, split_params
 from foam.registry import available_optimizers, build_optimizer
