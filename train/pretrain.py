@@ -54,7 +54,12 @@ from train.metrics import (
 from train.schedule import build_scheduler
 from train.seeding import rng_state, seed_everything, set_rng_state
 from train.summary import git_sha, write_summary
-from train.trainer import TrainingDiverged, accumulate_gradients, grad_norm_and_clip
+from train.trainer import (
+    TrainingDiverged,
+    accumulate_gradients,
+    enable_grad_checkpointing,
+    grad_norm_and_clip,
+)
 
 log = logging.getLogger("train.pretrain")
 PARAM_DTYPES = {"bf16": torch.bfloat16, "bf16_mixed": torch.float32, "fp32": torch.float32}
@@ -89,8 +94,9 @@ def train(cfg: DictConfig) -> dict:
     #    weights, grads and states in bf16; bf16_mixed keeps fp32 weights under a bf16 autocast.
     seed_everything(t.seed)
     model = models.build_model(cfg.model, device=device, dtype=PARAM_DTYPES[t.precision])
+    model.train()
     if t.grad_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_grad_checkpointing(model)
     model.config.use_cache = False
     check_fold_level(cfg.optim, [tuple(p.shape) for _, p in foam.split_params(model).matrices])
     hparams = optimizer_hparams(cfg.optim)

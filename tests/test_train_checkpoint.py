@@ -1,0 +1,114 @@
+"""Checkpoints: atomic (a crash or kill mid-save leaves the previous one valid), last-k, weights-only."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from train import checkpoint as ckpt
+from train.seeding import rng_state, set_rng_state
+
+
+def state(step: int) -> dict:
+    return {
+        "model": {"w": torch.full((4,), float(step))},
+        "step": step,
+        "name": "x",
+        "betas": (0.9, 0.95),
+    }
+
+
+def test_save_load_round_trip_weights_only(tmp_path):
+    path = ckpt.save_checkpoint(tmp_path, 3, state(3), {"tokens": 7}, keep_last=2)
+    assert path.name == "step_00000003"
+    loaded = torch.load(path / ckpt.STATE_FILE, weights_only=True)
+    assert loaded["step"] == 3 and torch.equal(loaded["model"]["w"], torch.full((4,), 3.0))
+    assert ckpt.load_checkpoint(path)["betas"] == (0.9, 0.95)
+
+
+def test_keep_last_k(tmp_path):
+    for step in (1, 2, 3, 4):
+        ckpt.save_checkpoint(tmp_path, step, state(step), {}, keep_last=2)
+    assert [s for s, _ in ckpt.list_checkpoints(ckpt.checkpoint_root(tmp_path))] == [3, 4]
+
+
+def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    ckpt.save_checkpoint(tmp_path, 1, state(1), {}, keep_last=2)
+    real_save = torch.save
+
+    def crash_midway(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        f.truncate(10)  # half-written file, then the process "dies"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", crash_midway)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save_checkpoint(tmp_path, 2, state(2), {}, keep_last=2)
+    monkeypatch.setattr(torch, "save", real_save)
+    latest = ckpt.find_resume_checkpoint("auto", tmp_path)
+    assert latest.name == "step_00000001"
+    assert ckpt.load_checkpoint(latest)["step"] == 1
+    ckpt.save_checkpoint(tmp_path, 2, state(2), {}, keep_last=2)  # the stale temp dir is cleared
+    assert not list(ckpt.checkpoint_root(tmp_path).glob(".tmp_*"))
+
+
+KILLED_SAVER = textwrap.dedent(
+    """
+    import sys, torch
+    from train.checkpoint import save_checkpoint
+    run_dir = sys.argv[1]
+    big = torch.randn(16_000_000)  # 64 MB: each save takes a while
+    for step in range(1, 10_000):
+        save_checkpoint(run_dir, step, {"w": big, "step": step}, {}, keep_last=2)
+        print(step, flush=True)
+    """
+)
+
+
+def test_sigkill_during_save_leaves_a_loadable_checkpoint(tmp_path):
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_SAVER, str(tmp_path)],
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "1"  # one complete checkpoint exists
+        time.sleep(0.15)  # then kill it somewhere inside a later save
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    latest = ckpt.find_resume_checkpoint("auto", tmp_path)
+    loaded = ckpt.load_checkpoint(latest)
+    assert loaded["w"].numel() == 16_000_000 and loaded["step"] == int(latest.name.split("_")[1])
+
+
+def test_resume_modes(tmp_path):
+    assert ckpt.find_resume_checkpoint("auto", tmp_path) is None
+    assert ckpt.find_resume_checkpoint("none", tmp_path) is None
+    assert ckpt.find_resume_checkpoint(None, tmp_path) is None
+    with pytest.raises(FileNotFoundError, match=r"trainer\.resume"):
+        ckpt.find_resume_checkpoint(str(tmp_path / "nowhere"), tmp_path)
+    path = ckpt.save_checkpoint(tmp_path, 5, state(5), {}, keep_last=0)
+    assert ckpt.find_resume_checkpoint(str(tmp_path), tmp_path / "other") == path
+    assert ckpt.find_resume_checkpoint(str(path), tmp_path / "other") == path
+
+
+def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
+    import random
+
+    import numpy as np
+
+    saved = rng_state()
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    path = ckpt.save_checkpoint(tmp_path, 1, {"rng": saved}, {}, keep_last=1)
+    set_rng_state(torch.load(path / ckpt.STATE_FILE, weights_only=True)["rng"])
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected

@@ -1,0 +1,196 @@
+"""Configs compose, every optim config builds its optimizer, and bad configs fail with the key."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import open_dict
+
+import foam
+import models
+from train.config import (
+    CONFIG_DIR,
+    ConfigError,
+    accumulation_steps,
+    check_config,
+    check_fold_level,
+    optimizer_hparams,
+    options,
+)
+
+OPTIMS = options("optim")
+PAPER_OPTIMS = [
+    "adamw",
+    *(f"foam{level}" for level in range(1, 9)),
+    "foam_mini",
+    "galore_1_4",
+    "galore_1_8",
+    "apollo_1_4",
+    "apollo_1_8",
+    "apollo_mini",
+    "muon",
+    "adam_mini",
+    "adamw8bit",
+    "foam8bit",
+    "foam_muon",
+    "foam_adam_mini",
+    "ldadamw",
+    "gwt",
+    "gwt_mini",
+]
+
+
+def cfg_for(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def test_every_promised_optim_config_exists():
+    assert set(PAPER_OPTIMS) <= set(OPTIMS)
+    assert {"paper", "single_gpu", "cpu_debug"} <= set(options("trainer"))
+    assert {"wandb", "none"} <= set(options("logger"))
+
+
+def test_defaults_and_keys_other_tools_rely_on():
+    cfg = cfg_for("+model=llama_350m", "+optim=foam2")
+    t = cfg.trainer
+    assert (t.max_steps, t.global_batch_size, cfg.data.seq_len) == (60_000, 512, 256)
+    assert (t.warmup_ratio, t.min_lr_ratio, t.grad_clip, t.precision) == (0.1, 0.1, 0.0, "bf16")
+    assert (t.eval_tokens, t.seed, t.resume, t.device) == (10_000_000, 42, "auto", "auto")
+    for key in ("micro_batch_size", "grad_checkpointing", "eval_every", "save_every", "keep_last"):
+        assert key in t
+    assert cfg.data.name == "embedded" and cfg.logger.name == "wandb"
+    assert optimizer_hparams(cfg.optim) == {
+        "level": 2,
+        "alpha": 0.25,
+        "lr": 1e-2,
+        "betas": [0.9, 0.95],
+    }
+
+
+@pytest.mark.parametrize(
+    ("model", "optim", "lr"),
+    [
+        ("llama_60m", "adamw", 5e-3),
+        ("llama_1b", "adamw", 5e-4),
+        ("llama_130m", "muon", 2.5e-3),
+        ("llama_3b", "foam2", 5e-3),
+        ("llama_7b", "galore_1_4", 1e-2),
+        ("llama_350m", "adam_mini", 5e-4),
+        ("qwen_130m", "adamw", 1e-3),
+        ("llama_tiny", "adamw", 5e-3),
+        ("llama_tiny", "foam_mini", 1e-2),
+    ],
+)
+def test_paper_lr_follows_the_model_size(model, optim, lr):
+    cfg = cfg_for(f"+model={model}", f"+optim={optim}")
+    assert cfg.optim.lr == pytest.approx(lr)
+    assert cfg_for(f"+model={model}", f"+optim={optim}", "optim.lr=3e-4").optim.lr == 3e-4
+
+
+def test_trainer_presets():
+    debug = cfg_for("+model=llama_tiny", "+optim=foam2", "trainer=cpu_debug").trainer
+    assert (debug.precision, debug.device, debug.global_batch_size) == ("fp32", "cpu", 8)
+    single = cfg_for("+model=llama_1b", "+optim=foam2", "trainer=single_gpu").trainer
+    assert single.grad_checkpointing and single.max_steps == 100_000
+
+
+# Wide enough for FOAM-8's 256-entry blocks, small enough to build in a blink.
+WIDE_TINY = (
+    "model.hidden_size=256",
+    "model.intermediate_size=512",
+    "model.num_hidden_layers=1",
+    "model.vocab_size=512",
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return models.build_model(cfg_for("+model=llama_tiny", "+optim=adamw").model)
+
+
+@pytest.fixture(scope="module")
+def wide_tiny_model():
+    return models.build_model(cfg_for("+model=llama_tiny", "+optim=adamw", *WIDE_TINY).model)
+
+
+@pytest.mark.parametrize("optim", OPTIMS)
+def test_every_optim_config_builds_its_optimizer(optim, wide_tiny_model):
+    cfg = cfg_for("+model=llama_tiny", f"+optim={optim}", "logger=none", *WIDE_TINY)
+    if cfg.optim.name not in foam.available_optimizers():
+        pytest.skip(f"{cfg.optim.name!r} is not registered in foam yet")
+    check_config(cfg, world_size=1)
+    shapes = [tuple(p.shape) for _, p in foam.split_params(wide_tiny_model).matrices]
+    check_fold_level(cfg.optim, shapes)
+    optimizer = foam.build_optimizer(
+        cfg.optim.name, wide_tiny_model, **optimizer_hparams(cfg.optim)
+    )
+    assert all(g["lr"] > 0 for g in optimizer.param_groups)
+    assert foam.planned_state_numel(optimizer) > 0
+
+
+def expect_error(cfg, key: str, world_size: int = 1) -> str:
+    with pytest.raises(ConfigError) as err:
+        check_config(cfg, world_size)
+    assert key in str(err.value)
+    return str(err.value)
+
+
+def test_missing_model_or_optim_names_the_flag():
+    message = expect_error(cfg_for("+optim=foam2"), "+model=")
+    assert "llama_350m" in message
+    expect_error(cfg_for("+model=llama_tiny"), "+optim=")
+
+
+def test_unknown_model_size_is_refused_by_hydra():
+    with pytest.raises(Exception, match="llama_999m"):
+        cfg_for("+model=llama_999m", "+optim=foam2")
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("optim.lr=0", "optim.lr"),
+        ("optim.lr=-1e-3", "optim.lr"),
+        ("optim.name=sgd9", "optim.name"),
+        ("+optim.rank=4", "optim.rank"),
+        ("trainer.max_steps=0", "trainer.max_steps"),
+        ("trainer.precision=fp16", "trainer.precision"),
+        ("trainer.warmup_ratio=1.0", "trainer.warmup_ratio"),
+        ("data.seq_len=4096", "data.seq_len"),
+        ("trainer.grad_clip=-1", "trainer.grad_clip"),
+    ],
+)
+def test_bad_values_name_their_key(override, key):
+    expect_error(cfg_for("+model=llama_tiny", "+optim=foam2", override), key)
+
+
+def test_batch_sizes_must_divide():
+    assert accumulation_steps(512, 32, 8) == 2
+    cfg = cfg_for(
+        "+model=llama_tiny",
+        "+optim=foam2",
+        "trainer.global_batch_size=512",
+        "trainer.micro_batch_size=48",
+    )
+    message = expect_error(cfg, "trainer.global_batch_size")
+    assert "trainer.micro_batch_size" in message
+    ok = cfg_for("+model=llama_tiny", "+optim=foam2", "trainer.micro_batch_size=64")
+    check_config(ok, world_size=8)
+    expect_error(ok, "world size 3", world_size=3)
+
+
+def test_fold_level_beyond_a_matrix(tiny_model):
+    shapes = [tuple(p.shape) for _, p in foam.split_params(tiny_model).matrices]
+    cfg = cfg_for("+model=llama_tiny", "+optim=foam2")
+    check_fold_level(cfg.optim, shapes)
+    with open_dict(cfg):
+        cfg.optim.level = 12
+    with pytest.raises(ConfigError, match=r"optim\.level=12"):
+        check_fold_level(cfg.optim, shapes)
+
+
+def test_configs_dir_is_the_repo_one():
+    assert Path(__file__).resolve().parents[1] / "configs" == CONFIG_DIR
+    assert torch.tensor(1).item() == 1

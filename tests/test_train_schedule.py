@@ -1,0 +1,59 @@
+"""The warmup-cosine schedule: non-zero first step, peak at the end of warmup, min lr at the end."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from train.schedule import build_scheduler, lr_multiplier, warmup_steps
+
+
+def lrs_of_run(max_steps: int, warmup_ratio: float = 0.1, min_lr_ratio: float = 0.1) -> list[float]:
+    """The lr each of the run's optimizer steps actually uses."""
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([param], lr=1.0)
+    sched = build_scheduler(
+        opt, max_steps=max_steps, warmup_ratio=warmup_ratio, min_lr_ratio=min_lr_ratio
+    )
+    used = []
+    for _ in range(max_steps):
+        used.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return used
+
+
+def test_first_step_is_not_zero_and_warmup_is_linear():
+    lrs = lrs_of_run(100)
+    assert lrs[0] == pytest.approx(0.1)  # 1 / 10 warmup steps
+    assert lrs[:10] == pytest.approx([(k + 1) / 10 for k in range(10)])
+
+
+def test_peak_then_cosine_to_min_at_the_last_step():
+    lrs = lrs_of_run(100)
+    assert max(lrs) == pytest.approx(1.0) and lrs[9] == pytest.approx(1.0)
+    assert lrs[-1] == pytest.approx(0.1)
+    assert all(a >= b for a, b in itertools.pairwise(lrs[9:]))
+    assert min(lrs) == pytest.approx(0.1)
+
+
+def test_min_lr_ratio_and_midpoint():
+    assert lrs_of_run(21, warmup_ratio=0.0, min_lr_ratio=0.0)[-1] == pytest.approx(0.0, abs=1e-12)
+    mid = lr_multiplier(55, max_steps=100, warmup=10, min_lr_ratio=0.1)
+    assert mid == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 46 / 90)))
+
+
+@pytest.mark.parametrize("max_steps", [1, 2, 7, 10_000])
+def test_warmup_steps_leave_room_for_decay(max_steps):
+    w = warmup_steps(max_steps, 0.1)
+    assert 0 <= w < max_steps
+    lrs = lrs_of_run(max_steps) if max_steps < 100 else [1.0]
+    assert all(lr > 0 for lr in lrs)
+
+
+def test_scheduler_state_dict_is_plain_numbers():
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([param], lr=1.0)
+    sched = build_scheduler(opt, max_steps=10, warmup_ratio=0.1, min_lr_ratio=0.1)
+    assert sched.state_dict()["lr_lambdas"] == [None]
