@@ -58,8 +58,9 @@ class LDAdamW(CompressedAdamW):
     4. torch-style Adam in the low-rank space, ``d = (m / bc1) / (sqrt(v / bc2) + eps)``;
     5. ``W *= 1 - lr * wd`` *before* ``W -= lr * back(d)``; no scale factor.
 
-    Other parameters take torch-style AdamW (eps after bias correction, decay first), as the
-    reference's full-rank groups. Differences from the reference: the step counter is per
+    The state layout, accounting and loading are ``CompressedAdamW``'s; the update is not (it is
+    torch-style, not HF-style). Other parameters take torch-style AdamW (eps after bias
+    correction, decay first), as the reference's full-rank groups. Differences from the reference: the step counter is per
     parameter (the reference counts optimizer steps; equal when every parameter has a gradient at
     every step); for ``proj_type="std"`` square matrices are projected on the left, as the
     reference; the rank is capped at the projected dim where the reference raises;
