@@ -4,7 +4,7 @@
 """
 
 # Importing a method's module registers it with build_optimizer.
-from foam import adam_mini, apollo, galore, muon, quantized, recipes  # noqa: F401
+from foam import adam_mini, apollo, galore, gwt, ldadam, muon, quantized, recipes  # noqa: F401
 from foam.optimizer import FOAM
 from foam.param_groups import ParamSplit, split_params
 from foam.registry import available_optimizers, build_optimizer

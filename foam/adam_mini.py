@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 
-from foam.composite import folded_numel, unfold_with_residual
-from foam.folding import FOLD_AXES, FoldPlan, fold, make_plan
+from foam.folding import FOLD_AXES, FoldPlan, fold, folded_numel, make_plan, unfold_with_residual
 from foam.optimizer import compute_dtype, ema_
 from foam.param_groups import ParamSplit
 from foam.registry import register

@@ -1,21 +1,16 @@
-"""Pieces shared by the baselines and the FOAM combinations.
+"""``Composite``: one ``torch.optim.Optimizer`` made of several, each owning some of the groups.
 
-* ``Composite``: one ``torch.optim.Optimizer`` made of several optimizers, each owning some of the
-  groups. Muon only takes matrices, so its runs need AdamW for the rest; the trainer, LR schedulers
-  and checkpointing must still see a single optimizer.
-* ``unfold_with_residual``: FOAM's ``E(M~) + rho * R`` for a folded first moment, the piece that
-  FOAM-with-Muon and FOAM-with-Adam-mini add to their base methods (FOAM_SPEC section 5).
+Muon only takes matrices, so its runs need AdamW for the rest; the trainer, LR schedulers and
+checkpointing must still see a single optimizer.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from foam.folding import FoldPlan, block_views
 from foam.state import load_state_dict_keeping_dtypes, planned_state_numel
 
 
@@ -69,27 +64,3 @@ class Composite(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         load_state_dict_keeping_dtypes(self, super().load_state_dict, state_dict)
         self._share()  # torch's loader replaces the group dicts and the state dict
-
-
-def unfold_with_residual(
-    g: torch.Tensor, g_folded: torch.Tensor, folded: torch.Tensor, plan: FoldPlan, rho: float
-) -> torch.Tensor:
-    """``E(folded) + rho * (g - E(g_folded))`` as a new full-size tensor in ``g``'s dtype.
-
-    ``g`` is the 2-d gradient view, ``g_folded = A(g)`` and ``folded`` a folded state of the same
-    plan. Broadcasting over block views avoids materialising ``E(.)``: the result is the only
-    full-size temporary.
-    """
-    out = g.clone()
-    for blocks, values in block_views(out, g_folded, plan):
-        blocks.sub_(values)
-    if rho != 1.0:
-        out.mul_(rho)
-    for blocks, values in block_views(out, folded, plan):
-        blocks.add_(values)
-    return out
-
-
-def folded_numel(plan: FoldPlan | None, numel: int) -> int:
-    """Elements of one moment: the folded shape's, or the full tensor's when not folded."""
-    return numel if plan is None else math.prod(plan.folded_shape)

@@ -152,3 +152,40 @@ def unfold(y: torch.Tensor, plan: FoldPlan) -> torch.Tensor:
     for blocks, values in block_views(out, y, plan):
         blocks.copy_(values.expand_as(blocks))
     return out
+
+
+def residual(
+    g: torch.Tensor, g_folded: torch.Tensor, plan: FoldPlan, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``R = g - E(g_folded)``, the detail the fold loses, written into ``out`` (may be ``g``)."""
+    out = torch.empty_like(g) if out is None else out
+    pairs = zip(blocks_of(out, plan), blocks_of(g, plan), values_of(g_folded, plan), strict=True)
+    for r, gb, v in pairs:
+        torch.sub(gb, v, out=r)
+    return out
+
+
+def add_unfolded_(x: torch.Tensor, y: torch.Tensor, plan: FoldPlan) -> torch.Tensor:
+    """``x += E(y)`` in place, without materialising ``E(y)``."""
+    for blocks, values in block_views(x, y, plan):
+        blocks.add_(values)
+    return x
+
+
+def unfold_with_residual(
+    g: torch.Tensor, g_folded: torch.Tensor, folded: torch.Tensor, plan: FoldPlan, rho: float
+) -> torch.Tensor:
+    """``E(folded) + rho * R``: a folded moment restored to full size (FOAM_SPEC section 2).
+
+    ``g`` is the 2-d gradient view, ``g_folded = A(g)`` and ``folded`` a folded state of the same
+    plan; the result is a new tensor and the only full-size temporary.
+    """
+    out = residual(g, g_folded, plan)
+    if rho != 1.0:
+        out.mul_(rho)
+    return add_unfolded_(out, folded, plan)
+
+
+def folded_numel(plan: FoldPlan | None, numel: int) -> int:
+    """Elements of one moment: the folded shape's, or the full tensor's when not folded."""
+    return numel if plan is None else math.prod(plan.folded_shape)

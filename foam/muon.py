@@ -20,8 +20,8 @@ import torch
 # torch's own Newton-Schulz and shape scale: FOAM-Muon at level 0 is then torch's Muon to the bit.
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
-from foam.composite import Composite, folded_numel, unfold_with_residual
-from foam.folding import FOLD_AXES, FoldPlan, fold, make_plan
+from foam.composite import Composite
+from foam.folding import FOLD_AXES, FoldPlan, fold, folded_numel, make_plan, unfold_with_residual
 from foam.optimizer import FOAM, compute_dtype, ema_
 from foam.param_groups import ParamSplit
 from foam.registry import adam_settings, register

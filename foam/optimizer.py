@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -11,10 +10,13 @@ import torch
 from foam.folding import (
     FOLD_AXES,
     FoldPlan,
+    add_unfolded_,
     block_views,
     blocks_of,
     fold,
+    folded_numel,
     make_plan,
+    residual,
     unfold,
     values_of,
 )
@@ -126,7 +128,7 @@ class FOAM(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 plan = self.plan_for(p, group)
-                total += 2 * (p.numel() if plan is None else math.prod(plan.folded_shape))
+                total += 2 * folded_numel(plan, p.numel())
         return total
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -217,29 +219,25 @@ class FOAM(torch.optim.Optimizer):
             p.add_(unfold(m_hat / (v_hat.sqrt() + eps), plan).view(p.shape), alpha=-step_size)
             return
 
-        residual = g if g_owned else torch.empty_like(g)  # never write into p.grad
-        folded = values_of(g_folded, plan)
-        for r, gb, v in zip(blocks_of(residual, plan), blocks_of(g, plan), folded, strict=True):
-            torch.sub(gb, v, out=r)
+        r = residual(g, g_folded, plan, out=g if g_owned else None)  # never write into p.grad
 
         denom = None
         if group["residual_in_second_moment"]:
-            denom = torch.empty_like(residual)
-            squares = blocks_of(denom, plan), blocks_of(residual, plan), values_of(v_hat, plan)
-            for d, r, v in zip(*squares, strict=True):
-                torch.addcmul(v, r, r, value=rho * rho, out=d)
+            denom = torch.empty_like(r)
+            squares = blocks_of(denom, plan), blocks_of(r, plan), values_of(v_hat, plan)
+            for d, rb, v in zip(*squares, strict=True):
+                torch.addcmul(v, rb, rb, value=rho * rho, out=d)
             denom.sqrt_().add_(eps)
 
         if rho != 1.0:
-            residual.mul_(rho)
-        for r, m in block_views(residual, m_hat, plan):
-            r.add_(m)  # the residual is now the numerator
+            r.mul_(rho)
+        numerator = add_unfolded_(r, m_hat, plan)
         if denom is not None:
-            p.addcdiv_(residual.view(p.shape), denom.view(p.shape), value=-step_size)
+            p.addcdiv_(numerator.view(p.shape), denom.view(p.shape), value=-step_size)
             return
-        for r, d in block_views(residual, v_hat.sqrt().add_(eps), plan):
-            r.div_(d)
-        p.add_(residual.view(p.shape), alpha=-step_size)
+        for blocks, d in block_views(numerator, v_hat.sqrt().add_(eps), plan):
+            blocks.div_(d)
+        p.add_(numerator.view(p.shape), alpha=-step_size)
 
 
 def _validate_group(group: dict[str, Any]) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from foam.composite import folded_numel
+from foam.folding import folded_numel
 from foam.optimizer import FOAM, resolve_dtype
 from foam.param_groups import ParamSplit
 from foam.recipes import FOAM_OPTIONS
