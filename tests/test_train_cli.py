@@ -1,0 +1,252 @@
+"""End to end through the CLI (``python train/pretrain.py`` / ``torchrun``) on CPU with a tiny LLaMA."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import foam
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = [
+    "+model=llama_tiny",
+    "trainer=cpu_debug",
+    "logger=none",
+    "data.seq_len=64",
+    "trainer.global_batch_size=4",
+    "trainer.micro_batch_size=2",
+    "trainer.eval_tokens=2000",
+    "data.num_workers=0",
+]
+SUMMARY_KEYS = {
+    "final_val_loss",
+    "final_val_ppl",
+    "steps",
+    "tokens",
+    "tokens_per_s",
+    "optimizer_state_bytes",
+    "peak_memory_bytes",
+    "wall_time_s",
+    "git_sha",
+    "model",
+    "optim",
+    "lr",
+    "alpha",
+    "seed",
+    "eval_history",
+}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+
+
+def command(
+    run_dir: Path, *overrides: str, optim: str | None = "foam2", tiny: bool = True
+) -> list[str]:
+    return [
+        sys.executable,
+        "train/pretrain.py",
+        *([f"+optim={optim}"] if optim else []),
+        *(TINY if tiny else []),
+        f"hydra.run.dir={run_dir}",
+        *overrides,
+    ]
+
+
+def run(cmd: list[str], expect_rc: int = 0) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == expect_rc, proc.stderr[-4000:]
+    return proc
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in records(run_dir) if "loss" in r}
+
+
+def test_tiny_run_writes_its_run_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    run(command(run_dir, "trainer.max_steps=3", "trainer.eval_every=2", "trainer.save_every=0"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert set(summary) >= SUMMARY_KEYS
+    assert (
+        summary["steps"] == 3 and summary["model"] == "llama_tiny" and summary["optim"] == "foam2"
+    )
+    assert (summary["lr"], summary["alpha"], summary["level"]) == (0.01, 0.25, 2)
+    assert [e["step"] for e in summary["eval_history"]] == [2, 3]
+    assert summary["final_val_ppl"] == pytest.approx(
+        2.718281828 ** summary["final_val_loss"], rel=1e-6
+    )
+    assert sorted(train_losses(run_dir)) == [1, 2, 3]  # exactly max_steps optimizer steps
+    first = records(run_dir)[0]
+    assert (
+        first["lr/matrices"] > 0
+        and first["optimizer_state_bytes"] > 0
+        and first["peak_memory_bytes"] > 0
+    )
+    assert "lr: 0.01" in (run_dir / "config.yaml").read_text()  # resolved
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_00000003"]
+
+
+@pytest.mark.parametrize(
+    ("optim", "flag"), [("foam2", "+model="), pytest.param(None, "+optim=", marks=pytest.mark.slow)]
+)
+def test_missing_model_or_optim_fails_with_a_message(tmp_path, optim, flag):
+    model = [] if flag == "+model=" else ["+model=llama_tiny"]
+    proc = run(command(tmp_path / "run", *model, optim=optim, tiny=False), expect_rc=2)
+    assert flag in proc.stderr
+
+
+def test_batch_that_does_not_divide_fails_before_compute(tmp_path):
+    proc = run(command(tmp_path / "run", "trainer.micro_batch_size=3"), expect_rc=2)
+    assert (
+        "trainer.global_batch_size=4" in proc.stderr and "trainer.micro_batch_size=3" in proc.stderr
+    )
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_fold_level_beyond_a_matrix_fails_before_compute(tmp_path):
+    proc = run(command(tmp_path / "run", optim="foam7"), expect_rc=2)  # 128-blocks, 64-wide model
+    assert "optim.level=7" in proc.stderr
+
+
+@pytest.mark.slow
+def test_nan_loss_stops_with_the_step(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run(
+        command(
+            run_dir, "optim.lr=1e30", "trainer.save_every=1", "trainer.max_steps=6", optim="adamw"
+        ),
+        expect_rc=3,
+    )
+    assert "step 2: loss nan" in proc.stderr
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_00000001"]
+
+
+@pytest.mark.slow
+def test_resume_after_a_kill_reproduces_the_uninterrupted_run(tmp_path):
+    overrides = (
+        "trainer.max_steps=12",
+        "trainer.save_every=2",
+        "trainer.eval_every=6",
+        "trainer.keep_last=2",
+    )
+    whole = tmp_path / "whole"
+    run(command(whole, *overrides))
+
+    broken = tmp_path / "broken"
+    proc = subprocess.Popen(
+        command(broken, *overrides),
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    while not (broken / "checkpoints" / "step_00000004").exists() and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run finished before it could be interrupted"
+    resumed = run(command(broken, *overrides))
+    assert "resumed from" in resumed.stdout + resumed.stderr
+
+    assert train_losses(broken) == train_losses(whole)
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (whole, broken))
+    for key in ("steps", "tokens", "final_val_loss", "eval_history"):
+        assert a[key] == b[key], key
+
+
+REPRESENTATIVE = [
+    "adamw",
+    "foam_mini",
+    "galore_1_4",
+    "apollo_mini",
+    "muon",
+    "adam_mini",
+    "foam8bit",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optim", REPRESENTATIVE)
+def test_representative_optimizers_train(tmp_path, optim):
+    from train.config import CONFIG_DIR
+
+    name = next(
+        line.split(":", 1)[1].strip()
+        for line in (CONFIG_DIR / "optim" / f"{optim}.yaml").read_text().splitlines()
+        if line.startswith("name:")
+    )
+    if name not in foam.available_optimizers():
+        pytest.skip(f"{name!r} is not registered in foam yet")
+    run_dir = tmp_path / "run"
+    run(
+        command(
+            run_dir,
+            "trainer.max_steps=2",
+            "trainer.save_every=0",
+            "trainer.eval_every=0",
+            optim=optim,
+        )
+    )
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["optimizer_state_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_pure_bf16_run(tmp_path):
+    run_dir = tmp_path / "run"
+    run(command(run_dir, "trainer.precision=bf16", "trainer.max_steps=2", "trainer.save_every=0"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["precision"] == "bf16" and summary["steps"] == 2
+    # bf16 weights: the saved model is bf16 too
+    assert "bfloat16" in (run_dir / "pretrain.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_rank_torchrun_matches_one_rank(tmp_path):
+    """With one local file the global batch of a step is the same documents on 1 or 2 ranks (the
+    stream is split by example, round-robin), so the token-weighted losses must agree."""
+    corpus = tmp_path / "corpus.jsonl"
+    text = Path(REPO.parent / "shared" / "data" / "tinyshakespeare.txt")
+    paragraphs = (
+        [p.strip() for p in text.read_text().split("\n\n") if p.strip()]
+        if text.exists()
+        else [f"document {i} " + "word " * (i % 50) for i in range(3000)]
+    )
+    corpus.write_text("".join(json.dumps({"text": p}) + "\n" for p in paragraphs))
+    overrides = (
+        "data=local",
+        f"data.path={corpus}",
+        "trainer.global_batch_size=8",
+        "trainer.max_steps=3",
+        "trainer.save_every=0",
+        "trainer.eval_every=0",
+    )
+    one, two = tmp_path / "one", tmp_path / "two"
+    run(command(one, *overrides, optim="adamw"))
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    run(
+        [
+            torchrun,
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            *command(two, *overrides, optim="adamw")[1:],
+        ]
+    )
+    l1, l2 = train_losses(one), train_losses(two)
+    assert sorted(l1) == sorted(l2) == [1, 2, 3]
+    for step in l1:
+        assert l2[step] == pytest.approx(l1[step], rel=1e-6)
+    s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
+    assert s1["tokens"] == s2["tokens"] and s2["world_size"] == 2
+    assert s2["final_val_loss"] == pytest.approx(s1["final_val_loss"], rel=1e-6)
