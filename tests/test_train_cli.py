@@ -250,3 +250,15 @@ def test_two_rank_torchrun_matches_one_rank(tmp_path):
     s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
     assert s1["tokens"] == s2["tokens"] and s2["world_size"] == 2
     assert s2["final_val_loss"] == pytest.approx(s1["final_val_loss"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_is_continued_on_resume(tmp_path):
+    run_dir = tmp_path / "run"
+    base = ("logger=wandb", "trainer.save_every=1", "trainer.eval_every=0")
+    run(command(run_dir, *base, "trainer.max_steps=2"))
+    run_id = (run_dir / "wandb_id").read_text().strip()
+    run(command(run_dir, *base, "trainer.max_steps=3"))  # resumes from step 2 (auto)
+    runs = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(name.endswith(f"-{run_id}") for name in runs)
+    assert sorted(train_losses(run_dir)) == [1, 2, 3]

@@ -101,7 +101,7 @@ def _ddp_worker(rank: int, world_size: int, port: int, out: dict) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         model = tiny_model()
-        ddp = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)
         micro = batches(4, 2)[rank::world_size]  # this rank's half of the same global batch
         result = step(ddp, micro, world_size=world_size)
         if rank == 0:

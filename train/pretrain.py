@@ -109,7 +109,7 @@ def train(cfg: DictConfig) -> dict:
         ddp_model = DistributedDataParallel(
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
-            broadcast_buffers=False,
+            forward_sync_buffers=False,  # the only buffers (RoPE) are identical on every rank
         )
 
     def autocast() -> contextlib.AbstractContextManager:
