@@ -58,7 +58,7 @@ def grid(
     model: str,
     methods: list[str],
     lrs: list[float] | None,
-    alphas: list[float] | None,
+    alphas: list[float] | None,  # None: the paper's alphas; []: each config's own alpha
     seeds: list[int],
     name: str | None = None,
 ) -> list[Point]:
@@ -67,7 +67,7 @@ def grid(
     for optim in methods:
         sweeps_alpha = PAPER_METHODS.get(optim, True)
         method_lrs = lrs or (LR_WITH_ALPHA if sweeps_alpha else LR_ONLY)
-        method_alphas = (alphas or ALPHAS) if sweeps_alpha else [None]
+        method_alphas = (alphas or ALPHAS) if sweeps_alpha and alphas != [] else [None]
         for lr, alpha, seed in itertools.product(method_lrs, method_alphas, seeds):
             points.append(Point(model, optim, lr, alpha, seed, name or optim))
     return points
@@ -116,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=list(PAPER_METHODS))
     parser.add_argument("--lrs", nargs="+", type=float, default=None, help="default: paper grid")
     parser.add_argument("--alphas", nargs="+", type=float, default=None)
+    parser.add_argument(
+        "--config-alpha",
+        action="store_true",
+        help="keep each optim config's alpha (the paper's per-method value) instead of sweeping it",
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[42])
     parser.add_argument(
         "--name", default=None, help="method directory for a variant of one method (ablations)"
@@ -132,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.name and len(args.methods) != 1:
         parser.error("--name names a variant of exactly one method")
     todo = []
-    for point in grid(args.model, args.methods, args.lrs, args.alphas, args.seeds, args.name):
+    alphas = [] if args.config_alpha else args.alphas
+    for point in grid(args.model, args.methods, args.lrs, alphas, args.seeds, args.name):
         run_dir = point.run_dir(args.root)
         if (run_dir / "summary.json").exists():
             print(f"done, skipped: {run_dir}")

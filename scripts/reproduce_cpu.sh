@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The scaled-down CPU reproduction of Table 2 and the ablations committed under results/repro.
+#
+#   bash scripts/reproduce_cpu.sh            # runs into runs/repro (skips finished points)
+#   bash scripts/reproduce_cpu.sh --dry-run  # prints the commands
+#
+# LLaMA-1M (configs/model/llama_1m.yaml) on tinyshakespeare, the project's 2048-piece
+# SentencePiece tokenizer, packed 128-token sequences, 16 sequences per step, 200 steps
+# (409,600 training tokens, about 1.3 epochs), fp32, 2 seeds; validation on a 10% held-out split.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+ROOT=${ROOT:-runs/repro}
+DATA=${DATA:-$(cd .. && pwd)/shared/data/tinyshakespeare.txt}
+SEEDS=(0 1)
+COMMON=(
+  trainer=cpu_debug logger=none trainer.max_steps=200 trainer.global_batch_size=16
+  trainer.micro_batch_size=16 trainer.eval_every=25 trainer.eval_tokens=40000 trainer.save_every=0
+  data=local "data.path=$DATA" data.spm_vocab_size=2048 data.pack=true data.seq_len=128
+  data.val_fraction=0.1
+)
+sweep() { "$PY" scripts/sweep.py --model llama_1m --seeds "${SEEDS[@]}" --root "$ROOT" "$@"; }
+
+# Table 2 at this scale: a reduced lr sweep, alpha at each method's paper value.
+sweep --methods adamw muon adam_mini --lrs 2.5e-3 5e-3 1e-2 "${@}" -- "${COMMON[@]}"
+sweep --methods foam2 foam3 foam_mini galore_1_4 apollo_1_4 apollo_mini --lrs 5e-3 1e-2 2e-2 \
+  --config-alpha "${@}" -- "${COMMON[@]}"
+
+# Ablations at FOAM-2's paper lr (1e-2, alpha 0.25): fold level (Figure 6a), residual (Figure 7),
+# second moment from the square of the mean vs the mean of squares.
+for level in 1 4 5; do
+  sweep --methods "foam$level" --lrs 1e-2 --config-alpha "${@}" -- "${COMMON[@]}"
+done
+sweep --methods foam2 --name foam2_no_residual --lrs 1e-2 --config-alpha "${@}" -- \
+  "${COMMON[@]}" optim.residual=false
+sweep --methods foam2 --name foam2_no_residual_in_v --lrs 1e-2 --config-alpha "${@}" -- \
+  "${COMMON[@]}" optim.residual_in_second_moment=false
+sweep --methods foam2 --name foam2_mean_of_squares --lrs 1e-2 --config-alpha "${@}" -- \
+  "${COMMON[@]}" optim.second_moment=mean_of_squares
