@@ -89,8 +89,8 @@ def save_checkpoint(
 def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
     """The state saved by ``save_checkpoint`` in directory ``path``."""
     file = Path(path) / STATE_FILE
-    try:
-        return torch.load(file, map_location=map_location, weights_only=True)
+    try:  # mmap: every rank reads a 7B checkpoint without holding a copy of it in host memory
+        return torch.load(file, map_location=map_location, weights_only=True, mmap=True)
     except Exception as err:  # pickle.UnpicklingError for objects outside the weights-only set
         log.warning(
             "weights_only load of %s failed (%s); loading the run's own file in full", file, err

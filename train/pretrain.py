@@ -296,6 +296,7 @@ def train(cfg: DictConfig) -> dict:
         if (t.save_every and step % t.save_every == 0) or (step == t.max_steps and t.save_final):
             save()
     progress.close()
+    train_loader.close()  # stop its read-ahead thread
 
     # 7. Final evaluation (already done unless resumed after the end) and the summary.
     final = eval_history[-1] if eval_history and eval_history[-1]["step"] == step else run_eval()
