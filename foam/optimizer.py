@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch.optim.adamw import adamw as functional_adamw
 
 from foam.folding import (
     FOLD_AXES,
@@ -23,6 +24,8 @@ from foam.folding import (
 from foam.state import load_state_dict_keeping_dtypes
 
 SECOND_MOMENTS = ("square_of_mean", "mean_of_squares")
+FUSED_DEVICES = ("cpu", "cuda", "mps", "xpu")  # where torch ships a fused AdamW kernel
+FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def resolve_dtype(value: torch.dtype | str | None, fallback: torch.dtype) -> torch.dtype:
@@ -84,6 +87,7 @@ class FOAM(torch.optim.Optimizer):
         bias_correction: bool = True,
         fold_axis: str = "larger",
         state_dtype: torch.dtype | str | None = None,
+        fused_adamw: bool = True,
     ) -> None:
         defaults = dict(
             lr=lr,
@@ -98,6 +102,7 @@ class FOAM(torch.optim.Optimizer):
             bias_correction=bias_correction,
             fold_axis=fold_axis,
             state_dtype=state_dtype,
+            fused_adamw=fused_adamw,
         )
         super().__init__(params, defaults)
 
@@ -143,19 +148,75 @@ class FOAM(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
+            fused = []
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 if p.grad.is_sparse:
                     raise RuntimeError("FOAM does not support sparse gradients")
-                self._update(p, group)
+                if self._uses_fused_adamw(p, group):
+                    fused.append(p)
+                else:
+                    self._update(p, group)
+            if fused:
+                self._fused_adamw(fused, group)
         return loss
+
+    def _uses_fused_adamw(self, p: torch.Tensor, group: dict[str, Any]) -> bool:
+        """Whether ``p`` takes plain AdamW through torch's fused multi-tensor kernel.
+
+        The kernel does AdamW's arithmetic in float32 whatever the tensors' dtype and needs no
+        temporaries, which is what this optimizer promises for the unfolded parameters (for bf16
+        embeddings it is several times faster than upcasting copies). It applies to same-dtype
+        parameter, gradient and states with bias correction on a device that has the kernel;
+        ``fused_adamw=False`` keeps the per-tensor path (bitwise equal to ``AdamW(foreach=False)``).
+        """
+        return (
+            group["fused_adamw"]
+            and self.plan_for(p, group) is None
+            and group["bias_correction"]
+            and p.device.type in FUSED_DEVICES
+            and p.dtype in FUSED_DTYPES
+            and p.grad.dtype == p.dtype
+            and resolve_dtype(group["state_dtype"], p.dtype) == p.dtype
+        )
+
+    def _fused_adamw(self, params: list[torch.Tensor], group: dict[str, Any]) -> None:
+        states = []
+        for p in params:
+            state = self.state[p]
+            if not state:
+                self._init_state(p, group, None)
+            elif (
+                state["step"].device != p.device
+            ):  # e.g. loaded from a checkpoint on another device
+                state["step"] = state["step"].to(p.device)
+            states.append(state)
+        beta1, beta2 = group["betas"]
+        functional_adamw(
+            params,
+            [p.grad for p in params],
+            [s["exp_avg"] for s in states],
+            [s["exp_avg_sq"] for s in states],
+            [],
+            [s["step"] for s in states],  # the kernel increments them
+            fused=True,
+            amsgrad=False,
+            beta1=beta1,
+            beta2=beta2,
+            lr=group["lr"],
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            maximize=False,
+        )
 
     def _init_state(self, p: torch.Tensor, group: dict[str, Any], plan: FoldPlan | None) -> None:
         state = self.state[p]
         shape = p.shape if plan is None else plan.folded_shape
         dtype = resolve_dtype(group["state_dtype"], p.dtype)
-        state["step"] = torch.tensor(0.0)
+        # The fused kernel reads its step counter on the parameter's device; other paths on the CPU.
+        fused = self._uses_fused_adamw(p, group)
+        state["step"] = torch.tensor(0.0, device=p.device if fused else "cpu")
         state["exp_avg"] = torch.zeros(shape, dtype=dtype, device=p.device)
         state["exp_avg_sq"] = torch.zeros(shape, dtype=dtype, device=p.device)
 

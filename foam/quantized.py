@@ -75,6 +75,10 @@ class FOAM8bit(FOAM):
         """Whether ``p``'s moments are stored in 8 bits (by the size of one moment state)."""
         return folded_numel(self.plan_for(p, group), p.numel()) >= self.min_8bit_size
 
+    def _uses_fused_adamw(self, p: torch.Tensor, group: dict[str, Any]) -> bool:
+        """Quantised states need this class's own step; small ones may use FOAM's fused path."""
+        return not self.quantizes(p, group) and super()._uses_fused_adamw(p, group)
+
     def planned_state_bytes(self) -> int:
         """Bytes of moment state once every parameter has stepped (step counters excluded)."""
         total = 0

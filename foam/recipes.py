@@ -18,6 +18,7 @@ FOAM_OPTIONS: dict[str, Any] = {
     "bias_correction": True,
     "fold_axis": "larger",
     "state_dtype": None,
+    "fused_adamw": True,
 }
 
 

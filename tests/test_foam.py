@@ -308,3 +308,27 @@ def test_transient_memory_of_a_step_is_a_few_copies_of_the_largest_parameter():
     one_param = 64 * 256 * 4
     assert peak_for(8) == peak_for(1)
     assert peak_for(8) <= 3 * one_param
+
+
+@pytest.mark.parametrize(
+    ("dtype", "fused", "reference"),
+    [
+        (torch.float32, True, {"fused": True}),
+        (torch.bfloat16, True, {"fused": True}),
+        (torch.float32, False, {"foreach": False}),  # torch's for-loop does bf16 maths in bf16
+    ],
+)
+def test_unfolded_tensors_take_torchs_adamw_bit_for_bit(dtype, fused, reference):
+    """Plain-AdamW tensors run torch's fused kernel (fp32 arithmetic on bf16 tensors, no
+    temporaries) by default, and the per-tensor path with ``fused_adamw=False``."""
+    ours = [p.detach().to(dtype).requires_grad_() for p in make_params()]
+    ref = [p.detach().to(dtype).requires_grad_() for p in make_params()]
+    hp = dict(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    foam = FOAM(ours, level=None, fused_adamw=fused, **hp)
+    adamw = torch.optim.AdamW(ref, **hp, **reference)
+    grads = make_grads(5)
+    run(foam, ours, grads)
+    run(adamw, ref, grads)
+    for a, b in zip(ours, ref, strict=True):
+        assert torch.equal(a, b)
+        assert torch.equal(foam.state[a]["exp_avg_sq"], adamw.state[b]["exp_avg_sq"])
