@@ -8,7 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
+
+import foam
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 PRECISIONS = ("bf16", "bf16_mixed", "fp32")
@@ -111,16 +114,13 @@ def _check_optim(optim: DictConfig) -> None:
     _require(isinstance(lr, int | float) and lr > 0, f"optim.lr must be positive, got {lr}")
 
 
-def check_fold_level(optim: DictConfig, matrix_shapes: list[tuple[int, ...]]) -> None:
-    """A FOAM level whose blocks are longer than a matrix's fold axis is a config error, reported
-    as one before training starts (the optimizer would otherwise fail on its first step)."""
-    if "level" not in optim:
-        return
-    from foam.folding import make_plan
-
-    fold_axis = optim.get("fold_axis", "larger")
-    for shape in matrix_shapes:
-        try:
-            make_plan(shape, optim.level, fold_axis)
-        except ValueError as err:
-            raise ConfigError(f"optim.level={optim.level}: {err}") from None
+def build_optimizer(optim: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The run's optimizer. What the optimizer itself rejects at construction (a fold level
+    beyond a matrix, an unknown keyword, a negative lr) becomes a config error naming the keys,
+    before any compute: the optimizer is the one place those rules live."""
+    hparams = optimizer_hparams(optim)
+    try:
+        return foam.build_optimizer(optim.name, model, **hparams)
+    except (ValueError, TypeError) as err:
+        keys = ", ".join(f"optim.{key}={value}" for key, value in hparams.items())
+        raise ConfigError(f"optim ({keys}): {err}") from None

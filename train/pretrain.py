@@ -36,8 +36,8 @@ from train.checkpoint import find_resume_checkpoint, load_checkpoint, save_check
 from train.config import (
     ConfigError,
     accumulation_steps,
+    build_optimizer,
     check_config,
-    check_fold_level,
     optimizer_hparams,
 )
 from train.data import build_tokenizer, build_train_loader, build_val_batches
@@ -98,9 +98,8 @@ def train(cfg: DictConfig) -> dict:
     if t.grad_checkpointing:
         enable_grad_checkpointing(model)
     model.config.use_cache = False
-    check_fold_level(cfg.optim, [tuple(p.shape) for _, p in foam.split_params(model).matrices])
     hparams = optimizer_hparams(cfg.optim)
-    optimizer = foam.build_optimizer(cfg.optim.name, model, **hparams)
+    optimizer = build_optimizer(cfg.optim, model)
     scheduler = build_scheduler(
         optimizer, max_steps=t.max_steps, warmup_ratio=t.warmup_ratio, min_lr_ratio=t.min_lr_ratio
     )
