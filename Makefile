@@ -30,6 +30,7 @@ test-all: install
 
 bench: install
 	$(PY) scripts/bench_optim.py
+	$(PY) scripts/bench_data.py
 
 lint: install
 	$(PY) -m ruff check .
