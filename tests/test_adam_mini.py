@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-import transformers
+from optim_helpers import TINY_LLAMA, random_grads, step_with, tiny_llama
 
 from foam.adam_mini import AdamMini, second_moment_blocks
 from foam.folding import fold, make_plan, unfold
@@ -13,37 +13,9 @@ from foam.state import planned_state_numel, state_bytes
 
 adam_mini = pytest.importorskip("adam_mini")
 
-LLAMA = dict(
-    hidden_size=64,
-    intermediate_size=172,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    vocab_size=256,
-)
-GQA = {**LLAMA, "num_attention_heads": 8, "num_key_value_heads": 2}
+GQA = {**TINY_LLAMA, "num_attention_heads": 8, "num_key_value_heads": 2}
 HEADS = dict(dim=64, n_heads=4)
 STEPS = 10
-
-
-def llama(config=LLAMA, dtype=torch.float32, seed=0):
-    torch.manual_seed(seed)
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).to(dtype)
-
-
-def grads_for(model, n_steps, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    return [
-        [torch.randn(p.shape, generator=gen).to(p.dtype) for p in model.parameters()]
-        for _ in range(n_steps)
-    ]
-
-
-def run(opt, model, grads):
-    for step_grads in grads:
-        for p, g in zip(model.parameters(), step_grads, strict=True):
-            p.grad = g.clone()
-        opt.step()
 
 
 def moment_bytes(opt):
@@ -51,10 +23,10 @@ def moment_bytes(opt):
     return state_bytes(opt) - steps
 
 
-@pytest.mark.parametrize("config", [LLAMA, GQA], ids=["mha", "gqa"])
+@pytest.mark.parametrize("config", [TINY_LLAMA, GQA], ids=["mha", "gqa"])
 def test_adam_mini_matches_reference(config):
     """Params and both moments within 1e-6 after 10 fp32 steps, with weight decay."""
-    model = llama(config)
+    model = tiny_llama(**config)
     ref = copy.deepcopy(model)
     heads = dict(dim=64, n_heads=config["num_attention_heads"])
     hp = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -66,9 +38,9 @@ def test_adam_mini_matches_reference(config):
         n_kv_heads=config["num_key_value_heads"],
         verbose=False,
     )
-    grads = grads_for(model, STEPS)
-    run(opt, model, grads)
-    run(ref_opt, ref, grads)
+    grads = random_grads(model, STEPS)
+    step_with(opt, model, grads)
+    step_with(ref_opt, ref, grads)
     named_ref = dict(ref.named_parameters())
     worst = 0.0
     for name, p in model.named_parameters():
@@ -99,20 +71,20 @@ def test_partition_follows_adam_mini_names():
 
 def test_heads_are_required_for_queries_and_keys():
     with pytest.raises(ValueError, match="n_heads="):
-        build_optimizer("adam_mini", llama())
+        build_optimizer("adam_mini", tiny_llama())
     with pytest.raises(ValueError, match="named_parameters"):
-        AdamMini(list(llama().parameters()))
+        AdamMini(list(tiny_llama().parameters()))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_foam_adam_mini_level0_is_adam_mini(dtype):
-    model = llama(dtype=dtype)
+    model = tiny_llama(dtype)
     ref = copy.deepcopy(model)
     opt = build_optimizer("foam_adam_mini", model, level=0, weight_decay=0.1, **HEADS)
     ref_opt = build_optimizer("adam_mini", ref, weight_decay=0.1, **HEADS)
-    grads = grads_for(model, STEPS)
-    run(opt, model, grads)
-    run(ref_opt, ref, grads)
+    grads = random_grads(model, STEPS)
+    step_with(opt, model, grads)
+    step_with(ref_opt, ref, grads)
     for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         assert torch.equal(p, q), name
 
@@ -145,21 +117,21 @@ def test_foam_adam_mini_hand_computed():
 
 @pytest.mark.parametrize(("name", "extra"), [("adam_mini", {}), ("foam_adam_mini", {"level": 2})])
 def test_state_bytes_match_plan_in_param_dtype(name, extra):
-    model = llama(dtype=torch.bfloat16)
+    model = tiny_llama(torch.bfloat16)
     opt = build_optimizer(name, model, **HEADS, **extra)
-    run(opt, model, grads_for(model, 1))
+    step_with(opt, model, random_grads(model, 1))
     assert moment_bytes(opt) == 2 * planned_state_numel(opt)
     states = [v for s in opt.state.values() for k, v in s.items() if k != "step"]
     assert all(v.dtype == torch.bfloat16 for v in states)
     with torch.device("meta"):
-        meta = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
+        meta = tiny_llama(seed=None)
     assert planned_state_numel(build_optimizer(name, meta, **HEADS, **extra)) == (
         planned_state_numel(opt)
     )
 
 
 def test_foam_adam_mini_saves_state_against_adam_mini():
-    model = llama()
+    model = tiny_llama()
     mini = planned_state_numel(build_optimizer("adam_mini", model, **HEADS))
     folded = planned_state_numel(build_optimizer("foam_adam_mini", model, level=2, **HEADS))
     matrix_numel = sum(
@@ -170,10 +142,10 @@ def test_foam_adam_mini_saves_state_against_adam_mini():
 
 @pytest.mark.parametrize(("name", "extra"), [("adam_mini", {}), ("foam_adam_mini", {"level": 1})])
 def test_state_dict_round_trip_gives_identical_next_step(name, extra):
-    model = llama(dtype=torch.bfloat16)
+    model = tiny_llama(torch.bfloat16)
     opt = build_optimizer(name, model, weight_decay=0.1, **HEADS, **extra)
-    grads = grads_for(model, 4)
-    run(opt, model, grads[:3])
+    grads = random_grads(model, 4)
+    step_with(opt, model, grads[:3])
     saved = copy.deepcopy(opt.state_dict())
     clone = copy.deepcopy(model)
     restored = build_optimizer(name, clone, weight_decay=0.1, **HEADS, **extra)
@@ -181,8 +153,8 @@ def test_state_dict_round_trip_gives_identical_next_step(name, extra):
     for p, q in zip(model.parameters(), clone.parameters(), strict=True):
         for key, value in opt.state[p].items():
             assert restored.state[q][key].dtype == value.dtype
-    run(opt, model, grads[3:])
-    run(restored, clone, grads[3:])
+    step_with(opt, model, grads[3:])
+    step_with(restored, clone, grads[3:])
     for p, q in zip(model.parameters(), clone.parameters(), strict=True):
         assert torch.equal(p, q)
 
@@ -190,14 +162,14 @@ def test_state_dict_round_trip_gives_identical_next_step(name, extra):
 @pytest.mark.parametrize("name", ["adam_mini", "foam_adam_mini"])
 def test_unknown_keyword_lists_accepted_ones(name):
     with pytest.raises(TypeError, match="n_heads"):
-        build_optimizer(name, llama(), n_kv_heads=4, **HEADS)
+        build_optimizer(name, tiny_llama(), n_kv_heads=4, **HEADS)
 
 
 @pytest.mark.parametrize("name", ["adam_mini", "foam_adam_mini"])
 def test_lambda_lr(name):
-    model = llama()
+    model = tiny_llama()
     opt = build_optimizer(name, model, lr=1e-2, alpha=0.5, **HEADS)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.1 * (step + 1))
-    run(opt, model, grads_for(model, 1))
+    step_with(opt, model, random_grads(model, 1))
     sched.step()
     assert [g["lr"] for g in opt.param_groups] == pytest.approx([1e-3, 2e-3])

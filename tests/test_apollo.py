@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from optim_helpers import random_grads, random_params, step_with, tiny_llama
 
 import foam.apollo  # noqa: F401  (registers apollo, apollo_mini)
 from foam import build_optimizer, planned_state_numel, state_bytes
@@ -15,45 +15,6 @@ from foam.apollo import APOLLO
 SHAPES = [(48, 32), (32, 48), (32,)]  # tall (right basis), wide (left basis), a vector
 HP = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.1)
 SPIKES = {4: 8.0, 8: 20.0}  # gradient norm spikes that trip the norm-growth limiter
-
-
-def make_params(dtype, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(s, generator=gen, dtype=dtype).requires_grad_() for s in SHAPES]
-
-
-def make_grads(n_steps, dtype, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    return [
-        [SPIKES.get(t, 1.0) * torch.randn(s, generator=gen, dtype=dtype) for s in SHAPES]
-        for t in range(n_steps)
-    ]
-
-
-def run(optimizer, params, grads):
-    for step_grads in grads:
-        for p, g in zip(params, step_grads, strict=True):
-            p.grad = g.clone()
-        optimizer.step()
-
-
-def llama(dtype=torch.float32):
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=172,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        vocab_size=256,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).to(dtype)
-
-
-def fill_grads(model, seed):
-    gen = torch.Generator().manual_seed(seed)
-    for p in model.parameters():
-        p.grad = torch.randn(p.shape, generator=gen).to(p.dtype)
 
 
 CASES = [  # scale_type, rank, alpha, scale_front, dtype, tolerance
@@ -67,7 +28,7 @@ CASES = [  # scale_type, rank, alpha, scale_front, dtype, tolerance
 @pytest.mark.parametrize(("scale_type", "rank", "alpha", "scale_front", "dtype", "tol"), CASES)
 def test_matches_reference_apollo_adamw(scale_type, rank, alpha, scale_front, dtype, tol):
     reference_module = pytest.importorskip("apollo_torch")
-    ours_p, ref_p = make_params(dtype), make_params(dtype)
+    ours_p, ref_p = random_params(SHAPES, dtype=dtype), random_params(SHAPES, dtype=dtype)
     low = dict(rank=rank, update_proj_gap=3, proj_type="std")  # redraws at steps 1, 4, 7, 10
     ours = APOLLO(
         [{"params": ours_p[:2]}, {"params": ours_p[2:], "rank": None}],
@@ -91,9 +52,9 @@ def test_matches_reference_apollo_adamw(scale_type, rank, alpha, scale_front, dt
         **HP,
         scale_front=scale_front,
     )
-    for step_grads in make_grads(10, dtype):
-        run(ours, ours_p, [step_grads])
-        run(ref, ref_p, [step_grads])
+    for step_grads in random_grads(SHAPES, 10, dtype=dtype, scale=SPIKES):
+        step_with(ours, ours_p, [step_grads])
+        step_with(ref, ref_p, [step_grads])
         for a, b in zip(ours_p, ref_p, strict=True):
             torch.testing.assert_close(a, b, rtol=tol, atol=tol)
     for a, b in zip(ours_p[:2], ref_p[:2], strict=True):
@@ -108,13 +69,13 @@ def test_matches_reference_apollo_adamw(scale_type, rank, alpha, scale_front, dt
 
 def test_limiter_caps_norm_growth_and_alpha_enters_as_its_square_root():
     def updates(alpha, limit):
-        params = make_params(torch.float64)[:1]
+        params = random_params(SHAPES, dtype=torch.float64)[:1]
         opt = APOLLO(params, **{**HP, "weight_decay": 0.0}, rank=4, alpha=alpha)
         opt.param_groups[0]["norm_growth_limit"] = limit
         out = []
-        for step_grads in make_grads(6, torch.float64):
+        for step_grads in random_grads(SHAPES, 6, dtype=torch.float64, scale=SPIKES):
             start = params[0].detach().clone()
-            run(opt, params, [step_grads[:1]])
+            step_with(opt, params, [step_grads[:1]])
             t = len(out) + 1
             step_size = HP["lr"] * math.sqrt(1 - 0.95**t) / (1 - 0.9**t)
             out.append((start - params[0].detach()) / step_size)
@@ -133,11 +94,10 @@ def test_limiter_caps_norm_growth_and_alpha_enters_as_its_square_root():
 @pytest.mark.parametrize("name", ["apollo", "apollo_mini"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_state_bytes_equal_the_plan_on_a_llama(name, dtype):
-    model = llama(dtype)
+    model = tiny_llama(dtype)
     opt = build_optimizer(name, model)
     planned = planned_state_numel(opt)
-    fill_grads(model, 0)
-    opt.step()
+    step_with(opt, model, random_grads(model, 1, seed=0))
     n_params = len(list(model.parameters()))
     elem = torch.finfo(dtype).bits // 8
     assert state_bytes(opt) == planned * elem + 4 * n_params  # + one float32 step counter each
@@ -149,17 +109,16 @@ def test_state_bytes_equal_the_plan_on_a_llama(name, dtype):
     expected += sum(2 * p.numel() for p in others)
     assert planned == expected
     with torch.device("meta"):
-        meta = llama()
+        meta = tiny_llama()
     assert planned_state_numel(build_optimizer(name, meta)) == planned
 
 
 @pytest.mark.parametrize("state_dtype", [None, torch.float32])
 def test_state_dict_round_trip_gives_the_identical_next_step(state_dtype):
-    model = llama(torch.bfloat16)
+    model = tiny_llama(torch.bfloat16)
     opt = build_optimizer("apollo", model, update_proj_gap=2, state_dtype=state_dtype)
     for seed in range(3):
-        fill_grads(model, seed)
-        opt.step()
+        step_with(opt, model, random_grads(model, 1, seed=seed))
     twin = copy.deepcopy(model)
     saved = copy.deepcopy(opt.state_dict())
     restored = build_optimizer("apollo", twin, update_proj_gap=2, state_dtype=state_dtype)
@@ -168,16 +127,15 @@ def test_state_dict_round_trip_gives_the_identical_next_step(state_dtype):
         for key, value in opt.state[p].items():
             if isinstance(value, torch.Tensor):
                 assert restored.state[q][key].dtype == value.dtype
-    for m in (model, twin):
-        fill_grads(m, 3)
-    opt.step()  # step 4 redraws the projection from the restored seed chain
-    restored.step()
+    grads = random_grads(model, 1, seed=3)
+    step_with(opt, model, grads)  # step 4 redraws the projection from the restored seed chain
+    step_with(restored, twin, grads)
     for p, q in zip(model.parameters(), twin.parameters(), strict=True):
         assert torch.equal(p, q)
 
 
 def test_bf16_with_lr_scheduler_closure_and_zero_grad():
-    model = llama(torch.bfloat16)
+    model = tiny_llama(torch.bfloat16)
     opt = build_optimizer("apollo_mini", model, lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: [1.0, 0.0][min(step, 1)])
     tokens = torch.randint(0, 256, (2, 8))
@@ -204,7 +162,7 @@ def test_bf16_with_lr_scheduler_closure_and_zero_grad():
 
 def test_registered_defaults_are_the_papers():
     def matrices(name):
-        opt = build_optimizer(name, llama())
+        opt = build_optimizer(name, tiny_llama())
         return next(g for g in opt.param_groups if g["name"] == "matrices")
 
     apollo, mini = matrices("apollo"), matrices("apollo_mini")
@@ -216,9 +174,9 @@ def test_registered_defaults_are_the_papers():
 
 def test_unknown_keywords_raise_listing_the_accepted_ones():
     with pytest.raises(TypeError, match="norm_growth_limit"):
-        build_optimizer("apollo", llama(), disable_nl=True)
+        build_optimizer("apollo", tiny_llama(), disable_nl=True)
     with pytest.raises(TypeError, match="scale_front"):
-        build_optimizer("apollo_mini", llama(), rank_fraction=0.25)
+        build_optimizer("apollo_mini", tiny_llama(), rank_fraction=0.25)
 
 
 @pytest.mark.parametrize(
@@ -231,4 +189,4 @@ def test_unknown_keywords_raise_listing_the_accepted_ones():
 )
 def test_bad_settings_fail_at_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        APOLLO(make_params(torch.float32), **kwargs)
+        APOLLO(random_params(SHAPES, dtype=torch.float32), **kwargs)

@@ -6,6 +6,7 @@ from functools import partial
 
 import pytest
 import torch
+from optim_helpers import random_grads, random_params, step_with
 
 from foam import FOAM, state_bytes
 from foam.folding import fold, make_plan, unfold
@@ -13,21 +14,9 @@ from foam.folding import fold, make_plan, unfold
 SHAPES = [(6, 12), (10, 3), (4, 2, 5), (7,)]  # divisible, tall + non-divisible, 3-d, 1-d
 
 
-def make_params(dtype=torch.float32, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(s, generator=gen, dtype=dtype).requires_grad_() for s in SHAPES]
-
-
-def make_grads(n_steps, dtype=torch.float32, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    return [[torch.randn(s, generator=gen, dtype=dtype) for s in SHAPES] for _ in range(n_steps)]
-
-
 def run(optimizer, params, grads):
-    for step_grads in grads:
-        for p, g in zip(params, step_grads, strict=True):
-            p.grad = g.clone().to(p.dtype)
-        optimizer.step()
+    """``step_with``, casting the (float32) gradients to each parameter's dtype."""
+    step_with(optimizer, params, grads, to_param_dtype=True)
 
 
 class NaiveFOAM:
@@ -87,11 +76,11 @@ class NaiveFOAM:
 
 
 def test_level_zero_with_alpha_one_is_torch_adamw():
-    ours, ref = make_params(), make_params()
+    ours, ref = random_params(SHAPES), random_params(SHAPES)
     hp = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     foam = FOAM(ours, level=0, alpha=1.0, **hp)
     adamw = torch.optim.AdamW(ref, **hp)
-    for step_grads in make_grads(10):
+    for step_grads in random_grads(SHAPES, 10):
         run(foam, ours, [step_grads])
         run(adamw, ref, [step_grads])
         for a, b in zip(ours, ref, strict=True):
@@ -120,9 +109,12 @@ OPTION_CASES = [
 def test_matches_naive_restatement_of_the_spec(options):
     settings = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.05, level=2, alpha=0.25)
     settings.update(options)
-    ours, ref = make_params(torch.float64), make_params(torch.float64)
+    ours, ref = (
+        random_params(SHAPES, dtype=torch.float64),
+        random_params(SHAPES, dtype=torch.float64),
+    )
     foam, naive = FOAM(ours, **settings), NaiveFOAM(ref, **settings)
-    for step_grads in make_grads(10, torch.float64):
+    for step_grads in random_grads(SHAPES, 10, dtype=torch.float64):
         run(foam, ours, [step_grads])
         run(naive, ref, [step_grads])
     for a, b in zip(ours, ref, strict=True):
@@ -183,11 +175,11 @@ def test_mini_state_is_two_per_row_of_the_smaller_dim(shape):
 
 
 def test_level_none_groups_and_vectors_take_adamw_without_alpha():
-    ours = make_params()
-    ref = make_params()
+    ours = random_params(SHAPES)
+    ref = random_params(SHAPES)
     foam = FOAM([{"params": ours[:3], "level": None}, {"params": ours[3:]}], lr=1e-2, alpha=0.25)
     adamw = torch.optim.AdamW(ref, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.0)
-    grads = make_grads(5)
+    grads = random_grads(SHAPES, 5)
     run(foam, ours, grads)
     run(adamw, ref, grads)
     for a, b in zip(ours, ref, strict=True):
@@ -206,10 +198,10 @@ def test_per_group_overrides():
 
 
 def test_bf16_parameters_keep_bf16_states_and_track_fp32():
-    ours = [p.detach().bfloat16().requires_grad_() for p in make_params()]
-    ref = make_params()
+    ours = [p.detach().bfloat16().requires_grad_() for p in random_params(SHAPES)]
+    ref = random_params(SHAPES)
     foam_bf16, foam_fp32 = FOAM(ours, lr=1e-3), FOAM(ref, lr=1e-3)
-    grads = make_grads(5)
+    grads = random_grads(SHAPES, 5)
     run(foam_bf16, ours, grads)
     run(foam_fp32, ref, grads)
     assert all(s["exp_avg"].dtype == torch.bfloat16 for s in foam_bf16.state.values())
@@ -218,17 +210,17 @@ def test_bf16_parameters_keep_bf16_states_and_track_fp32():
 
 
 def test_float64_parameters_compute_in_float64():
-    ours = make_params(torch.float64)
+    ours = random_params(SHAPES, dtype=torch.float64)
     foam = FOAM(ours, lr=1e-3)
-    run(foam, ours, make_grads(2, torch.float64))
+    run(foam, ours, random_grads(SHAPES, 2, dtype=torch.float64))
     assert all(s["exp_avg"].dtype == torch.float64 for s in foam.state.values())
 
 
 @pytest.mark.parametrize("state_dtype", [None, "float32"])
 def test_state_dict_round_trip_gives_the_identical_next_step(state_dtype):
-    params = [p.detach().bfloat16().requires_grad_() for p in make_params()]
+    params = [p.detach().bfloat16().requires_grad_() for p in random_params(SHAPES)]
     foam = FOAM(params, lr=1e-2, state_dtype=state_dtype)
-    grads = make_grads(4)
+    grads = random_grads(SHAPES, 4)
     run(foam, params, grads[:3])
     saved = copy.deepcopy(foam.state_dict())
     clones = [p.detach().clone().requires_grad_() for p in params]
@@ -321,12 +313,12 @@ def test_transient_memory_of_a_step_is_a_few_copies_of_the_largest_parameter():
 def test_unfolded_tensors_take_torchs_adamw_bit_for_bit(dtype, fused, reference):
     """Plain-AdamW tensors run torch's fused kernel (fp32 arithmetic on bf16 tensors, no
     temporaries) by default, and the per-tensor path with ``fused_adamw=False``."""
-    ours = [p.detach().to(dtype).requires_grad_() for p in make_params()]
-    ref = [p.detach().to(dtype).requires_grad_() for p in make_params()]
+    ours = [p.detach().to(dtype).requires_grad_() for p in random_params(SHAPES)]
+    ref = [p.detach().to(dtype).requires_grad_() for p in random_params(SHAPES)]
     hp = dict(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
     foam = FOAM(ours, level=None, fused_adamw=fused, **hp)
     adamw = torch.optim.AdamW(ref, **hp, **reference)
-    grads = make_grads(5)
+    grads = random_grads(SHAPES, 5)
     run(foam, ours, grads)
     run(adamw, ref, grads)
     for a, b in zip(ours, ref, strict=True):

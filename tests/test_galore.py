@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from optim_helpers import random_grads, random_params, step_with, tiny_llama
 
 import foam.galore
 from foam import build_optimizer, planned_state_numel, state_bytes
@@ -17,46 +17,10 @@ HP = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.1)
 LOW = dict(rank=8, update_proj_gap=3)  # refreshes at steps 1, 4, 7, 10
 
 
-def make_params(dtype, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(s, generator=gen, dtype=dtype).requires_grad_() for s in SHAPES]
-
-
-def make_grads(n_steps, dtype, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    return [[torch.randn(s, generator=gen, dtype=dtype) for s in SHAPES] for _ in range(n_steps)]
-
-
-def run(optimizer, params, grads):
-    for step_grads in grads:
-        for p, g in zip(params, step_grads, strict=True):
-            p.grad = g.clone()
-        optimizer.step()
-
-
-def llama(dtype=torch.float32):
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=172,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        vocab_size=256,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).to(dtype)
-
-
-def fill_grads(model, seed):
-    gen = torch.Generator().manual_seed(seed)
-    for p in model.parameters():
-        p.grad = torch.randn(p.shape, generator=gen).to(p.dtype)
-
-
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-6)])
 def test_matches_reference_galore_adamw_across_refreshes(dtype, tol):
     reference_module = pytest.importorskip("galore_torch")
-    ours_p, ref_p = make_params(dtype), make_params(dtype)
+    ours_p, ref_p = random_params(SHAPES, dtype=dtype), random_params(SHAPES, dtype=dtype)
     ours = GaLore(
         [{"params": ours_p[:2]}, {"params": ours_p[2:], "rank": None}], **HP, **LOW, alpha=0.25
     )
@@ -69,10 +33,10 @@ def test_matches_reference_galore_adamw_across_refreshes(dtype, tol):
             ],
             **HP,
         )
-    grads = make_grads(10, dtype)
+    grads = random_grads(SHAPES, 10, dtype=dtype)
     for step_grads in grads:
-        run(ours, ours_p, [step_grads])
-        run(ref, ref_p, [step_grads])
+        step_with(ours, ours_p, [step_grads])
+        step_with(ref, ref_p, [step_grads])
         for a, b in zip(ours_p, ref_p, strict=True):
             torch.testing.assert_close(a, b, rtol=tol, atol=tol)
     for a, b in zip(ours_p, ref_p, strict=True):
@@ -89,12 +53,12 @@ def test_matches_reference_galore_adamw_across_refreshes(dtype, tol):
 
 
 def test_basis_refreshes_every_gap_steps_and_moments_carry_over():
-    params = make_params(torch.float64)
+    params = random_params(SHAPES, dtype=torch.float64)
     opt = GaLore([params[0]], **HP, **LOW)
     bases, moments = [], []
-    grads = make_grads(5, torch.float64)
+    grads = random_grads(SHAPES, 5, dtype=torch.float64)
     for step_grads in grads:
-        run(opt, params[:1], [step_grads[:1]])
+        step_with(opt, params[:1], [step_grads[:1]])
         bases.append(opt.state[params[0]]["basis"].clone())
         moments.append(opt.state[params[0]]["exp_avg"].clone())
     changed = [not torch.equal(a, b) for a, b in itertools.pairwise(bases)]
@@ -106,10 +70,10 @@ def test_basis_refreshes_every_gap_steps_and_moments_carry_over():
 
 def test_alpha_scales_the_projected_step_but_not_weight_decay():
     def displacement(alpha, weight_decay):
-        params = make_params(torch.float64)[:1]
+        params = random_params(SHAPES, dtype=torch.float64)[:1]
         start = params[0].detach().clone()
         opt = GaLore(params, **{**HP, "weight_decay": weight_decay}, **LOW, alpha=alpha)
-        run(opt, params, [make_grads(1, torch.float64)[0][:1]])
+        step_with(opt, params, [random_grads(SHAPES, 1, dtype=torch.float64)[0][:1]])
         return params[0].detach() - start, start
 
     d1, _ = displacement(1.0, 0.0)
@@ -123,11 +87,10 @@ def test_alpha_scales_the_projected_step_but_not_weight_decay():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_state_bytes_equal_the_plan_on_a_llama(dtype):
-    model = llama(dtype)
+    model = tiny_llama(dtype)
     opt = build_optimizer("galore", model)
     planned = planned_state_numel(opt)
-    fill_grads(model, 0)
-    opt.step()
+    step_with(opt, model, random_grads(model, 1, seed=0))
     n_params = len(list(model.parameters()))
     elem = torch.finfo(dtype).bits // 8
     assert state_bytes(opt) == planned * elem + 4 * n_params  # + one float32 step counter each
@@ -141,19 +104,18 @@ def test_state_bytes_equal_the_plan_on_a_llama(dtype):
 
 def test_plan_works_on_meta_device_models():
     with torch.device("meta"):
-        model = llama()
+        model = tiny_llama()
     assert planned_state_numel(build_optimizer("galore", model)) == planned_state_numel(
-        build_optimizer("galore", llama())
+        build_optimizer("galore", tiny_llama())
     )
 
 
 @pytest.mark.parametrize("state_dtype", [None, torch.float32])
 def test_state_dict_round_trip_gives_the_identical_next_step(state_dtype):
-    model = llama(torch.bfloat16)
+    model = tiny_llama(torch.bfloat16)
     opt = build_optimizer("galore", model, update_proj_gap=2, state_dtype=state_dtype)
     for seed in range(3):
-        fill_grads(model, seed)
-        opt.step()
+        step_with(opt, model, random_grads(model, 1, seed=seed))
     twin = copy.deepcopy(model)
     saved = copy.deepcopy(opt.state_dict())
     restored = build_optimizer("galore", twin, update_proj_gap=2, state_dtype=state_dtype)
@@ -161,16 +123,15 @@ def test_state_dict_round_trip_gives_the_identical_next_step(state_dtype):
     for p, q in zip(model.parameters(), twin.parameters(), strict=True):
         for key, value in opt.state[p].items():
             assert restored.state[q][key].dtype == value.dtype
-    for m in (model, twin):
-        fill_grads(m, 3)
-    opt.step()
-    restored.step()
+    grads = random_grads(model, 1, seed=3)
+    step_with(opt, model, grads)
+    step_with(restored, twin, grads)
     for p, q in zip(model.parameters(), twin.parameters(), strict=True):
         assert torch.equal(p, q)
 
 
 def test_bf16_with_lr_scheduler_closure_and_zero_grad():
-    model = llama(torch.bfloat16)
+    model = tiny_llama(torch.bfloat16)
     opt = build_optimizer("galore", model, lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: [1.0, 0.0][min(step, 1)])
     tokens = torch.randint(0, 256, (2, 8))
@@ -197,12 +158,12 @@ def test_bf16_with_lr_scheduler_closure_and_zero_grad():
 
 def test_unknown_keywords_raise_listing_the_accepted_ones():
     with pytest.raises(TypeError, match="rank_fraction"):
-        build_optimizer("galore", llama(), scale=0.25)
+        build_optimizer("galore", tiny_llama(), scale=0.25)
 
 
 def test_registered_defaults_are_the_papers():
     assert foam.galore.GaLore is GaLore
-    opt = build_optimizer("galore", llama())
+    opt = build_optimizer("galore", tiny_llama())
     matrices = next(g for g in opt.param_groups if g["name"] == "matrices")
     assert (matrices["rank"], matrices["alpha"], matrices["update_proj_gap"]) == (16, 0.25, 200)
     assert matrices["eps"] == 1e-6 and matrices["proj_type"] == "std"
@@ -221,4 +182,4 @@ def test_registered_defaults_are_the_papers():
 )
 def test_bad_settings_fail_at_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        GaLore(make_params(torch.float32), **kwargs)
+        GaLore(random_params(SHAPES, dtype=torch.float32), **kwargs)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from optim_helpers import random_grads, step_with, tiny_llama
 
 import foam.gwt
 import foam.ldadam
@@ -49,25 +49,15 @@ def max_relative(x, y):
     return ((x - y).abs().max() / y.abs().max()).item()
 
 
-def llama(dtype=torch.float32):
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=172,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        vocab_size=256,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).to(dtype)
+def add_grads(params, grads):
+    """What backward does: add into ``.grad`` (which LDAdamW uses to carry its error)."""
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g if p.grad is None else p.grad + g
 
 
 def accumulate_grads(model, seed):
-    """What backward does: add into ``.grad`` (which LDAdamW uses to carry its error)."""
-    gen = torch.Generator().manual_seed(seed)
-    for p in model.parameters():
-        g = torch.randn(p.shape, generator=gen).to(p.dtype)
-        p.grad = g if p.grad is None else p.grad + g
+    """Add one step of ``random_grads(model, 1, seed=seed)`` into the model's ``.grad``."""
+    add_grads(model.parameters(), random_grads(model, 1, seed=seed)[0])
 
 
 # -- LDAdamW ----------------------------------------------------------------------------------
@@ -88,8 +78,7 @@ def test_ldadamw_matches_reference_golden_trajectory(config):
     )
     for step in data["factors"]:
         opt.zero_grad()
-        for p, g in zip(params, grads_of(step), strict=True):
-            p.grad = g if p.grad is None else p.grad + g
+        add_grads(params, grads_of(step))
         opt.step()
     expected = data["results"][config]
     for i, p in enumerate(params):
@@ -151,10 +140,7 @@ def test_gwt_matches_reference_golden_trajectory(level):
         level=level if level == "mini" else int(level),
         alpha=data["alpha"],
     )
-    for step in data["factors"]:
-        for p, g in zip(params, grads_of(step), strict=True):
-            p.grad = g
-        opt.step()
+    step_with(opt, params, map(grads_of, data["factors"]))
     expected = data["results"][level]
     for i, p in enumerate(params):
         assert max_relative(p, expected["params"][i]) < 1e-12  # measured <= 5.5e-16
@@ -190,7 +176,7 @@ def expected_numel(name, model):
 
 @pytest.mark.parametrize("name", ["ldadamw", "gwt", "gwt_mini"])
 def test_state_bytes_equal_the_plan_on_a_llama(name):
-    model = llama(torch.bfloat16)
+    model = tiny_llama(torch.bfloat16)
     opt = build_optimizer(name, model)
     planned = planned_state_numel(opt)
     assert planned == expected_numel(name, model)
@@ -200,13 +186,13 @@ def test_state_bytes_equal_the_plan_on_a_llama(name):
     n_params = len(list(model.parameters()))
     assert state_bytes(opt) == planned * 2 + 4 * n_params  # bf16 states + float32 step counters
     with torch.device("meta"):
-        meta = llama()
+        meta = tiny_llama()
     assert planned_state_numel(build_optimizer(name, meta)) == planned
 
 
 @pytest.mark.parametrize(("name", "state_dtype"), [("ldadamw", torch.float32), ("gwt", None)])
 def test_state_dict_round_trip_gives_the_identical_next_step(name, state_dtype):
-    model = llama(torch.bfloat16)
+    model = tiny_llama(torch.bfloat16)
     opt = build_optimizer(name, model, state_dtype=state_dtype)
     for seed in range(3):
         opt.zero_grad()
@@ -228,7 +214,7 @@ def test_state_dict_round_trip_gives_the_identical_next_step(name, state_dtype):
 
 @pytest.mark.parametrize("name", ["ldadamw", "gwt_mini"])
 def test_bf16_with_lr_scheduler_closure_and_zero_grad(name):
-    model = llama(torch.bfloat16)
+    model = tiny_llama(torch.bfloat16)
     opt = build_optimizer(name, model, lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: [1.0, 0.0][min(step, 1)])
     tokens = torch.randint(0, 256, (2, 8))
@@ -260,4 +246,4 @@ def test_bf16_with_lr_scheduler_closure_and_zero_grad(name):
 )
 def test_unknown_keywords_raise_listing_the_accepted_ones(name, bad, listed):
     with pytest.raises(TypeError, match=listed):
-        build_optimizer(name, llama(), **{bad: 1})
+        build_optimizer(name, tiny_llama(), **{bad: 1})

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-import transformers
+from optim_helpers import random_grads, step_with, tiny_llama
 
 import foam.muon
 from foam.folding import fold, make_plan, unfold
@@ -13,36 +13,7 @@ from foam.param_groups import split_params
 from foam.registry import build_optimizer
 from foam.state import planned_state_numel, state_bytes
 
-LLAMA = dict(
-    hidden_size=64,
-    intermediate_size=172,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    vocab_size=256,
-)
 STEPS = 10
-
-
-def llama(dtype=torch.float32, seed=0):
-    torch.manual_seed(seed)
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).to(dtype)
-
-
-def grads_for(model, n_steps, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    return [
-        [torch.randn(p.shape, generator=gen).to(p.dtype) for p in model.parameters()]
-        for _ in range(n_steps)
-    ]
-
-
-def run(optimizers, params, grads):
-    for step_grads in grads:
-        for p, g in zip(params, step_grads, strict=True):
-            p.grad = g.clone()
-        for opt in optimizers:
-            opt.step()
 
 
 def ns_fp64(grad, ns_coefficients, ns_steps, eps):
@@ -74,7 +45,7 @@ def moment_bytes(opt):
 @pytest.mark.usefixtures("fp64_ns")
 def test_muon_matches_torch_muon_and_adamw():
     """Matrices: torch Muon(match_rms_adamw) at lr*alpha; the rest: torch AdamW at lr."""
-    model = llama(torch.float64)
+    model = tiny_llama(torch.float64)
     ref = copy.deepcopy(model)
     hp = dict(lr=2e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, alpha=0.5)
     opt = build_optimizer("muon", model, **hp)
@@ -82,16 +53,16 @@ def test_muon_matches_torch_muon_and_adamw():
     matrices, others = [p for _, p in split.matrices], [p for _, p in split.others]
     ref_muon = torch.optim.Muon(matrices, lr=1e-3, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
     ref_adam = torch.optim.AdamW(others, lr=2e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
-    grads = grads_for(model, STEPS)
-    run([opt], list(model.parameters()), grads)
-    run([ref_muon, ref_adam], list(ref.parameters()), grads)
+    grads = random_grads(model, STEPS)
+    step_with(opt, model, grads)
+    step_with([ref_muon, ref_adam], ref, grads)
     for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-12, msg=name)
 
 
 def test_muon_update_rms_matches_adamw_scale():
     """Moonlight scale: an orthogonalised update has RMS about 0.2 * lr (baselines.md 6.4.3)."""
-    model = llama()
+    model = tiny_llama()
     opt = build_optimizer("muon", model, lr=1e-2)
     q = model.model.layers[0].self_attn.q_proj.weight
     before = q.detach().clone()
@@ -105,13 +76,13 @@ def test_muon_update_rms_matches_adamw_scale():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_foam_muon_level0_is_muon_bit_for_bit(dtype):
     """Level 0 folds nothing: same op sequence as torch's Muon, bf16 Newton-Schulz included."""
-    model = llama(dtype)
+    model = tiny_llama(dtype)
     ref = copy.deepcopy(model)
     opt = build_optimizer("foam_muon", model, level=0, lr=3e-3, weight_decay=0.1)
     ref_opt = build_optimizer("muon", ref, lr=3e-3, weight_decay=0.1)
-    grads = grads_for(model, STEPS)
-    run([opt], list(model.parameters()), grads)
-    run([ref_opt], list(ref.parameters()), grads)
+    grads = random_grads(model, STEPS)
+    step_with(opt, model, grads)
+    step_with(ref_opt, ref, grads)
     for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         assert torch.equal(p, q), name
 
@@ -149,31 +120,31 @@ def test_foam_muon_hands_unfolded_momentum_plus_residual_to_newton_schulz(monkey
 
 @pytest.mark.parametrize(("name", "extra"), [("muon", {}), ("foam_muon", {"level": 2})])
 def test_state_bytes_match_plan_and_keep_param_dtype(name, extra):
-    model = llama(torch.bfloat16)
+    model = tiny_llama(torch.bfloat16)
     opt = build_optimizer(name, model, **extra)
-    run([opt], list(model.parameters()), grads_for(model, 1))
+    step_with(opt, model, random_grads(model, 1))
     assert moment_bytes(opt) == 2 * planned_state_numel(opt)
     states = [v for s in opt.state.values() for k, v in s.items() if k != "step"]
     assert all(v.dtype == torch.bfloat16 for v in states)
 
 
 def test_foam_muon_state_is_folded_and_plannable_on_meta():
-    model = llama()
+    model = tiny_llama()
     opt = build_optimizer("foam_muon", model, level=2)
     q = model.model.layers[0].self_attn.q_proj.weight
-    run([opt], list(model.parameters()), grads_for(model, 1))
+    step_with(opt, model, random_grads(model, 1))
     assert opt.state[q]["momentum_buffer"].shape == (64, 16)
     with torch.device("meta"):
-        meta = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
+        meta = tiny_llama(seed=None)
     assert planned_state_numel(build_optimizer("foam_muon", meta)) == planned_state_numel(opt)
 
 
 @pytest.mark.parametrize(("name", "extra"), [("muon", {}), ("foam_muon", {"level": 1})])
 def test_state_dict_round_trip_gives_identical_next_step(name, extra):
-    model = llama(torch.bfloat16)
+    model = tiny_llama(torch.bfloat16)
     opt = build_optimizer(name, model, weight_decay=0.1, **extra)
-    grads = grads_for(model, 4)
-    run([opt], list(model.parameters()), grads[:3])
+    grads = random_grads(model, 4)
+    step_with(opt, model, grads[:3])
     saved = copy.deepcopy(opt.state_dict())
     clone = copy.deepcopy(model)
     restored = build_optimizer(name, clone, weight_decay=0.1, **extra)
@@ -182,8 +153,8 @@ def test_state_dict_round_trip_gives_identical_next_step(name, extra):
         assert opt.state[p].keys() == restored.state[q].keys()
         for key, value in opt.state[p].items():
             assert restored.state[q][key].dtype == value.dtype
-    run([opt], list(model.parameters()), grads[3:])
-    run([restored], list(clone.parameters()), grads[3:])
+    step_with(opt, model, grads[3:])
+    step_with(restored, clone, grads[3:])
     for p, q in zip(model.parameters(), clone.parameters(), strict=True):
         assert torch.equal(p, q)
 
@@ -191,15 +162,15 @@ def test_state_dict_round_trip_gives_identical_next_step(name, extra):
 @pytest.mark.parametrize("name", ["muon", "foam_muon"])
 def test_unknown_keyword_lists_accepted_ones(name):
     with pytest.raises(TypeError, match="momentum"):
-        build_optimizer(name, llama(), nesterov_momentum=0.9)
+        build_optimizer(name, tiny_llama(), nesterov_momentum=0.9)
 
 
 @pytest.mark.parametrize("name", ["muon", "foam_muon"])
 def test_lambda_lr_drives_every_part(name):
-    model = llama()
+    model = tiny_llama()
     opt = build_optimizer(name, model, lr=1e-2, alpha=0.5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.1 * (step + 1))
-    run([opt], list(model.parameters()), grads_for(model, 1))
+    step_with(opt, model, random_grads(model, 1))
     sched.step()
     assert [g["lr"] for g in opt.param_groups] == pytest.approx([1e-3, 2e-3])
     for part in opt.parts:
@@ -209,4 +180,4 @@ def test_lambda_lr_drives_every_part(name):
 
 def test_bad_level_fails_at_construction():
     with pytest.raises(ValueError, match="level"):
-        build_optimizer("foam_muon", llama(), level=9)
+        build_optimizer("foam_muon", tiny_llama(), level=9)

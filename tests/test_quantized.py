@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-import transformers
+from optim_helpers import random_grads, step_with, tiny_llama
 
 from foam.quantized import BLOCK, FOAM8bit, quantized_bytes
 from foam.registry import build_optimizer
@@ -15,36 +15,8 @@ from foam.state import planned_state_numel, state_bytes
 bnb = pytest.importorskip("bitsandbytes")
 import bitsandbytes.functional as F  # noqa: E402
 
-LLAMA = dict(
-    hidden_size=64,
-    intermediate_size=172,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    vocab_size=256,
-)
 STEPS = 10
 SMALL = 256  # quantise the toy model's folded states too (bitsandbytes' 4096 would skip them)
-
-
-def llama(dtype=torch.float32, seed=0):
-    torch.manual_seed(seed)
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).to(dtype)
-
-
-def grads_for(model, n_steps, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    return [
-        [torch.randn(p.shape, generator=gen).to(p.dtype) for p in model.parameters()]
-        for _ in range(n_steps)
-    ]
-
-
-def run(opt, model, grads):
-    for step_grads in grads:
-        for p, g in zip(model.parameters(), step_grads, strict=True):
-            p.grad = g.clone()
-        opt.step()
 
 
 def moment_bytes(opt):
@@ -62,13 +34,13 @@ def round_trip(state, signed):
 def test_foam8bit_is_foam_with_quantised_states_exactly():
     """FOAM whose float32 states go through bitsandbytes' quantise/dequantise after each step
     gives the same params bit for bit, and foam8bit stores exactly those codes."""
-    model, ref = llama(), llama()
+    model, ref = tiny_llama(), tiny_llama()
     hp = dict(lr=1e-2, weight_decay=0.1, level=2)
     opt = build_optimizer("foam8bit", model, min_8bit_size=SMALL, **hp)
     ref_opt = build_optimizer("foam", ref, fused_adamw=False, **hp)  # foam8bit's eager path
     group_of = {p: g for g in opt.param_groups for p in g["params"]}
     pairs = list(zip(model.parameters(), ref.parameters(), strict=True))
-    for step_grads in grads_for(model, STEPS):
+    for step_grads in random_grads(model, STEPS):
         for (p, q), g in zip(pairs, step_grads, strict=True):
             p.grad, q.grad = g.clone(), g.clone()
         opt.step()
@@ -86,13 +58,13 @@ def test_foam8bit_is_foam_with_quantised_states_exactly():
 def test_foam8bit_stays_close_to_foam():
     """Against float32-state FOAM after 10 steps: measured 1.3 % of the displacement (norm),
     5.1 % (max, on the embedding's 8-bit Adam states, as bitsandbytes' AdamW8bit)."""
-    model = llama()
+    model = tiny_llama()
     ref, start = copy.deepcopy(model), copy.deepcopy(model)
     opt = build_optimizer("foam8bit", model, min_8bit_size=SMALL, lr=1e-2)
     ref_opt = build_optimizer("foam", ref, lr=1e-2)
-    grads = grads_for(model, STEPS)
-    run(opt, model, grads)
-    run(ref_opt, ref, grads)
+    grads = random_grads(model, STEPS)
+    step_with(opt, model, grads)
+    step_with(ref_opt, ref, grads)
     for p, q, p0 in zip(model.parameters(), ref.parameters(), start.parameters(), strict=True):
         assert (p - q).norm() <= 0.03 * (q - p0).norm()
         assert (p - q).abs().max() <= 0.1 * (q - p0).abs().max()
@@ -100,12 +72,12 @@ def test_foam8bit_stays_close_to_foam():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_foam8bit_state_bytes_match_plan_and_halve_bf16(dtype):
-    model = llama(dtype)
+    model = tiny_llama(dtype)
     plain_model = copy.deepcopy(model)
     opt = build_optimizer("foam8bit", model, min_8bit_size=0)
     plain = build_optimizer("foam", plain_model)
-    run(opt, model, grads_for(model, 1))
-    run(plain, plain_model, grads_for(model, 1))
+    step_with(opt, model, random_grads(model, 1))
+    step_with(plain, plain_model, random_grads(model, 1))
     assert moment_bytes(opt) == opt.planned_state_bytes()
     assert planned_state_numel(opt) == planned_state_numel(plain)
     assert opt.planned_state_bytes() == sum(
@@ -117,9 +89,9 @@ def test_foam8bit_state_bytes_match_plan_and_halve_bf16(dtype):
 
 
 def test_foam8bit_keeps_small_states_in_param_dtype():
-    model = llama(torch.bfloat16)
+    model = tiny_llama(torch.bfloat16)
     opt = build_optimizer("foam8bit", model)  # bitsandbytes' 4096: only embeddings quantised
-    run(opt, model, grads_for(model, 1))
+    step_with(opt, model, random_grads(model, 1))
     embed, norm = model.model.embed_tokens.weight, model.model.norm.weight
     assert opt.state[embed]["exp_avg"].dtype == torch.uint8
     assert opt.state[norm]["exp_avg"].dtype == torch.bfloat16
@@ -127,7 +99,7 @@ def test_foam8bit_keeps_small_states_in_param_dtype():
 
 
 def test_adamw8bit_is_bitsandbytes_with_the_paper_split():
-    model = llama()
+    model = tiny_llama()
     ref = copy.deepcopy(model)
     hp = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
     opt = build_optimizer("adamw8bit", model, alpha=0.5, **hp)
@@ -135,9 +107,9 @@ def test_adamw8bit_is_bitsandbytes_with_the_paper_split():
     rest = [p for n, p in ref.named_parameters() if "proj" not in n]
     groups = [{"params": split, "lr": 5e-4}, {"params": rest}]
     ref_opt = bnb.optim.AdamW8bit(groups, **hp)
-    grads = grads_for(model, STEPS)
-    run(opt, model, grads)
-    run(ref_opt, ref, grads)
+    grads = random_grads(model, STEPS)
+    step_with(opt, model, grads)
+    step_with(ref_opt, ref, grads)
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         assert torch.equal(p, q)
     assert state_bytes(opt) == opt.planned_state_bytes()
@@ -148,13 +120,13 @@ def test_adamw8bit_is_bitsandbytes_with_the_paper_split():
 def test_adamw8bit_close_to_fp32_adamw():
     """Sanity bound of baselines.md 10.3: within 10 % of the displacement after 10 steps
     (measured 5.1 % max, 1.3 % in norm)."""
-    model = llama()
+    model = tiny_llama()
     ref, start = copy.deepcopy(model), copy.deepcopy(model)
     opt = build_optimizer("adamw8bit", model, lr=1e-3)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
-    grads = grads_for(model, STEPS)
-    run(opt, model, grads)
-    run(ref_opt, ref, grads)
+    grads = random_grads(model, STEPS)
+    step_with(opt, model, grads)
+    step_with(ref_opt, ref, grads)
     for p, q, p0 in zip(model.parameters(), ref.parameters(), start.parameters(), strict=True):
         if p.numel() >= 4096:  # quantised; smaller tensors run bitsandbytes' float32 Adam
             assert (p - q).abs().max() <= 0.1 * (q - p0).abs().max()
@@ -164,10 +136,10 @@ def test_adamw8bit_close_to_fp32_adamw():
     ("name", "extra"), [("adamw8bit", {}), ("foam8bit", {"level": 1, "min_8bit_size": SMALL})]
 )
 def test_state_dict_round_trip_gives_identical_next_step(name, extra):
-    model = llama(torch.bfloat16)
+    model = tiny_llama(torch.bfloat16)
     opt = build_optimizer(name, model, weight_decay=0.1, **extra)
-    grads = grads_for(model, 4)
-    run(opt, model, grads[:3])
+    grads = random_grads(model, 4)
+    step_with(opt, model, grads[:3])
     saved = copy.deepcopy(opt.state_dict())
     clone = copy.deepcopy(model)
     restored = build_optimizer(name, clone, weight_decay=0.1, **extra)
@@ -176,8 +148,8 @@ def test_state_dict_round_trip_gives_identical_next_step(name, extra):
         for key, value in opt.state[p].items():
             if isinstance(value, torch.Tensor):
                 assert restored.state[q][key].dtype == value.dtype, key
-    run(opt, model, grads[3:])
-    run(restored, clone, grads[3:])
+    step_with(opt, model, grads[3:])
+    step_with(restored, clone, grads[3:])
     for p, q in zip(model.parameters(), clone.parameters(), strict=True):
         assert torch.equal(p, q)
 
@@ -185,15 +157,15 @@ def test_state_dict_round_trip_gives_identical_next_step(name, extra):
 @pytest.mark.parametrize("name", ["adamw8bit", "foam8bit"])
 def test_unknown_keyword_lists_accepted_ones(name):
     with pytest.raises(TypeError, match="min_8bit_size"):
-        build_optimizer(name, llama(), block_size=128)
+        build_optimizer(name, tiny_llama(), block_size=128)
 
 
 @pytest.mark.parametrize("name", ["adamw8bit", "foam8bit"])
 def test_lambda_lr(name):
-    model = llama()
+    model = tiny_llama()
     opt = build_optimizer(name, model, lr=1e-2, alpha=0.5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.1 * (step + 1))
-    run(opt, model, grads_for(model, 1))
+    step_with(opt, model, random_grads(model, 1))
     sched.step()
     expected = [1e-3, 2e-3] if name == "adamw8bit" else [2e-3, 2e-3]  # FOAM: alpha on the update
     assert [g["lr"] for g in opt.param_groups] == pytest.approx(expected)

@@ -2,30 +2,24 @@
 
 import pytest
 import torch
+from optim_helpers import TINY_LLAMA, tiny_llama
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import foam
 from foam import FOAM, build_optimizer, split_params
 from foam.param_groups import check_covers
 
-SHAPE = dict(
-    hidden_size=64,
-    intermediate_size=172,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    vocab_size=256,
-)
-
 
 @pytest.fixture(scope="module")
 def llama():
-    return LlamaForCausalLM(LlamaConfig(num_key_value_heads=4, **SHAPE))
+    return tiny_llama(seed=None)
 
 
 @pytest.fixture(scope="module")
 def qwen():
-    return Qwen2ForCausalLM(Qwen2Config(num_key_value_heads=2, tie_word_embeddings=True, **SHAPE))
+    config = {**TINY_LLAMA, "num_key_value_heads": 2}
+    return Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **config))
 
 
 def matrix_suffixes(split):
@@ -106,7 +100,7 @@ def test_planned_state_matches_allocated_state(llama, name, hparams):
 
 def test_meta_models_can_be_planned_without_allocating():
     with torch.device("meta"):
-        model = LlamaForCausalLM(LlamaConfig(num_key_value_heads=4, **SHAPE))
+        model = tiny_llama(seed=None)
     opt = build_optimizer("foam", model, level=2)
     assert isinstance(opt, FOAM) and foam.state_bytes(opt) == 0
     hidden, inter, vocab = 64, 172, 256

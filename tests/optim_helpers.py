@@ -1,0 +1,123 @@
+"""Shared helpers of the optimizer tests: a tiny LLaMA, seeded random params and gradients, and a
+loop that feeds the same gradients to one or more optimizers.
+
+Not a test module (pytest collects ``test_*.py`` only). The test files import it as
+``from optim_helpers import ...``: pytest's default ``prepend`` import mode puts ``tests/`` (the
+first directory without an ``__init__.py``) on ``sys.path``.
+
+Every draw comes from its own ``torch.Generator`` seeded here, so a test's numbers do not depend
+on which tests ran before it; only ``tiny_llama`` touches torch's global RNG (as model init does).
+"""
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+TINY_LLAMA = dict(
+    hidden_size=64,
+    intermediate_size=172,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    vocab_size=256,
+)
+"""The tiny LLaMA's config: 2 layers, hidden 64, MLP 172 (not a power of two), vocab 256."""
+
+
+def tiny_llama(
+    dtype: torch.dtype = torch.float32, seed: int | None = 0, **config_overrides
+) -> LlamaForCausalLM:
+    """A 2-layer LLaMA of ``TINY_LLAMA`` (updated by ``config_overrides``), cast to ``dtype``.
+
+    ``seed`` seeds torch's global RNG before the weights are initialised, so two calls give the
+    same weights; ``seed=None`` leaves the global RNG as it is (for fixtures whose values do not
+    matter, and for models built on the meta device).
+    """
+    if seed is not None:
+        torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**{**TINY_LLAMA, **config_overrides})).to(dtype)
+
+
+def _entries(like):
+    """A model's parameters, or the given tensors/shapes, as a list."""
+    if isinstance(like, nn.Module):
+        return list(like.parameters())
+    return list(like)
+
+
+def random_grads(
+    params_or_model: nn.Module | Sequence[torch.Tensor | Sequence[int]],
+    n_steps: int,
+    *,
+    dtype: torch.dtype | None = None,
+    seed: int = 1,
+    scale: Mapping[int, float] | None = None,
+) -> list[list[torch.Tensor]]:
+    """``n_steps`` lists of standard-normal gradients, one per tensor, from one seeded generator.
+
+    ``params_or_model``: a model (its ``parameters()``), or a sequence of tensors and/or shapes.
+    Draws go step by step, tensor by tensor, in that order.
+
+    ``dtype``: how values are drawn, which changes the numbers, not just their precision:
+
+    * ``None``: drawn in torch's default dtype (float32), then cast to each tensor's dtype
+      (shapes stay float32);
+    * a dtype: drawn directly in it (float64 draws are not float32 draws cast up).
+
+    ``scale``: optional ``{step index (from 0): factor}``; every gradient of a listed step is
+    multiplied by its factor (gradient spikes), the other steps by 1.0.
+    """
+    entries = _entries(params_or_model)
+    gen = torch.Generator().manual_seed(seed)
+    steps = []
+    for t in range(n_steps):
+        step = []
+        for entry in entries:
+            shape = entry.shape if isinstance(entry, torch.Tensor) else tuple(entry)
+            if dtype is not None:
+                g = torch.randn(shape, generator=gen, dtype=dtype)
+            else:
+                g = torch.randn(shape, generator=gen)
+                if isinstance(entry, torch.Tensor):
+                    g = g.to(entry.dtype)
+            if scale is not None:
+                g = scale.get(t, 1.0) * g
+            step.append(g)
+        steps.append(step)
+    return steps
+
+
+def random_params(
+    shapes: Sequence[Sequence[int]], *, dtype: torch.dtype = torch.float32, seed: int = 0
+) -> list[torch.Tensor]:
+    """Standard-normal leaf tensors (``requires_grad``) of ``shapes``, drawn directly in ``dtype``
+    from a generator seeded with ``seed``: the same draws as ``random_grads(shapes, 1, ...)``."""
+    (values,) = random_grads(shapes, 1, dtype=dtype, seed=seed)
+    return [v.requires_grad_() for v in values]
+
+
+def step_with(
+    optimizers,
+    params_or_model: nn.Module | Sequence[torch.Tensor],
+    grads: Iterable[Sequence[torch.Tensor]],
+    *,
+    to_param_dtype: bool = False,
+) -> None:
+    """For each step of ``grads``: set every ``p.grad`` to a clone of its gradient, then call
+    ``step()`` on each optimizer, in order (one optimizer, or a list/tuple of them that share the
+    params, e.g. a reference Muon for the matrices and an AdamW for the rest).
+
+    ``to_param_dtype``: cast each clone to its parameter's dtype (float32 gradients for bf16
+    params); by default the dtypes must already match, as torch requires of ``.grad``.
+    """
+    if not isinstance(optimizers, list | tuple):
+        optimizers = [optimizers]
+    params = _entries(params_or_model)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads, strict=True):
+            g = g.clone()
+            p.grad = g.to(p.dtype) if to_param_dtype else g
+        for opt in optimizers:
+            opt.step()
