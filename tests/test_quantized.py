@@ -132,34 +132,6 @@ def test_adamw8bit_close_to_fp32_adamw():
             assert (p - q).abs().max() <= 0.1 * (q - p0).abs().max()
 
 
-@pytest.mark.parametrize(
-    ("name", "extra"), [("adamw8bit", {}), ("foam8bit", {"level": 1, "min_8bit_size": SMALL})]
-)
-def test_state_dict_round_trip_gives_identical_next_step(name, extra):
-    model = tiny_llama(torch.bfloat16)
-    opt = build_optimizer(name, model, weight_decay=0.1, **extra)
-    grads = random_grads(model, 4)
-    step_with(opt, model, grads[:3])
-    saved = copy.deepcopy(opt.state_dict())
-    clone = copy.deepcopy(model)
-    restored = build_optimizer(name, clone, weight_decay=0.1, **extra)
-    restored.load_state_dict(saved)
-    for p, q in zip(model.parameters(), clone.parameters(), strict=True):
-        for key, value in opt.state[p].items():
-            if isinstance(value, torch.Tensor):
-                assert restored.state[q][key].dtype == value.dtype, key
-    step_with(opt, model, grads[3:])
-    step_with(restored, clone, grads[3:])
-    for p, q in zip(model.parameters(), clone.parameters(), strict=True):
-        assert torch.equal(p, q)
-
-
-@pytest.mark.parametrize("name", ["adamw8bit", "foam8bit"])
-def test_unknown_keyword_lists_accepted_ones(name):
-    with pytest.raises(TypeError, match="min_8bit_size"):
-        build_optimizer(name, tiny_llama(), block_size=128)
-
-
 @pytest.mark.parametrize("name", ["adamw8bit", "foam8bit"])
 def test_lambda_lr(name):
     model = tiny_llama()
