@@ -45,7 +45,8 @@ METHODS: list[tuple[str, str, str] | None] = [
     ("foam_mini", "FOAM-Mini", "foam_mini"),
 ]
 KNOWN = {m[0]: m for m in METHODS if m}
-# The FOAM ablations (the paper's fold-level and residual figures) as method directories.
+# The FOAM ablations (the paper's fold-level and residual figures) and the module-wise-lr AdamW
+# control (its Appendix), as method directories.
 ABLATIONS: list[tuple[str, str]] = [
     ("foam1", "FOAM-1"),
     ("foam2", "FOAM-2"),
@@ -56,6 +57,7 @@ ABLATIONS: list[tuple[str, str]] = [
     ("foam2_no_residual", "FOAM-2 without the residual (rho = 0)"),
     ("foam2_no_residual_in_v", "FOAM-2 without R^2 in the second moment"),
     ("foam2_mean_of_squares", "FOAM-2, second moment from the mean of squares"),
+    ("adamw_module_wise_lr", "AdamW, matrices at lr x 0.25 (the control for alpha)"),
 ]
 
 

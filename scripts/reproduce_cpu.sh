@@ -21,8 +21,11 @@ COMMON=(
 )
 sweep() { "$PY" scripts/sweep.py --model llama_1m --seeds "${SEEDS[@]}" --root "$ROOT" "$@"; }
 
-# Table 2 at this scale: a reduced lr sweep, alpha at each method's paper value.
-sweep --methods adamw muon adam_mini --lrs 2.5e-3 5e-3 1e-2 "${@}" -- "${COMMON[@]}"
+# Table 2 at this scale: a reduced lr sweep, alpha at each method's paper value. The lr-only
+# methods' grids reach past the first sweep's edges (AdamW and Adam-mini were best at its lowest
+# lr, Muon at its highest).
+sweep --methods adamw adam_mini --lrs 1e-3 2.5e-3 5e-3 1e-2 "${@}" -- "${COMMON[@]}"
+sweep --methods muon --lrs 2.5e-3 5e-3 1e-2 2e-2 "${@}" -- "${COMMON[@]}"
 sweep --methods foam2 foam3 foam_mini galore_1_4 apollo_1_4 apollo_mini --lrs 5e-3 1e-2 2e-2 \
   --config-alpha "${@}" -- "${COMMON[@]}"
 
@@ -37,3 +40,6 @@ sweep --methods foam2 --name foam2_no_residual_in_v --lrs 1e-2 --config-alpha "$
   "${COMMON[@]}" optim.residual_in_second_moment=false
 sweep --methods foam2 --name foam2_mean_of_squares --lrs 1e-2 --config-alpha "${@}" -- \
   "${COMMON[@]}" optim.second_moment=mean_of_squares
+# The paper's control for FOAM's alpha (Appendix, "Adam with module-wise learning rate"): AdamW
+# with the attention/MLP matrices at lr x 0.25, everything else at lr.
+sweep --methods adamw --name adamw_module_wise_lr --lrs 1e-2 "${@}" -- "${COMMON[@]}" optim.alpha=0.25
