@@ -84,7 +84,8 @@ def enable_gradient_checkpointing(model: PreTrainedModel) -> None:
     transformers 5.x renamed ``gradient_checkpointing_enable`` to
     ``activation_checkpointing_enable`` (the old name warns until v6) and renamed its keyword;
     the trainer calls this so it works with either. Non-reentrant checkpointing is used because
-    the reentrant one needs an input that requires grad and drops gradients otherwise.
+    the reentrant one needs an input that requires grad and drops gradients otherwise, and marks
+    DDP's parameters ready twice under ``no_sync`` gradient accumulation.
     """
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):

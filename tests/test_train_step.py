@@ -4,6 +4,7 @@ accumulation, gradient checkpointing or data parallelism."""
 import contextlib
 import os
 import socket
+from datetime import timedelta
 
 import pytest
 import torch
@@ -14,7 +15,6 @@ import models
 from train.trainer import (
     accumulate_gradients,
     count_targets,
-    enable_grad_checkpointing,
     next_token_loss_sum,
 )
 
@@ -87,7 +87,7 @@ def test_accumulation_equals_one_big_batch():
 def test_gradient_checkpointing_changes_nothing():
     micro = batches(2, 2)
     plain, ckpt = tiny_model(), tiny_model()
-    enable_grad_checkpointing(ckpt)
+    models.enable_gradient_checkpointing(ckpt)
     assert ckpt.is_activation_checkpointing and ckpt.training
     r1, r2 = step(plain, micro), step(ckpt, micro)
     assert r1.loss == r2.loss
@@ -98,7 +98,9 @@ def test_gradient_checkpointing_changes_nothing():
 def _ddp_worker(rank: int, world_size: int, port: int, out: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    # A bounded wait: a rank that never arrives (say, its port was taken in between) fails the
+    # test instead of hanging it.
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=90))
     try:
         model = tiny_model()
         ddp = torch.nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)

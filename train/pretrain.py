@@ -57,7 +57,6 @@ from train.summary import git_sha, write_summary
 from train.trainer import (
     TrainingDiverged,
     accumulate_gradients,
-    enable_grad_checkpointing,
     grad_norm_and_clip,
 )
 
@@ -96,7 +95,7 @@ def train(cfg: DictConfig) -> dict:
     model = models.build_model(cfg.model, device=device, dtype=PARAM_DTYPES[t.precision])
     model.train()
     if t.grad_checkpointing:
-        enable_grad_checkpointing(model)
+        models.enable_gradient_checkpointing(model)
     model.config.use_cache = False
     hparams = optimizer_hparams(cfg.optim)
     optimizer = build_optimizer(cfg.optim, model)

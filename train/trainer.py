@@ -97,12 +97,6 @@ def accumulate_gradients(
     return StepResult(loss=loss_value, targets=targets, tokens=tokens, token_slots=slots)
 
 
-def enable_grad_checkpointing(model: nn.Module) -> None:
-    """Recompute each decoder layer in backward. Non-reentrant checkpointing, because the
-    reentrant kind marks DDP's parameters ready twice under ``no_sync`` accumulation."""
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-
-
 def grad_norm_and_clip(params: Sequence[torch.Tensor], max_norm: float) -> float:
     """Global L2 norm of the gradients; clipped to ``max_norm`` when it is > 0."""
     limit = max_norm if max_norm > 0 else float("inf")
