@@ -26,8 +26,12 @@ sweep() { "$PY" scripts/sweep.py --model llama_1m --seeds "${SEEDS[@]}" --root "
 # lr, Muon at its highest).
 sweep --methods adamw adam_mini --lrs 1e-3 2.5e-3 5e-3 1e-2 "${@}" -- "${COMMON[@]}"
 sweep --methods muon --lrs 2.5e-3 5e-3 1e-2 2e-2 "${@}" -- "${COMMON[@]}"
-sweep --methods foam2 foam3 foam_mini galore_1_4 apollo_1_4 apollo_mini --lrs 5e-3 1e-2 2e-2 \
-  --config-alpha "${@}" -- "${COMMON[@]}"
+# The alpha methods' grids likewise reach one step past where the first sweep (5e-3 .. 2e-2) had
+# its best point at an edge.
+sweep --methods foam2 foam3 foam_mini apollo_mini --lrs 2.5e-3 5e-3 1e-2 2e-2 --config-alpha \
+  "${@}" -- "${COMMON[@]}"
+sweep --methods galore_1_4 --lrs 5e-3 1e-2 2e-2 4e-2 --config-alpha "${@}" -- "${COMMON[@]}"
+sweep --methods apollo_1_4 --lrs 5e-3 1e-2 2e-2 --config-alpha "${@}" -- "${COMMON[@]}"
 
 # Ablations at FOAM-2's paper lr (1e-2, alpha 0.25): fold level (Figure 6a), residual (Figure 7),
 # second moment from the square of the mean vs the mean of squares.
