@@ -66,6 +66,13 @@ def test_defaults_and_keys_other_tools_rely_on():
         "alpha": 0.25,
         "lr": 1e-2,
         "betas": [0.9, 0.95],
+        # every FOAM option, at FOAM_SPEC's defaults, so each can be overridden without "+"
+        "residual": True,
+        "residual_in_second_moment": True,
+        "second_moment": "square_of_mean",
+        "bias_correction": True,
+        "fold_axis": "larger",
+        "state_dtype": None,
     }
 
 
