@@ -3,8 +3,6 @@
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 REPRO = ROOT / "results" / "repro"
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -12,7 +10,6 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import make_tables  # noqa: E402
 
 
-@pytest.mark.skipif(not (REPRO / "runs").is_dir(), reason="no committed reproduction")
 def test_repro_tables_regenerate_byte_for_byte_from_the_committed_summaries(tmp_path):
     committed = sorted(p for p in (REPRO / "tables").iterdir() if p.suffix in (".md", ".tex"))
     assert committed, "results/repro/tables holds no tables"
