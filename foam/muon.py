@@ -150,17 +150,16 @@ def _matrix_group(split: ParamSplit, hp: dict[str, Any]) -> list[dict[str, Any]]
     ]
 
 
+def _muon_settings(hp: dict[str, Any]) -> dict[str, Any]:
+    """The keywords Muon and its folded variant share."""
+    return {k: hp[k] for k in ("lr", "weight_decay", "momentum", "nesterov", "ns_steps")}
+
+
 @register("muon", **MUON_OPTIONS)
 def _muon(split: ParamSplit, hp: dict[str, Any]) -> Composite:
     """torch's Muon (Moonlight scale) on the matrices, AdamW on the rest at the base lr."""
     matrices = torch.optim.Muon(
-        _matrix_group(split, hp),
-        lr=hp["lr"],
-        weight_decay=hp["weight_decay"],
-        momentum=hp["momentum"],
-        nesterov=hp["nesterov"],
-        ns_steps=hp["ns_steps"],
-        adjust_lr_fn=MATCH_RMS,
+        _matrix_group(split, hp), **_muon_settings(hp), adjust_lr_fn=MATCH_RMS
     )
     return _with_adamw(split, matrices, hp)
 
@@ -170,11 +169,7 @@ def _foam_muon(split: ParamSplit, hp: dict[str, Any]) -> Composite:
     """Muon with the momentum stored folded; ``level=0`` is ``muon``."""
     matrices = FoldedMuon(
         _matrix_group(split, hp),
-        lr=hp["lr"],
-        weight_decay=hp["weight_decay"],
-        momentum=hp["momentum"],
-        nesterov=hp["nesterov"],
-        ns_steps=hp["ns_steps"],
+        **_muon_settings(hp),
         level=hp["level"],
         fold_axis=hp["fold_axis"],
         residual=hp["residual"],
