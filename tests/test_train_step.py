@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import models
-from train.trainer import (
+from train.step import (
     accumulate_gradients,
     count_targets,
     next_token_loss_sum,

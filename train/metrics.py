@@ -43,11 +43,6 @@ def mfu(
     return flops_per_token * token_slots_per_s_per_device / peak
 
 
-def reset_peak_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
 def peak_memory(device: torch.device) -> dict[str, int]:
     """Peak bytes: CUDA allocated and reserved on GPU; the process's peak RSS on CPU."""
     if device.type == "cuda":

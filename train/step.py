@@ -1,4 +1,4 @@
-"""One optimizer step's worth of forward/backward: token-weighted loss over micro-batches and ranks.
+"""One optimizer step: token-weighted loss and gradient over micro-batches and ranks, then the update.
 
 The loss of a step is (sum of next-token losses over the global batch) / (non-pad targets in the
 global batch). The global target count is all-reduced *before* the backward passes, and each
@@ -11,8 +11,11 @@ This replaces the references' mean-of-micro-batch-means, which weights short doc
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +65,12 @@ class StepResult:
     """Global number of non-pad input tokens in the step."""
     token_slots: int
     """Global number of token positions processed (padding included)."""
+    grad_norm: float = math.nan
+    """Global gradient norm before clipping (``train_step`` only)."""
+    lrs: dict[str, float] = field(default_factory=dict)
+    """Learning rate of each param group for the update (``train_step`` only)."""
+    seconds: float = 0.0
+    """Wall time of the step, data included (``train_step`` only)."""
 
 
 def accumulate_gradients(
@@ -101,3 +110,39 @@ def grad_norm_and_clip(params: Sequence[torch.Tensor], max_norm: float) -> float
     """Global L2 norm of the gradients; clipped to ``max_norm`` when it is > 0."""
     limit = max_norm if max_norm > 0 else float("inf")
     return float(torch.nn.utils.clip_grad_norm_(params, limit, foreach=True))
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    loader: Iterator[Batch],
+    *,
+    accumulation: int,
+    device: torch.device,
+    world_size: int,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+    grad_clip: float,
+    step: int,
+) -> StepResult:
+    """Optimizer step ``step + 1``: read ``accumulation`` micro-batches, forward/backward, clip,
+    update, advance the schedule. Raises ``TrainingDiverged`` before a non-finite update."""
+    start = time.perf_counter()
+    micro_batches = [next(loader) for _ in range(accumulation)]
+    result = accumulate_gradients(
+        model, micro_batches, device=device, world_size=world_size, autocast=autocast
+    )
+    grad_norm = grad_norm_and_clip([p for p in model.parameters() if p.requires_grad], grad_clip)
+    if not (math.isfinite(result.loss) and math.isfinite(grad_norm)):
+        raise TrainingDiverged(
+            f"step {step + 1}: loss {result.loss}, grad norm {grad_norm}; stopped before the "
+            "update (nothing of this step was checkpointed)"
+        )
+    lrs = {g.get("name", str(i)): g["lr"] for i, g in enumerate(optimizer.param_groups)}
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    return dataclasses.replace(result, grad_norm=grad_norm, lrs=lrs, seconds=seconds)
