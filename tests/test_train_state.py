@@ -12,7 +12,7 @@ import torch
 
 import foam
 import models
-from train.checkpoint import restore_training_state, save_training_state
+from train.checkpoint import Resumable, restore_training_state, save_training_state
 from train.config import ConfigError
 from train.data import build_tokenizer, build_train_loader
 from train.schedule import build_scheduler
@@ -44,7 +44,7 @@ def tokenizer(data_cfg):
     return build_tokenizer(data_cfg, 512)
 
 
-def build(data_cfg, tokenizer, seed: int) -> dict:
+def build(data_cfg, tokenizer, seed: int) -> Resumable:
     """A tiny run's live objects; ``seed`` decides the initial weights."""
     torch.manual_seed(seed)
     model_cfg = {**models.load_model_config("llama_tiny"), "vocab_size": 512}
@@ -54,17 +54,17 @@ def build(data_cfg, tokenizer, seed: int) -> dict:
     loader = build_train_loader(
         data_cfg, tokenizer, micro_batch_size=2, rank=0, world_size=1, seed=0
     )
-    return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "loader": loader}
+    return Resumable(model, optimizer, scheduler, loader)
 
 
-def steps(run: dict, state: TrainState, n: int) -> list[float]:
+def steps(run: Resumable, state: TrainState, n: int) -> list[float]:
     losses = []
     for _ in range(n):
         result = train_step(
-            run["model"],
-            run["optimizer"],
-            run["scheduler"],
-            run["loader"],
+            run.model,
+            run.optimizer,
+            run.scheduler,
+            run.loader,
             accumulation=2,
             device=CPU,
             world_size=1,
@@ -75,6 +75,13 @@ def steps(run: dict, state: TrainState, n: int) -> list[float]:
         state.advance(result.tokens, result.seconds)
         losses.append(result.loss)
     return losses
+
+
+def state_dicts(run: Resumable) -> dict:
+    return {
+        name: getattr(run, name).state_dict()
+        for name in ("model", "optimizer", "scheduler", "loader")
+    }
 
 
 def assert_equal_trees(a, b) -> None:
@@ -96,15 +103,14 @@ def test_restore_equals_the_saved_run_and_continues_it(tmp_path, data_cfg, token
     saved_run, state = build(data_cfg, tokenizer, seed=0), TrainState(run_id="abc")
     steps(saved_run, state, 2)
     state.record_eval(5.0, 148.4)
-    path = save_training_state(tmp_path, **saved_run, state=state, rank=0, keep_last=0)
-    at_save = {k: copy.deepcopy(v.state_dict()) for k, v in saved_run.items()}
+    path = save_training_state(tmp_path, saved_run, state, rank=0, keep_last=0)
+    at_save = copy.deepcopy(state_dicts(saved_run))
     draws = (random.random(), torch.rand(3))
     continued = steps(saved_run, state, 3)
 
     resumed, resumed_state = build(data_cfg, tokenizer, seed=1), TrainState()
-    restore_training_state(path, **resumed, state=resumed_state, rank=0)
-    for key, obj in resumed.items():
-        assert_equal_trees(obj.state_dict(), at_save[key])
+    restore_training_state(path, resumed, resumed_state, rank=0)
+    assert_equal_trees(state_dicts(resumed), at_save)
     assert (random.random(), torch.rand(3)) == (draws[0], pytest.approx(draws[1]))
     assert (resumed_state.step, resumed_state.run_id, resumed_state.eval_history) == (
         2,
@@ -113,7 +119,7 @@ def test_restore_equals_the_saved_run_and_continues_it(tmp_path, data_cfg, token
     )
     assert resumed_state.tokens > 0 and resumed_state.train_time_s > 0
     assert steps(resumed, resumed_state, 3) == continued
-    for p, q in zip(saved_run["model"].parameters(), resumed["model"].parameters(), strict=True):
+    for p, q in zip(saved_run.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(p, q)
     assert resumed_state.state_dict().keys() == state.state_dict().keys()
     assert (resumed_state.step, resumed_state.tokens) == (state.step, state.tokens)
@@ -121,9 +127,9 @@ def test_restore_equals_the_saved_run_and_continues_it(tmp_path, data_cfg, token
 
 def test_resume_on_another_world_size_is_a_config_error(tmp_path, data_cfg, tokenizer):
     run = build(data_cfg, tokenizer, seed=0)
-    path = save_training_state(tmp_path, **run, state=TrainState(), rank=0, keep_last=0)
+    path = save_training_state(tmp_path, run, TrainState(), rank=0, keep_last=0)
     with pytest.raises(ConfigError, match=r"trainer\.resume: .* 1 rank\(s\), this run has 2"):
-        restore_training_state(path, **run, state=TrainState(world_size=2), rank=0)
+        restore_training_state(path, run, TrainState(world_size=2), rank=0)
 
 
 def test_train_state_times_add_up_over_segments():

@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -132,25 +133,29 @@ def find_resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
     raise FileNotFoundError(f"trainer.resume={resume!r}: no checkpoint found there")
 
 
+@dataclass
+class Resumable:
+    """The live objects a checkpoint saves and restores, besides the ``TrainState``."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    loader: Any
+    """The train loader: ``state_dict()`` is its position, per rank."""
+
+
 def save_training_state(
-    run_dir: Path,
-    *,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    loader: Any,
-    state: TrainState,
-    rank: int,
-    keep_last: int,
+    run_dir: Path, live: Resumable, state: TrainState, *, rank: int, keep_last: int
 ) -> Path | None:
     """Checkpoint the run (every rank calls this; rank 0 writes). Returns the path on rank 0."""
-    data, rngs = dist.all_gather_object(loader.state_dict()), dist.all_gather_object(rng_state())
+    data = dist.all_gather_object(live.loader.state_dict())
+    rngs = dist.all_gather_object(rng_state())
     path = None
     if rank == 0:
         contents = {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
+            "model": live.model.state_dict(),
+            "optimizer": live.optimizer.state_dict(),
+            "scheduler": live.scheduler.state_dict(),
             "data": data,
             "rng": rngs,
             "train_state": state.state_dict(),
@@ -161,16 +166,7 @@ def save_training_state(
     return path
 
 
-def restore_training_state(
-    path: Path,
-    *,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    loader: Any,
-    state: TrainState,
-    rank: int,
-) -> None:
+def restore_training_state(path: Path, live: Resumable, state: TrainState, *, rank: int) -> None:
     """Load what ``save_training_state`` wrote into the run's live objects."""
     contents = load_checkpoint(path)
     saved_world = contents["train_state"]["world_size"]
@@ -179,9 +175,9 @@ def restore_training_state(
             f"trainer.resume: {path} was written by {saved_world} rank(s), this run has "
             f"{state.world_size}; the data position is per rank"
         )
-    model.load_state_dict(contents["model"])
-    optimizer.load_state_dict(contents["optimizer"])
-    scheduler.load_state_dict(contents["scheduler"])
-    loader.load_state_dict(contents["data"][rank])
+    live.model.load_state_dict(contents["model"])
+    live.optimizer.load_state_dict(contents["optimizer"])
+    live.scheduler.load_state_dict(contents["scheduler"])
+    live.loader.load_state_dict(contents["data"][rank])
     set_rng_state(contents["rng"][rank])
     state.load_state_dict(contents["train_state"])

@@ -31,7 +31,12 @@ from tqdm import tqdm
 import foam
 import models
 from train import distributed as dist
-from train.checkpoint import find_resume_checkpoint, restore_training_state, save_training_state
+from train.checkpoint import (
+    Resumable,
+    find_resume_checkpoint,
+    restore_training_state,
+    save_training_state,
+)
 from train.config import ConfigError, accumulation_steps, build_optimizer, check_config
 from train.config import optimizer_hparams as hparams_of
 from train.corpus import open_source
@@ -80,6 +85,9 @@ class Run:
     train_loader: TrainLoader
     val_batches: ValBatches
 
+    def resumable(self) -> Resumable:
+        return Resumable(self.model, self.optimizer, self.scheduler, self.train_loader)
+
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16_mixed: fp32 weights under a bf16 autocast; pure bf16 and fp32 need none."""
         if self.cfg.trainer.precision == "bf16_mixed":
@@ -95,7 +103,7 @@ def train(cfg: DictConfig) -> dict:
     run = build_run(cfg, info)
     resume_from = dist.broadcast_object(find_resume_checkpoint(cfg.trainer.resume, run.run_dir))
     if resume_from is not None:
-        restore_training_state(resume_from, **checkpointed(run), state=state, rank=info.rank)
+        restore_training_state(resume_from, run.resumable(), state, rank=info.rank)
         log.info("resumed from %s at step %d (%d tokens)", resume_from, state.step, state.tokens)
     config = OmegaConf.to_container(cfg, resolve=True)
     sink = MetricSink(
@@ -200,16 +208,6 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
     )
 
 
-def checkpointed(run: Run) -> dict:
-    """The live objects a checkpoint saves and restores (besides the ``TrainState``)."""
-    return {
-        "model": run.model,
-        "optimizer": run.optimizer,
-        "scheduler": run.scheduler,
-        "loader": run.train_loader,
-    }
-
-
 def train_loop(run: Run, state: TrainState, sink: MetricSink) -> float | None:
     """Exactly ``max_steps`` optimizer steps (lr is a function of the optimizer step), with
     metrics, evaluations and checkpoints on their schedules. Returns the last step's MFU."""
@@ -250,11 +248,7 @@ def train_loop(run: Run, state: TrainState, sink: MetricSink) -> float | None:
         final = state.step == t.max_steps and t.save_final
         if final or (t.save_every and state.step % t.save_every == 0):
             path = save_training_state(
-                run.run_dir,
-                **checkpointed(run),
-                state=state,
-                rank=run.info.rank,
-                keep_last=t.keep_last,
+                run.run_dir, run.resumable(), state, rank=run.info.rank, keep_last=t.keep_last
             )
             if path:
                 log.info("saved %s", path)
