@@ -7,9 +7,13 @@ for the hub, a robust file reader for disk). The local reader is a `from_generat
 shards are the files, in sorted order, like the hub's json builder, so a local C4 mirror is
 shuffled and split across ranks with the same shard permutation and shuffle buffer as the hub.
 
+`open_source` opens both splits once per run; the loaders and the tokenizer iterate them afresh.
+
 Bad input never raises mid-run: the reader yields `{"text": None, "error": REASON}` for each
 malformed JSON line, record without usable text, line of invalid UTF-8, empty or corrupt file,
-and the batcher counts them (`skipped_<reason>` in the loader's stats).
+and the batcher counts them (`skipped_<reason>` in the loader's stats). A source without a single
+usable record, like one that cannot be opened, is a `DataSourceError`: a config error whose one
+line names the key (`data.path=...`) and, for bad records, how many were skipped and why.
 """
 
 from __future__ import annotations
@@ -291,9 +295,8 @@ def _open_hub(cfg: DataConfig, split: str):
         )
     try:
         return datasets.load_dataset(*args, **kwargs)
-    except (
-        Exception
-    ) as exc:  # network errors come in many types (ConnectionError, HfHubHTTPError...)
+    # Network errors come in many types (ConnectionError, HfHubHTTPError...).
+    except Exception as exc:
         raise DataSourceError(
             f"data=c4: could not open {args[0]} {kwargs}: {exc}. {advice}"
         ) from exc
