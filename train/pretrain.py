@@ -26,6 +26,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import LambdaLR
 from tqdm import tqdm
 
 import foam
@@ -37,8 +38,13 @@ from train.checkpoint import (
     restore_training_state,
     save_training_state,
 )
-from train.config import ConfigError, accumulation_steps, build_optimizer, check_config
-from train.config import optimizer_hparams as hparams_of
+from train.config import (
+    ConfigError,
+    accumulation_steps,
+    build_optimizer,
+    check_config,
+    optimizer_hparams,
+)
 from train.corpus import open_source
 from train.data import (
     TrainLoader,
@@ -121,7 +127,7 @@ def train(cfg: DictConfig) -> dict:
         state,
         final_eval=final,
         optim_choice=optim_choice(cfg),
-        hparams=hparams_of(cfg.optim),
+        hparams=optimizer_hparams(cfg.optim),
         optimizer_state_bytes=foam.state_bytes(run.optimizer),
         peak_memory=peak_memory(run.device),
         mfu=last_mfu,
@@ -159,8 +165,23 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
         accumulation,
         t.global_batch_size,
     )
-    # Identical seeds give identical replicas. Pure bf16 (the paper) keeps weights, grads and
-    # states in bf16; bf16_mixed keeps fp32 weights under a bf16 autocast.
+    return Run(
+        cfg,
+        info,
+        device,
+        run_dir,
+        accumulation,
+        *build_model_and_optimizer(cfg, info, device),  # model, replica, optimizer, scheduler
+        *build_data(cfg, info),  # train loader, validation batches
+    )
+
+
+def build_model_and_optimizer(
+    cfg: DictConfig, info: dist.DistInfo, device: torch.device
+) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer, LambdaLR]:
+    """Identical seeds give identical replicas. Pure bf16 (the paper) keeps weights, grads and
+    states in bf16; bf16_mixed keeps fp32 weights under a bf16 autocast."""
+    t = cfg.trainer
     seed_everything(t.seed)
     model = models.build_model(cfg.model, device=device, dtype=PARAM_DTYPES[t.precision])
     model.train()
@@ -179,7 +200,13 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
             forward_sync_buffers=False,  # the only buffers (RoPE) are identical on every rank
         )
     log_model_and_optimizer(cfg, model, optimizer)
-    # Each rank reads its own shard of the stream; validation is a fixed token budget.
+    return model, replica, optimizer, scheduler
+
+
+def build_data(cfg: DictConfig, info: dist.DistInfo) -> tuple[TrainLoader, ValBatches]:
+    """Each rank reads its own shard of the stream; validation is a fixed token budget. The
+    source is opened once, here, for the tokenizer and both loaders."""
+    t = cfg.trainer
     source = open_source(cfg.data)
     tokenizer = build_tokenizer(cfg.data, cfg.model.vocab_size, source)
     ranks = {"rank": info.rank, "world_size": info.world_size, "source": source}
@@ -193,19 +220,7 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
         max_tokens=t.eval_tokens,
         **ranks,
     )
-    return Run(
-        cfg,
-        info,
-        device,
-        run_dir,
-        accumulation,
-        model,
-        replica,
-        optimizer,
-        scheduler,
-        train_loader,
-        val_batches,
-    )
+    return train_loader, val_batches
 
 
 def train_loop(run: Run, state: TrainState, sink: MetricSink) -> float | None:
@@ -304,7 +319,7 @@ def log_model_and_optimizer(
         "optimizer %s (%s) %s | planned state: %.2fM elements",
         optim_choice(cfg),
         cfg.optim.name,
-        hparams_of(cfg.optim),
+        optimizer_hparams(cfg.optim),
         foam.planned_state_numel(optimizer) / 1e6,
     )
 
