@@ -14,13 +14,13 @@ from foam.folding import (
     add_unfolded_,
     block_views,
     blocks_of,
-    fold,
     folded_numel,
     make_plan,
     residual,
     unfold,
     values_of,
 )
+from foam.sharding import ShardFold, fold_shard, local, shard_fold, zeros_state
 from foam.state import load_state_dict_keeping_dtypes
 
 SECOND_MOMENTS = ("square_of_mean", "mean_of_squares")
@@ -114,17 +114,28 @@ class FOAM(torch.optim.Optimizer):
         group = self.param_groups[-1]
         _validate_group(group)
         for p in group["params"]:
-            self.plan_for(p, group)  # raises for a level beyond the matrix
+            self.shard_fold_for(p, group)  # raises for a level beyond the matrix or its shard
 
     @staticmethod
     def plan_for(p: torch.Tensor, group: dict[str, Any]) -> FoldPlan | None:
-        """How ``p`` is folded in ``group``; ``None`` when it takes plain AdamW."""
+        """How ``p`` is folded in ``group`` (the whole matrix's fold, also for a DTensor shard);
+        ``None`` when it takes plain AdamW."""
         if group["level"] is None or p.dim() < 2:
             return None
         return make_plan(p.shape, group["level"], group["fold_axis"])
 
-    def planned_state_numel(self) -> int:
-        """Elements of moment state this optimizer holds once every parameter has stepped.
+    def shard_fold_for(self, p: torch.Tensor, group: dict[str, Any]) -> ShardFold | None:
+        """How this rank folds its part of ``p`` (all of it unless ``p`` is a DTensor shard,
+        see ``foam/sharding.py``); raises when a block would straddle two ranks."""
+        plan = self.plan_for(p, group)
+        if plan is None:
+            return None
+        index = next(i for i, q in enumerate(group["params"]) if q is p)
+        return shard_fold(p, plan, f"parameter {index} of group {group.get('name', '')!r}")
+
+    def planned_state_numel(self, per_rank: bool = True) -> int:
+        """Elements of moment state this optimizer holds once every parameter has stepped: on
+        this rank (``per_rank``), or for the whole, unsharded model.
 
         Derived from the same fold plans that size the states, so memory estimates made on a
         meta-device model and the states really allocated cannot disagree.
@@ -132,8 +143,12 @@ class FOAM(torch.optim.Optimizer):
         total = 0
         for group in self.param_groups:
             for p in group["params"]:
-                plan = self.plan_for(p, group)
-                total += 2 * folded_numel(plan, p.numel())
+                if per_rank:
+                    fold_of = self.shard_fold_for(p, group)
+                    numel = local(p).numel() if fold_of is None else fold_of.local_state_numel()
+                else:
+                    numel = folded_numel(self.plan_for(p, group), p.numel())
+                total += 2 * numel
         return total
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -210,21 +225,25 @@ class FOAM(torch.optim.Optimizer):
             maximize=False,
         )
 
-    def _init_state(self, p: torch.Tensor, group: dict[str, Any], plan: FoldPlan | None) -> None:
+    def _init_state(
+        self, p: torch.Tensor, group: dict[str, Any], fold_of: ShardFold | None
+    ) -> None:
         state = self.state[p]
-        shape = p.shape if plan is None else plan.folded_shape
         dtype = resolve_dtype(group["state_dtype"], p.dtype)
         # The fused kernel reads its step counter on the parameter's device; other paths on the CPU.
         fused = self._uses_fused_adamw(p, group)
         state["step"] = torch.tensor(0.0, device=p.device if fused else "cpu")
-        state["exp_avg"] = torch.zeros(shape, dtype=dtype, device=p.device)
-        state["exp_avg_sq"] = torch.zeros(shape, dtype=dtype, device=p.device)
+        state["exp_avg"] = zeros_state(p, fold_of, dtype)
+        state["exp_avg_sq"] = zeros_state(p, fold_of, dtype)
 
-    def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
-        plan = self.plan_for(p, group)
-        state = self.state[p]
+    def _update(self, param: torch.Tensor, group: dict[str, Any]) -> None:
+        """One step of ``param``; on a DTensor, the arithmetic runs on this rank's shard."""
+        fold_of = self.shard_fold_for(param, group)
+        state = self.state[param]
         if not state:
-            self._init_state(p, group, plan)
+            self._init_state(param, group, fold_of)
+        plan = None if fold_of is None else fold_of.local
+        p, moments = local(param), (local(state["exp_avg"]), local(state["exp_avg_sq"]))
         state["step"] += 1
         t = int(state["step"].item())
         beta1, beta2 = group["betas"]
@@ -233,24 +252,25 @@ class FOAM(torch.optim.Optimizer):
         bc2 = 1 - beta2**t if group["bias_correction"] else 1.0
 
         wide = compute_dtype(p.dtype)
-        grad = p.grad if plan is None else p.grad.reshape(plan.rows, plan.cols)
+        grad = local(param.grad)
+        grad = grad if plan is None else grad.reshape(plan.rows, plan.cols)
         g = grad.to(wide)
 
         if group["weight_decay"]:
             p.mul_(1 - lr * group["weight_decay"])
-        if plan is not None and plan.block > 1:
-            g_folded = fold(g, plan)
-            m = ema_(state["exp_avg"], g_folded, beta1, square=False)
+        if fold_of is not None and fold_of.averages:
+            g_folded = fold_shard(g, fold_of, param)
+            m = ema_(moments[0], g_folded, beta1, square=False)
             if group["second_moment"] == "mean_of_squares":
-                v = ema_(state["exp_avg_sq"], fold(g.square(), plan), beta2, square=False)
+                v = ema_(moments[1], fold_shard(g.square(), fold_of, param), beta2, square=False)
             else:
-                v = ema_(state["exp_avg_sq"], g_folded, beta2, square=True)
+                v = ema_(moments[1], g_folded, beta2, square=True)
             self._residual_step(p, g, g is not grad, g_folded, m / bc1, v / bc2, plan, group)
         else:
             # Identity fold (plain AdamW, or level 0): no residual, and torch.optim.AdamW's exact
             # formula, so level 0 with alpha 1 reproduces it to the last bit.
-            m = ema_(state["exp_avg"], g, beta1, square=False)
-            v = ema_(state["exp_avg_sq"], g, beta2, square=True)
+            m = ema_(moments[0], g, beta1, square=False)
+            v = ema_(moments[1], g, beta2, square=True)
             denom = (v.sqrt() / bc2**0.5).add_(eps)
             step_size = lr * (1.0 if plan is None else group["alpha"])
             p.addcdiv_(m.view(p.shape), denom.view(p.shape), value=-step_size / bc1)

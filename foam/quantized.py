@@ -104,7 +104,7 @@ class FOAM8bit(FOAM):
             return
         state = self.state[p]
         if not state:
-            self._init_state(p, group, self.plan_for(p, group))
+            self._init_state(p, group, self.shard_fold_for(p, group))
         for key, signed in MOMENTS.items():
             if state[key].dtype == torch.uint8:
                 state[key] = self.functional.dequantize_blockwise(

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from foam.param_groups import ParamSplit, check_covers, split_params
+from foam.sharding import check_supported
 
 COMMON_DEFAULTS: dict[str, Any] = {
     "lr": 1e-3,
@@ -63,6 +64,7 @@ def build_optimizer(name: str, model: nn.Module, **hparams: Any) -> torch.optim.
             f"optimizer {name!r} got unknown keyword(s) {unknown}; "
             f"it accepts {sorted(method.defaults)}"
         )
+    check_supported(name, model.parameters())  # before any state exists
     settings = {**method.defaults, **hparams}
     settings["betas"] = tuple(settings["betas"])
     optimizer = method.build(split_params(model), settings)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
+
+from foam.sharding import local
 
 # Planned state elements per parameter for optimizers we do not own (ours define
 # ``planned_state_numel()`` themselves, from the same shapes that size their states).
@@ -30,30 +33,39 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
         yield from _tensors(getattr(value, "__dict__", {}))
 
 
-def state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of persistent optimizer state actually allocated (each tensor counted once)."""
+def state_bytes(optimizer: torch.optim.Optimizer, per_rank: bool = True) -> int:
+    """Bytes of persistent optimizer state actually allocated (each tensor counted once).
+
+    With sharded (DTensor, FSDP2) states: this rank's shards (``per_rank``), or the states' whole,
+    unsharded sizes; the two agree for plain tensors.
+    """
     seen: set[int] = set()
     total = 0
     for tensor in _tensors(list(optimizer.state.values())):
         if id(tensor) not in seen and tensor.device.type != "meta":
             seen.add(id(tensor))
-            total += tensor.numel() * tensor.element_size()
+            counted = local(tensor) if per_rank else tensor
+            total += counted.numel() * tensor.element_size()
     return total
 
 
-def planned_state_numel(optimizer: torch.optim.Optimizer) -> int:
-    """Elements of persistent state the optimizer will hold once every parameter has stepped.
+def planned_state_numel(optimizer: torch.optim.Optimizer, per_rank: bool = True) -> int:
+    """Elements of persistent state the optimizer will hold once every parameter has stepped,
+    on this rank (``per_rank``) or for the whole, unsharded model (they differ under FSDP2).
 
     Step counters are not counted. Works on meta-device parameters (nothing is allocated), which
     is how the memory estimator sizes 7B models.
     """
     own = getattr(optimizer, "planned_state_numel", None)
     if own is not None:
-        return own()
+        # Methods that refuse DTensors (foam/sharding.py) hold the same figure either way.
+        sharded = "per_rank" in inspect.signature(own).parameters
+        return own(per_rank=per_rank) if sharded else own()
     for cls in type(optimizer).__mro__:
         if cls in _FOREIGN_STATE_NUMEL:
             rule = _FOREIGN_STATE_NUMEL[cls]
-            return sum(rule(p) for g in optimizer.param_groups for p in g["params"])
+            params = (p for g in optimizer.param_groups for p in g["params"])
+            return sum(rule(local(p) if per_rank else p) for p in params)
     raise TypeError(f"no state accounting for {type(optimizer).__name__}")
 
 

@@ -17,6 +17,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import foam
+from foam.sharding import ShardingNotSupported
+from train.parallelism import PARALLELISMS
 from train.schema import DESCRIPTIVE_OPTIM_KEYS
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -103,6 +105,10 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
     )
     _require(t.grad_clip >= 0, f"trainer.grad_clip must be >= 0 (0 = off), got {t.grad_clip}")
     _require(
+        t.parallelism in PARALLELISMS,
+        f"trainer.parallelism must be one of {PARALLELISMS}, got {t.parallelism!r}",
+    )
+    _require(
         t.precision in PRECISIONS,
         f"trainer.precision must be one of {PRECISIONS}, got {t.precision!r}",
     )
@@ -127,6 +133,8 @@ def build_optimizer(optim: DictConfig, model: torch.nn.Module) -> torch.optim.Op
     hparams = optimizer_hparams(optim)
     try:
         return foam.build_optimizer(optim.name, model, **hparams)
+    except ShardingNotSupported as err:
+        raise ConfigError(f"trainer.parallelism=fsdp: {err}") from None
     except (ValueError, TypeError) as err:
         named = [k for k in hparams if re.search(rf"\b{k}\b", str(err))] or list(hparams)
         keys = ", ".join(f"optim.{key}={hparams[key]}" for key in named)

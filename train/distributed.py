@@ -88,6 +88,17 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def all_reduce_max(value: int) -> int:
+    """The largest ``value`` over the ranks."""
+    if not dist.is_initialized():
+        return value
+    holder = torch.tensor([value], dtype=torch.int64)
+    if dist.get_backend() == "nccl":
+        holder = holder.cuda()
+    dist.all_reduce(holder, op=dist.ReduceOp.MAX)
+    return int(holder.item())
+
+
 def broadcast_object(obj: Any) -> Any:
     """Rank 0's ``obj`` on every rank."""
     if not dist.is_initialized():

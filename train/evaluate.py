@@ -10,30 +10,38 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection
 
 import torch
 from torch import nn
 
-from train.distributed import all_reduce_sum
+from train.distributed import all_reduce_max, all_reduce_sum
+from train.parallelism import is_sharded
 from train.step import Batch, count_targets, forward_loss_sum, to_device
 
 
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
-    batches: Iterable[Batch],
+    batches: Collection[Batch],
     *,
     device: torch.device,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> dict[str, float]:
-    """``{"val_loss", "val_ppl", "val_tokens"}``; the model is put back in train mode after."""
+    """``{"val_loss", "val_ppl", "val_tokens"}``; the model is put back in train mode after.
+
+    Under FSDP2 every forward is a collective, so a rank with fewer batches repeats its last one,
+    uncounted, until all ranks have run as many forwards."""
     was_training = model.training
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=device)
+    forwards = all_reduce_max(len(batches)) if is_sharded(model) else len(batches)
+    batch = None
     for batch in batches:
         totals[0] += forward_loss_sum(model, to_device(batch, device), autocast).double()
         totals[1] += count_targets(batch)
+    for _ in range(forwards - len(batches)):
+        forward_loss_sum(model, to_device(batch, device), autocast)
     loss_sum, tokens = all_reduce_sum(totals).tolist()
     model.train(was_training)
     loss = loss_sum / max(tokens, 1.0)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import resource
 import sys
 from collections import defaultdict
 from collections.abc import Iterable
 
 import torch
+
+import foam
+from foam.sharding import local
 
 # Dense BF16 tensor-core peaks (FLOP/s) by a substring of torch.cuda.get_device_name().
 # Order matters: the first match wins (H100 PCIe before the generic H100 = SXM).
@@ -55,14 +59,49 @@ def peak_memory(device: torch.device) -> dict[str, int]:
 
 
 def bytes_by_dtype(tensors: Iterable[torch.Tensor]) -> dict[str, int]:
-    """Total bytes per dtype, each tensor counted once."""
+    """Total bytes per dtype held by this rank (a DTensor's local shard), each tensor once."""
     seen: set[int] = set()
     out: dict[str, int] = defaultdict(int)
     for t in tensors:
         if id(t) not in seen:
             seen.add(id(t))
-            out[str(t.dtype).removeprefix("torch.")] += t.numel() * t.element_size()
+            out[str(t.dtype).removeprefix("torch.")] += local(t).numel() * t.element_size()
     return dict(out)
+
+
+def predicted_per_rank(whole_bytes: int, world_size: int, sharded: bool) -> int:
+    """The memory estimator's figure for one rank (``scripts/estimate_memory.py`` sizes the whole,
+    unsharded model): all of it under DDP, an even ``1/N`` share under FSDP2."""
+    return math.ceil(whole_bytes / world_size) if sharded else whole_bytes
+
+
+def whole_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the whole (unsharded) tensors, each counted once."""
+    unique = {id(t): t for t in tensors}.values()
+    return sum(t.numel() * t.element_size() for t in unique)
+
+
+def per_rank_memory_line(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, world_size: int, sharded: bool
+) -> str:
+    """Parameters, gradients (they take the trainable parameters' shapes and dtypes) and
+    optimizer state of this rank, each with the estimator's prediction for this world size; the
+    state is the planned one (``foam.planned_state_numel``), allocated at the first step."""
+    params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    state_size = params[0].element_size() if params else 0
+    planned_here = foam.planned_state_numel(optimizer) * state_size
+    planned_whole = foam.planned_state_numel(optimizer, per_rank=False) * state_size
+    parts = {
+        "params": (sum(bytes_by_dtype(params).values()), whole_bytes(params)),
+        "grads": (sum(bytes_by_dtype(trainable).values()), whole_bytes(trainable)),
+        "optimizer state": (planned_here, planned_whole),
+    }
+    return " | ".join(
+        f"{name} {here / 2**20:.2f} MiB (predicted "
+        f"{predicted_per_rank(whole, world_size, sharded) / 2**20:.2f} MiB)"
+        for name, (here, whole) in parts.items()
+    )
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -25,7 +25,6 @@ import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from tqdm import tqdm
 
@@ -62,7 +61,9 @@ from train.metrics import (
     optimizer_state_tensors,
     peak_flops,
     peak_memory,
+    per_rank_memory_line,
 )
+from train.parallelism import is_sharded, parallelize, uses_autocast
 from train.schedule import build_scheduler
 from train.schema import register_configs
 from train.seeding import seed_everything
@@ -95,8 +96,9 @@ class Run:
         return Resumable(self.model, self.optimizer, self.scheduler, self.train_loader)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """bf16_mixed: fp32 weights under a bf16 autocast; pure bf16 and fp32 need none."""
-        if self.cfg.trainer.precision == "bf16_mixed":
+        """bf16_mixed under DDP: fp32 weights under a bf16 autocast (FSDP2 casts by itself); pure
+        bf16 and fp32 need none."""
+        if uses_autocast(self.cfg.trainer.parallelism, self.cfg.trainer.precision):
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -179,8 +181,10 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
 def build_model_and_optimizer(
     cfg: DictConfig, info: dist.DistInfo, device: torch.device
 ) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer, LambdaLR]:
-    """Identical seeds give identical replicas. Pure bf16 (the paper) keeps weights, grads and
-    states in bf16; bf16_mixed keeps fp32 weights under a bf16 autocast."""
+    """Identical seeds give identical replicas (or shards of the same model). Pure bf16 (the
+    paper) keeps weights, grads and states in bf16; bf16_mixed keeps fp32 weights computed in
+    bf16. Under FSDP2 the optimizer is built on the sharded (DTensor) parameters, so a method that
+    cannot update shards is refused here, before any compute."""
     t = cfg.trainer
     seed_everything(t.seed)
     model = models.build_model(cfg.model, device=device, dtype=PARAM_DTYPES[t.precision])
@@ -188,18 +192,25 @@ def build_model_and_optimizer(
     if t.grad_checkpointing:
         models.enable_gradient_checkpointing(model)
     model.config.use_cache = False
+    replica = parallelize(
+        model,
+        parallelism=t.parallelism,
+        precision=t.precision,
+        device=device,
+        world_size=info.world_size,
+        fold_axis=cfg.optim.get("fold_axis", "larger"),
+    )
     optimizer = build_optimizer(cfg.optim, model)
     scheduler = build_scheduler(
         optimizer, max_steps=t.max_steps, warmup_ratio=t.warmup_ratio, min_lr_ratio=t.min_lr_ratio
     )
-    replica = model
-    if info.enabled:
-        replica = DistributedDataParallel(
-            model,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            forward_sync_buffers=False,  # the only buffers (RoPE) are identical on every rank
-        )
     log_model_and_optimizer(cfg, model, optimizer)
+    log.info(
+        "memory per rank (%d rank(s), %s): %s",
+        info.world_size,
+        t.parallelism,
+        per_rank_memory_line(model, optimizer, info.world_size, is_sharded(replica)),
+    )
     return model, replica, optimizer, scheduler
 
 
@@ -248,8 +259,11 @@ def train_loop(run: Run, state: TrainState, sink: MetricSink) -> float | None:
         state.advance(result.tokens, result.seconds)
         if state.step == 1 and run.info.is_main:
             log.info(
-                "optimizer state after the first step: %s",
+                "optimizer state after the first step, this rank: %s (planned %.2f MiB)",
                 format_bytes(bytes_by_dtype(optimizer_state_tensors(run.optimizer))),
+                foam.planned_state_numel(run.optimizer)
+                * next(run.model.parameters()).element_size()
+                / 2**20,
             )
         slots_per_s = result.token_slots / result.seconds / run.info.world_size
         last_mfu = mfu(flops_per_token, slots_per_s, peak)

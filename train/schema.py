@@ -101,6 +101,9 @@ class TrainerConfig:
     precision: str = "bf16"
     """bf16 = pure bf16 (weights, grads, states; the paper) | bf16_mixed | fp32."""
     grad_checkpointing: bool = False
+    parallelism: str = "ddp"
+    """ddp (replicate the model on every rank) | fsdp (FSDP2: shard parameters, gradients and
+    optimizer states; see train/parallelism.py)."""
     eval_every: int = 1000
     """Optimizer steps between evaluations; 0 = only at the end."""
     eval_tokens: int = 10_000_000

@@ -4,7 +4,8 @@ The loss of a step is (sum of next-token losses over the global batch) / (non-pa
 global batch). The global target count is all-reduced *before* the backward passes, and each
 micro-batch backpropagates its summed loss divided by that count. DDP averages gradients over
 ranks, so each rank's loss is multiplied by the world size to turn the average back into the
-global sum. Gradients are only all-reduced on the last micro-batch (``no_sync`` elsewhere).
+global sum (FSDP2's reduce-scatter averages the same way). Gradients are only reduced on the last
+micro-batch (``train/parallelism.py``'s ``no_gradient_sync`` elsewhere).
 This replaces the references' mean-of-micro-batch-means, which weights short documents more.
 """
 
@@ -20,8 +21,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from train.distributed import all_reduce_sum
+from train.parallelism import no_gradient_sync
 
 Batch = dict[str, torch.Tensor]
 
@@ -94,11 +97,10 @@ def accumulate_gradients(
     targets, tokens, slots = (int(x) for x in all_reduce_sum(counts).tolist())
     denominator = max(targets, 1) / world_size
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    no_sync = getattr(model, "no_sync", contextlib.nullcontext)
     for i, batch in enumerate(micro_batches):
         batch = to_device(batch, device)
         last = i == len(micro_batches) - 1
-        with contextlib.nullcontext() if last else no_sync():
+        with contextlib.nullcontext() if last else no_gradient_sync(model):
             loss = forward_loss_sum(model, batch, autocast)
             (loss / denominator).backward()
         loss_sum += loss.detach().double()
@@ -107,9 +109,11 @@ def accumulate_gradients(
 
 
 def grad_norm_and_clip(params: Sequence[torch.Tensor], max_norm: float) -> float:
-    """Global L2 norm of the gradients; clipped to ``max_norm`` when it is > 0."""
+    """Global L2 norm of the gradients (over all shards under FSDP2); clipped to ``max_norm`` when
+    it is > 0."""
     limit = max_norm if max_norm > 0 else float("inf")
-    return float(torch.nn.utils.clip_grad_norm_(params, limit, foreach=True))
+    norm = torch.nn.utils.clip_grad_norm_(params, limit, foreach=True)
+    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
 
 def train_step(

@@ -8,7 +8,7 @@ final_val_ppl               exp(final_val_loss)
 steps                       optimizer steps completed
 tokens                      non-pad training tokens seen (all ranks)
 tokens_per_s                tokens / training time (eval and checkpointing excluded)
-optimizer_state_bytes       bytes of optimizer state allocated (``foam.state_bytes``), per replica
+optimizer_state_bytes       bytes of optimizer state allocated (``foam.state_bytes``) on rank 0 (a shard under fsdp)
 peak_memory_bytes           CUDA max allocated on GPU; peak process RSS on CPU (rank 0)
 peak_memory_reserved_bytes  CUDA max reserved (null on CPU)
 mfu                         model FLOPs utilisation of the last logged window (null on CPU/unknown GPU)

@@ -1,0 +1,188 @@
+"""Optimizers on DTensor parameters (FSDP2's ``fully_shard``): which methods work, and how FOAM
+folds a rank's shard.
+
+FSDP2 shards each parameter along one dim on a 1-d device mesh (``Shard(0)`` by default, any
+dim through ``fully_shard(shard_placement_fn=...)``; ``torch.chunk`` sizes: ``ceil(n / ranks)``
+per rank, the last rank fewer). FOAM's fold runs along one axis of the 2-d view, so each rank
+folds its own shard exactly when no block crosses a shard boundary:
+
+* a fold along the dim that is not sharded is always local; the trainer shards every matrix so
+  (``shard_dim``), which makes any level and FOAM-Mini local;
+* a fold along the sharded dim is local when ``2**level`` divides the entries per rank (every
+  shard boundary is then a block boundary), checked when the optimizer is built, naming the
+  parameter that breaks it;
+* FOAM-Mini along the sharded dim (one block over the whole axis) is computed exactly across
+  ranks: the block mean is the all-reduced sum of the local entries (one all-reduce of the
+  folded state's size per moment and step), and its state is replicated.
+
+A folded state is a DTensor with the parameter's mesh and placement (replicated for the last
+case), so a DCP checkpoint records its global shape and reshards it to another world size.
+
+Methods whose update needs the whole matrix (an SVD, a random projection, Newton-Schulz, a
+per-head block, a wavelet transform, block-wise quantisation of the flat tensor) are refused by
+``check_supported`` before any compute, with what to use instead (``SHARDED_METHODS`` is the one
+list of what works).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from foam.folding import FoldPlan, fold, make_plan
+
+SHARDED_METHODS = ("adamw", "foam", "foam_mini")
+"""Registered methods that train DTensor (FSDP2) parameters; every other one is refused."""
+
+WHOLE_MATRIX_REASONS = {
+    "galore": "the SVD of the whole gradient matrix",
+    "apollo": "a random projection of the whole gradient matrix",
+    "apollo_mini": "a random projection of the whole gradient matrix",
+    "muon": "Newton-Schulz on the whole momentum matrix",
+    "foam_muon": "Newton-Schulz on the whole momentum matrix",
+    "adam_mini": "per-head blocks that need the whole matrix",
+    "foam_adam_mini": "per-head blocks that need the whole matrix",
+    "ldadamw": "a low-rank projection of the whole gradient matrix",
+    "gwt": "a wavelet transform along the whole fold axis",
+    "gwt_mini": "a wavelet transform along the whole fold axis",
+    "adamw8bit": "block-wise 8-bit quantisation of the whole flattened tensor",
+    "foam8bit": "block-wise 8-bit quantisation of the whole flattened tensor",
+}
+
+
+class ShardingNotSupported(ValueError):
+    """An optimizer was given sharded (DTensor) parameters it cannot update exactly."""
+
+
+def is_sharded(tensor: torch.Tensor) -> bool:
+    return isinstance(tensor, DTensor)
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``tensor`` (a view: writing into it writes into the DTensor)."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def check_supported(method: str, params: Iterable[torch.Tensor]) -> None:
+    """Refuse, before any compute, a method that cannot update DTensor parameters."""
+    if method in SHARDED_METHODS or not any(is_sharded(p) for p in params):
+        return
+    why = WHOLE_MATRIX_REASONS.get(method, "an update this project has not checked on shards")
+    raise ShardingNotSupported(
+        f"optimizer {method!r} does not support FSDP2 (trainer.parallelism=fsdp): its update "
+        f"needs {why}; use trainer.parallelism=ddp with it, or one of {', '.join(SHARDED_METHODS)}"
+        " under fsdp"
+    )
+
+
+def shard_dim(shape: torch.Size | tuple[int, ...], fold_axis: str = "larger") -> int:
+    """The dim to shard a matrix by so that FOAM folds every shard locally, at any level: the
+    one its fold does not run along (``fold_axis`` as FOAM's). 0 for tensors that are not 2-d."""
+    if len(shape) != 2:
+        return 0
+    return 1 - make_plan(shape, 0, fold_axis).axis
+
+
+def _shards(p: DTensor) -> tuple[int, int, int] | None:
+    """``(sharded dim, entries per rank along it, ranks)``; ``None`` when every rank holds all of
+    ``p``. Layouts other than one ``Shard``/``Replicate`` on a 1-d mesh are refused."""
+    if p.device_mesh.ndim != 1:
+        raise ShardingNotSupported(f"a {p.device_mesh.ndim}-d device mesh is not supported")
+    placement = p.placements[0]
+    if isinstance(placement, Replicate):
+        return None
+    if isinstance(placement, Shard) and (placement.dim == 0 or p.dim() == 2):
+        ranks = p.device_mesh.size()
+        return placement.dim, math.ceil(p.shape[placement.dim] / ranks), ranks
+    raise ShardingNotSupported(
+        f"placement {placement} of a {p.dim()}-d parameter is not supported (FOAM folds the 2-d "
+        "view (dim 0, the other dims)): shard it by dim 0"
+    )
+
+
+@dataclass(frozen=True)
+class ShardFold:
+    """How this rank folds its shard of a parameter whose whole-matrix fold is ``plan``."""
+
+    plan: FoldPlan
+    """The whole matrix's fold (global shapes)."""
+    local: FoldPlan
+    """The fold of this rank's shard."""
+    across_ranks: bool = False
+    """One block over the whole sharded axis: block means are all-reduced, the state replicated."""
+    placement: Shard | Replicate = field(default_factory=Replicate)
+    """The folded states' placement (the parameter's, unless ``across_ranks``)."""
+
+    @property
+    def averages(self) -> bool:
+        """Whether the fold averages anything (level 0 on one rank is the identity)."""
+        return self.local.block > 1 or self.across_ranks
+
+    def local_state_numel(self) -> int:
+        """Elements of one moment on this rank."""
+        return math.prod(self.local.folded_shape)
+
+
+def shard_fold(p: torch.Tensor, plan: FoldPlan, where: str = "a parameter") -> ShardFold:
+    """The fold of ``p``'s local shard for the whole-matrix fold ``plan``, or an error saying which
+    parameter (``where``) breaks the block alignment and what to change."""
+    if not is_sharded(p):
+        return ShardFold(plan, plan)
+    shards = _shards(p)
+    if shards is None:
+        return ShardFold(plan, plan)
+    dim, per_rank, ranks = shards
+    rows, cols = plan.rows, plan.cols
+    if dim == 0:
+        rows = p.to_local().shape[0]
+    else:
+        cols = p.to_local().shape[1]
+    local_plan = FoldPlan(rows=rows, cols=cols, axis=plan.axis, block=plan.block)
+    if plan.axis != dim or ranks == 1:
+        return ShardFold(plan, local_plan, placement=Shard(dim))
+    if plan.block == plan.length:  # FOAM-Mini along the sharded axis
+        mini = FoldPlan(rows=rows, cols=cols, axis=dim, block=max(local_plan.length, 1))
+        return ShardFold(plan, mini, across_ranks=True)
+    if per_rank % plan.block:
+        raise ShardingNotSupported(
+            f"FOAM under FSDP2: {where} of shape {tuple(p.shape)} folds blocks of {plan.block} "
+            f"along its sharded dim {dim}, but each of {ranks} ranks holds {per_rank} of them, "
+            f"so a block would straddle two ranks; use a level whose 2**level divides "
+            f"{per_rank}, shard it by dim {1 - dim} (foam.sharding.shard_dim), or "
+            "trainer.parallelism=ddp"
+        )
+    return ShardFold(plan, local_plan, placement=Shard(dim))
+
+
+def fold_shard(x: torch.Tensor, fold_of: ShardFold, p: torch.Tensor) -> torch.Tensor:
+    """A(x) of this rank's 2-d shard ``x``; the block means over all ranks when the block spans
+    them (``across_ranks``)."""
+    y = fold(x, fold_of.local)
+    if fold_of.across_ranks:
+        y.mul_(fold_of.local.length / fold_of.plan.length)  # local mean -> share of the global mean
+        dist.all_reduce(y, group=p.device_mesh.get_group())
+    return y
+
+
+def zeros_state(p: torch.Tensor, fold_of: ShardFold | None, dtype: torch.dtype) -> torch.Tensor:
+    """A zero moment for ``p``: full-size when ``fold_of`` is None, else folded; a DTensor with
+    ``p``'s mesh (and its placement, or replicated when the block spans the ranks) when ``p`` is."""
+    if fold_of is None:
+        return torch.zeros_like(p, dtype=dtype)
+    local_state = torch.zeros(fold_of.local.folded_shape, dtype=dtype, device=local(p).device)
+    if not is_sharded(p):
+        return local_state
+    shape = torch.Size(fold_of.plan.folded_shape)
+    return DTensor.from_local(
+        local_state,
+        p.device_mesh,
+        (fold_of.placement,),
+        run_check=False,
+        shape=shape,
+        stride=(shape[1], 1),
+    )

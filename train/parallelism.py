@@ -1,0 +1,106 @@
+"""Data parallelism: DDP (replicate the model) or FSDP2 (shard parameters, gradients and states).
+
+``trainer.parallelism=ddp`` wraps the model in ``DistributedDataParallel`` (several ranks only).
+``trainer.parallelism=fsdp`` applies ``torch.distributed.fsdp.fully_shard`` to every decoder layer
+and then the root on a 1-d device mesh, so a rank holds ``1/N`` of each parameter, its gradient and
+its optimizer state, and all-gathers one layer's weights at a time. Each matrix is sharded along the
+dim FOAM does not fold (``foam.sharding.shard_dim``), so FOAM folds every shard locally at any
+level; the rest is sharded by rows. Precision:
+
+* ``bf16`` (the paper's pure bf16): parameters are stored in bf16, gradients are reduced in bf16;
+* ``bf16_mixed``: fp32 parameters, computed in bf16 and reduced in fp32 through FSDP2's
+  ``MixedPrecisionPolicy`` (DDP uses ``torch.autocast`` instead, see ``uses_autocast``);
+* ``fp32``: everything in fp32.
+
+With one rank there is nothing to shard or replicate: the model trains unwrapped either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Shard
+from torch.nn.parallel import DistributedDataParallel
+
+import foam
+from foam.sharding import shard_dim
+
+PARALLELISMS = ("ddp", "fsdp")
+
+
+def uses_autocast(parallelism: str, precision: str) -> bool:
+    """bf16_mixed computes in bf16 under ``torch.autocast`` with DDP; FSDP2 casts on its own."""
+    return precision == "bf16_mixed" and parallelism == "ddp"
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks: the classes transformers lists in ``_no_split_modules``."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} names no decoder layer class to shard by")
+    return layers
+
+
+def parallelize(
+    model: nn.Module,
+    *,
+    parallelism: str,
+    precision: str,
+    device: torch.device,
+    world_size: int,
+    fold_axis: str = "larger",
+) -> nn.Module:
+    """The module that trains: ``model`` itself (one rank, or sharded in place by FSDP2), or its
+    DDP wrapper. ``fold_axis`` is the optimizer's (FOAM's keyword) and picks each matrix's
+    sharded dim."""
+    if parallelism not in PARALLELISMS:
+        raise ValueError(f"trainer.parallelism must be one of {PARALLELISMS}, got {parallelism!r}")
+    if world_size == 1:
+        return model
+    if parallelism == "ddp":
+        return DistributedDataParallel(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            forward_sync_buffers=False,  # the only buffers (RoPE) are identical on every rank
+        )
+    mesh = init_device_mesh(device.type, (world_size,))
+    policy = MixedPrecisionPolicy()
+    if precision == "bf16_mixed":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    matrices = {id(p) for _, p in foam.split_params(model).matrices}
+
+    def placement(p: nn.Parameter) -> Shard:
+        return Shard(shard_dim(p.shape, fold_axis) if id(p) in matrices else 0)
+
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=policy, shard_placement_fn=placement)
+    fully_shard(model, mesh=mesh, mp_policy=policy, shard_placement_fn=placement)
+    return model
+
+
+@contextlib.contextmanager
+def no_gradient_sync(model: nn.Module) -> Iterator[None]:
+    """Accumulate gradients locally (all micro-batches of a step but the last): DDP's ``no_sync``,
+    FSDP2's ``set_requires_gradient_sync(False)``; nothing to do with one rank."""
+    if isinstance(model, DistributedDataParallel):
+        with model.no_sync():
+            yield
+    elif isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether every forward of ``model`` is a collective (all ranks must run the same number)."""
+    return isinstance(model, FSDPModule)
