@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 import foam
-from foam.sharding import local
 import models
+from foam.sharding import local
 from models.config import load_model_config
 from train.parallelism import parallelize
 from train.step import train_step
@@ -87,7 +87,9 @@ def train(name: str, world: int, rank: int, sharded: bool) -> tuple[list[float],
             step=step,
         )
         losses.append(result.loss)
-    steps = sum(local(s["step"]).numel() * s["step"].element_size() for s in optimizer.state.values())
+    steps = sum(
+        local(s["step"]).numel() * s["step"].element_size() for s in optimizer.state.values()
+    )
     return losses, foam.state_bytes(optimizer) - steps  # the moments, without step counters
 
 

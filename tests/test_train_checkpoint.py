@@ -1,4 +1,5 @@
-"""Checkpoints: atomic (a crash or kill mid-save leaves the previous one valid), last-k, weights-only."""
+"""Checkpoint files (``train/checkpoint.py``) in one process: complete or absent, last-k, resume
+modes, weights-only trainer state, and the model consolidated from the DCP files."""
 
 import os
 import signal
@@ -10,62 +11,82 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
 from train import checkpoint as ckpt
 from train.seeding import rng_state, set_rng_state
+from train.state import TrainState
 
 
-def state(step: int) -> dict:
-    return {
-        "model": {"w": torch.full((4,), float(step))},
-        "step": step,
-        "name": "x",
-        "betas": (0.9, 0.95),
-    }
+class Position:
+    """A train loader's stand-in: its position is a counter."""
+
+    def __init__(self) -> None:
+        self.records = 0
+
+    def state_dict(self) -> dict:
+        return {"records": self.records}
+
+    def load_positions(self, positions: list[dict]) -> None:
+        self.records = positions[0]["records"]
 
 
-def test_save_load_round_trip_weights_only(tmp_path):
-    path = ckpt.save_checkpoint(tmp_path, 3, state(3), {"tokens": 7}, keep_last=2)
-    assert path.name == "step_00000003"
-    loaded = torch.load(path / ckpt.STATE_FILE, weights_only=True)
-    assert loaded["step"] == 3 and torch.equal(loaded["model"]["w"], torch.full((4,), 3.0))
-    assert ckpt.load_checkpoint(path)["betas"] == (0.9, 0.95)
+def live(width: int = 4) -> ckpt.Resumable:
+    model = torch.nn.Linear(width, width)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    return ckpt.Resumable(model, optimizer, scheduler, Position())
+
+
+def save(run_dir: Path, run: ckpt.Resumable, step: int, keep_last: int = 2) -> Path:
+    with torch.no_grad():
+        run.model.weight.fill_(float(step))
+    state = TrainState(step=step, tokens=10 * step)
+    return ckpt.save_training_state(run_dir, run, state, rank=0, keep_last=keep_last)
+
+
+def test_round_trip(tmp_path):
+    run = live()
+    path = save(tmp_path, run, 3)
+    assert path.name == "step_00000003" and ckpt.is_complete(path)
+    resumed, state = live(), TrainState()
+    ckpt.restore_training_state(path, resumed, state, rank=0)
+    assert torch.equal(resumed.model.weight, torch.full((4, 4), 3.0))
+    assert (state.step, state.tokens) == (3, 30)
 
 
 def test_keep_last_k(tmp_path):
+    run = live()
     for step in (1, 2, 3, 4):
-        ckpt.save_checkpoint(tmp_path, step, state(step), {}, keep_last=2)
+        save(tmp_path, run, step)
     assert [s for s, _ in ckpt.list_checkpoints(ckpt.checkpoint_root(tmp_path))] == [3, 4]
 
 
 def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    ckpt.save_checkpoint(tmp_path, 1, state(1), {}, keep_last=2)
-    real_save = torch.save
+    run = live()
+    save(tmp_path, run, 1)
 
-    def crash_midway(obj, f, *args, **kwargs):
-        real_save(obj, f, *args, **kwargs)
-        f.truncate(10)  # half-written file, then the process "dies"
-        raise KeyboardInterrupt
+    def crash_midway(*args, **kwargs):
+        raise KeyboardInterrupt  # the process "dies" while the shards are written
 
-    monkeypatch.setattr(torch, "save", crash_midway)
+    monkeypatch.setattr(dcp, "save", crash_midway)
     with pytest.raises(KeyboardInterrupt):
-        ckpt.save_checkpoint(tmp_path, 2, state(2), {}, keep_last=2)
-    monkeypatch.setattr(torch, "save", real_save)
+        save(tmp_path, run, 2)
+    monkeypatch.undo()
+    assert list(ckpt.checkpoint_root(tmp_path).glob(".tmp_*"))
     latest = ckpt.find_resume_checkpoint("auto", tmp_path)
     assert latest.name == "step_00000001"
-    assert ckpt.load_checkpoint(latest)["step"] == 1
-    ckpt.save_checkpoint(tmp_path, 2, state(2), {}, keep_last=2)  # the stale temp dir is cleared
+    save(tmp_path, run, 2)  # the stale temp dir is cleared
     assert not list(ckpt.checkpoint_root(tmp_path).glob(".tmp_*"))
 
 
 KILLED_SAVER = textwrap.dedent(
     """
     import sys, torch
-    from train.checkpoint import save_checkpoint
-    run_dir = sys.argv[1]
-    big = torch.randn(16_000_000)  # 64 MB: each save takes a while
+    from tests.test_train_checkpoint import live, save
+    run = live(4000)  # 64 MB of weights: each save takes a while
     for step in range(1, 10_000):
-        save_checkpoint(run_dir, step, {"w": big, "step": step}, {}, keep_last=2)
+        save(sys.argv[1], run, step)
         print(step, flush=True)
     """
 )
@@ -74,21 +95,22 @@ KILLED_SAVER = textwrap.dedent(
 def test_sigkill_during_save_leaves_a_loadable_checkpoint(tmp_path):
     repo = Path(__file__).resolve().parents[1]
     proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED_SAVER, str(tmp_path)],
+        [sys.executable, "-W", "ignore", "-c", KILLED_SAVER, str(tmp_path)],
         cwd=repo,
         stdout=subprocess.PIPE,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)},
         text=True,
     )
     try:
         assert proc.stdout.readline().strip() == "1"  # one complete checkpoint exists
-        time.sleep(0.15)  # then kill it somewhere inside a later save
+        time.sleep(0.3)  # then kill it somewhere inside a later save
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     latest = ckpt.find_resume_checkpoint("auto", tmp_path)
-    loaded = ckpt.load_checkpoint(latest)
-    assert loaded["w"].numel() == 16_000_000 and loaded["step"] == int(latest.name.split("_")[1])
+    step = int(latest.name.split("_")[1])
+    model = ckpt.load_model_weights(latest, torch.nn.Linear(4000, 4000))
+    assert torch.equal(model.weight[:2, :2], torch.full((2, 2), float(step)))
 
 
 def test_resume_modes(tmp_path):
@@ -97,18 +119,25 @@ def test_resume_modes(tmp_path):
     assert ckpt.find_resume_checkpoint(None, tmp_path) is None
     with pytest.raises(FileNotFoundError, match=r"trainer\.resume"):
         ckpt.find_resume_checkpoint(str(tmp_path / "nowhere"), tmp_path)
-    path = ckpt.save_checkpoint(tmp_path, 5, state(5), {}, keep_last=0)
+    path = save(tmp_path, live(), 5, keep_last=0)
     assert ckpt.find_resume_checkpoint(str(tmp_path), tmp_path / "other") == path
     assert ckpt.find_resume_checkpoint(str(path), tmp_path / "other") == path
 
 
-def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
+def test_rng_state_round_trips_through_the_weights_only_trainer_file(tmp_path):
     import random
 
     import numpy as np
 
-    saved = rng_state()
+    run = live()
+    path = save(tmp_path, run, 1)  # saving draws nothing: the RNG is where it was saved
     expected = (random.random(), np.random.rand(), torch.rand(1).item())
-    path = ckpt.save_checkpoint(tmp_path, 1, {"rng": saved}, {}, keep_last=1)
-    set_rng_state(torch.load(path / ckpt.STATE_FILE, weights_only=True)["rng"])
+    trainer = torch.load(path / ckpt.TRAINER_FILE, weights_only=True)
+    assert trainer["rng"][0].keys() == rng_state().keys()
+    set_rng_state(trainer["rng"][0])
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def test_consolidated_weights_need_a_complete_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+        ckpt.load_model_weights(tmp_path, torch.nn.Linear(2, 2))

@@ -125,11 +125,27 @@ def test_restore_equals_the_saved_run_and_continues_it(tmp_path, data_cfg, token
     assert (resumed_state.step, resumed_state.tokens) == (state.step, state.tokens)
 
 
-def test_resume_on_another_world_size_is_a_config_error(tmp_path, data_cfg, tokenizer):
+def test_resume_on_two_ranks_of_a_source_split_by_files_is_refused(tmp_path, data_cfg, tokenizer):
+    """The embedded corpus has an even number of files: two ranks read whole files, one rank
+    all of them in another order, so a position cannot be carried from one to the other."""
+    run, state = build(data_cfg, tokenizer, seed=0), TrainState()
+    steps(run, state, 1)
+    path = save_training_state(tmp_path, run, state, rank=0, keep_last=0)
+    run.loader = build_train_loader(
+        data_cfg, tokenizer, micro_batch_size=2, rank=1, world_size=2, seed=0
+    )
+    with pytest.raises(ConfigError, match=r"1 rank\(s\), this run has 2.*by whole files"):
+        restore_training_state(path, run, TrainState(world_size=2), rank=1)
+
+
+def test_resume_with_other_data_settings_is_a_config_error(tmp_path, data_cfg, tokenizer):
     run = build(data_cfg, tokenizer, seed=0)
     path = save_training_state(tmp_path, run, TrainState(), rank=0, keep_last=0)
-    with pytest.raises(ConfigError, match=r"trainer\.resume: .* 1 rank\(s\), this run has 2"):
-        restore_training_state(path, run, TrainState(world_size=2), rank=0)
+    run.loader = build_train_loader(
+        data_cfg, tokenizer, micro_batch_size=4, rank=0, world_size=1, seed=0
+    )
+    with pytest.raises(ConfigError, match=r"trainer\.resume: .*micro_batch_size"):
+        restore_training_state(path, run, TrainState(), rank=0)
 
 
 def test_train_state_times_add_up_over_segments():

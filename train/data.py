@@ -57,6 +57,13 @@ STATE_VERSION = 1
 _READ_CHUNK = 256  # raw records tokenized together (batch encoding is much faster per document)
 
 
+def split_mode(split: Any, world_size: int) -> str:
+    """How ``split_dataset_by_node`` shares a split among ranks: ``"shards"`` (whole files, when
+    their count divides the world size) or ``"records"`` (one record in ``world_size``)."""
+    shards = getattr(split, "n_shards", 1)
+    return "shards" if world_size > 1 and shards % world_size == 0 else "records"
+
+
 def rank_stream(
     split: Any, *, shuffle_buffer: int, rank: int, world_size: int, seed: int, epoch: int = 0
 ) -> Iterable[dict]:
@@ -298,6 +305,15 @@ class TrainLoader:
             "stats": stats,
         }
 
+    def load_positions(self, positions: list[dict]) -> None:
+        """Continue from a checkpoint's positions of all its ranks: this rank's own when the world
+        size is the same, else re-derived (``rederive_position``, which says why it cannot)."""
+        rank, world_size = self._fingerprint["rank"], self._fingerprint["world_size"]
+        if len(positions) == world_size:
+            self.load_state_dict(positions[rank])
+        else:
+            self.load_state_dict(rederive_position(positions, self._fingerprint))
+
     def close(self) -> None:
         """Stop the background thread (if any); the next `next()` restarts from the state."""
         if self._thread is not None:
@@ -314,6 +330,55 @@ class TrainLoader:
                 self._stop.set()
         except Exception:
             pass
+
+
+def rederive_position(saved: list[dict], fingerprint: dict) -> dict:
+    """This rank's position (``fingerprint`` is its loader's) from the positions a run on
+    ``len(saved)`` ranks checkpointed: raises ``ValueError`` saying why when it cannot be exact.
+
+    The stream is shuffled before it is split one record per rank, round-robin, so while every
+    rank has consumed the same number ``n`` of records of the epoch and holds no partial batch,
+    the records consumed are exactly the first ``n x ranks`` of the shuffled stream, whatever the
+    world size: a run on ``M`` ranks continues at ``n x ranks / M`` records per rank. Sources split
+    by whole files (file count divisible by the world size), packed rows and ranks that skipped
+    different numbers of unusable records break this. Counters (``stats``) are summed into rank 0.
+    """
+    ranks, world_size = len(saved), fingerprint["world_size"]
+    ignored = ("rank", "world_size")
+    config = {k: v for k, v in saved[0].get("config", {}).items() if k not in ignored}
+    mine = {k: v for k, v in fingerprint.items() if k not in ignored}
+    if "shards" in (config.pop("split", None), mine.pop("split")):
+        raise ValueError(
+            "the source is split among ranks by whole files, which depends on the world size; "
+            f"resume on {ranks} rank(s)"
+        )
+    if config != mine:
+        diff = {k: (config.get(k), v) for k, v in mine.items() if config.get(k) != v}
+        raise ValueError(f"the data settings differ (saved, now): {diff}")
+    positions = {(s["epoch"], s["records"], bool(s["carry"])) for s in saved}
+    epoch, records, carry = positions.pop()
+    if positions or carry:
+        raise ValueError(
+            "the ranks stopped at different points of the stream (packed rows, or unusable "
+            f"records skipped unevenly); resume on {ranks} rank(s)"
+        )
+    total = records * ranks
+    if total % world_size:
+        raise ValueError(f"{total} records consumed do not split evenly over {world_size} ranks")
+    stats = _new_stats()
+    if fingerprint["rank"] == 0:
+        for s in saved:
+            for key, value in s["stats"].items():
+                stats[key] = stats.get(key, 0) + value
+    stats["epoch"] = epoch
+    return {
+        "version": STATE_VERSION,
+        "config": dict(fingerprint),
+        "epoch": epoch,
+        "records": total // world_size,
+        "carry": [],
+        "stats": stats,
+    }
 
 
 def _shuffle_seed(cfg: DataConfig, seed: int) -> int:
@@ -376,6 +441,7 @@ def build_train_loader(
             rank=rank,
             world_size=world_size,
             shuffle_seed=shuffle_seed,
+            split=split_mode(source.train, world_size),
         ),
         label=source.label,
     )

@@ -76,6 +76,11 @@ def init_distributed(info: DistInfo, device: torch.device) -> None:
         dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
 
 
+def is_initialized() -> bool:
+    """Whether this process is in a process group (torchrun with several ranks)."""
+    return dist.is_initialized()
+
+
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
