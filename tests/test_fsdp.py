@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from test_train_cli import command, run, train_losses
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
@@ -60,3 +63,102 @@ def test_whole_matrix_method_is_refused_under_fsdp(runs):
     message = sharded["galore"]["refused"]
     assert "'galore' does not support FSDP2" in message and "SVD" in message
     assert "trainer.parallelism=ddp" in message
+
+
+# -- through the CLI: checkpoints of sharded runs --------------------------------------------
+
+
+RUN = ("trainer.max_steps=6", "trainer.save_every=2", "trainer.eval_every=0")
+
+
+def torchrun(cmd: list[str]) -> list[str]:
+    return [TORCHRUN, "--standalone", "--nproc_per_node", "2", *cmd[1:]]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[str, ...]:
+    """One local file, so the stream is split among ranks one record each, the same documents
+    make a step on 1 or 2 ranks, and a data position carries over between world sizes."""
+    path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"text": f"document {i} " + "word " * (i % 40)}) + "\n" for i in range(600)
+        )
+    )
+    return ("data=local", f"data.path={path}", "trainer.global_batch_size=8", *RUN)
+
+
+@pytest.fixture(scope="module")
+def curves(tmp_path_factory, corpus) -> dict[str, Path]:
+    """A 1-rank run and a 2-rank FSDP2 run of the same 6 steps, checkpointed every 2."""
+    root = tmp_path_factory.mktemp("curves")
+    dirs = {"one": root / "one", "fsdp": root / "fsdp"}
+    run(command(dirs["one"], *corpus))
+    run(torchrun(command(dirs["fsdp"], *corpus, "trainer.parallelism=fsdp")))
+    return dirs
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp_run_follows_the_one_rank_curve(curves):
+    one, fsdp = train_losses(curves["one"]), train_losses(curves["fsdp"])
+    assert sorted(fsdp) == list(range(1, 7))
+    for step, loss in one.items():
+        assert fsdp[step] == pytest.approx(loss, rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_rank_checkpoint_resumed_on_one_rank_continues_the_curve(tmp_path, curves, corpus):
+    step4 = curves["fsdp"] / "checkpoints" / "step_00000004"
+    resumed = tmp_path / "resumed"
+    out = run(command(resumed, *corpus, f"trainer.resume={step4}"))
+    assert "checkpoint of 2 rank(s) resumed on 1" in out.stdout + out.stderr
+    losses, reference = train_losses(resumed), train_losses(curves["fsdp"])
+    assert sorted(losses) == [5, 6]
+    for step, loss in losses.items():
+        assert loss == pytest.approx(reference[step], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_one_rank_checkpoint_resumed_on_two_fsdp_ranks_continues_the_curve(
+    tmp_path, curves, corpus
+):
+    step4 = curves["one"] / "checkpoints" / "step_00000004"
+    resumed = tmp_path / "resumed"
+    run(torchrun(command(resumed, *corpus, "trainer.parallelism=fsdp", f"trainer.resume={step4}")))
+    losses, reference = train_losses(resumed), train_losses(curves["one"])
+    assert sorted(losses) == [5, 6]
+    for step, loss in losses.items():
+        assert loss == pytest.approx(reference[step], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_path, curves, corpus):
+    broken = tmp_path / "broken"
+    cmd = torchrun(command(broken, *corpus, "trainer.parallelism=fsdp"))
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: the kill reaches torchrun and its ranks
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (broken / "checkpoints" / "step_00000004").exists() and proc.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (broken / "summary.json").exists(), "the run finished before it could be killed"
+    resumed = run(cmd)
+    assert "resumed from" in resumed.stdout + resumed.stderr
+    losses, reference = train_losses(broken), train_losses(curves["fsdp"])
+    assert sorted(losses) == list(range(1, 7))
+    for step, loss in reference.items():
+        assert losses[step] == pytest.approx(loss, rel=1e-6)
