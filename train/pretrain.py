@@ -8,7 +8,8 @@
 The file reads top to bottom as the training story; each step it calls lives in a small module
 of ``train/`` with its own tests. What a run writes into its run directory: ``config.yaml``
 (resolved), ``metrics.jsonl``, ``summary.json`` (schema in ``train/summary.py``),
-``checkpoints/step_*`` and, with ``logger=wandb``, ``wandb/``.
+``checkpoints/step_*``, the final model as a transformers checkpoint in ``hf/`` and, with
+``logger=wandb``, ``wandb/``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from train.config import (
 )
 from train.data import build_tokenizer, build_train_loader, build_val_batches
 from train.evaluate import evaluate
+from train.export import HF_DIR, export_hf
 from train.loggers import JsonlWriter, WandbLogger, new_run_id
 from train.metrics import (
     bytes_by_dtype,
@@ -331,6 +333,7 @@ def train(cfg: DictConfig) -> dict:
     }
     if info.is_main:
         write_summary(run_dir, summary)
+        export_hf(model, tokenizer, run_dir / HF_DIR)
         jsonl.close()
         if wandb:
             wandb.summary(summary)
