@@ -48,6 +48,7 @@ from train.loggers import JsonlWriter, WandbLogger, new_run_id
 from train.metrics import (
     bytes_by_dtype,
     format_bytes,
+    log_step_time_estimate,
     mfu,
     optimizer_state_tensors,
     peak_flops,
@@ -246,6 +247,10 @@ def train(cfg: DictConfig) -> dict:
     # 6. Train: exactly max_steps optimizer steps; lr is a function of the optimizer step.
     flops_per_token = models.flops_per_token(cfg.model, cfg.data.seq_len)
     peak = peak_flops(device)
+    if info.is_main:
+        matmul_dtype = torch.bfloat16 if t.precision.startswith("bf16") else torch.float32
+        slots = t.global_batch_size * cfg.data.seq_len // info.world_size
+        log_step_time_estimate(flops_per_token, slots, device, matmul_dtype, t.max_steps - step)
     last_mfu = None
     progress = tqdm(total=t.max_steps, initial=step, disable=not info.is_main, dynamic_ncols=True)
     while step < t.max_steps:
