@@ -34,3 +34,11 @@ def test_a_known_gpu_peak_is_used_at_the_assumed_utilisation(monkeypatch, caplog
 def test_measured_matmul_rate_is_plausible():
     rate = metrics.measured_matmul_flops(CPU, torch.float32, n=128)
     assert 1e7 < rate < 1e14
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.25, "0.25 s"), (119, "119 s"), (720, "12 min"), (18720, "5.2 h"), (3.7e7, "428 days")],
+)
+def test_durations_read_at_a_glance(seconds, text):
+    assert metrics.format_duration(seconds) == text

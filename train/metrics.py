@@ -115,6 +115,14 @@ def measured_matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 512
     return 2 * n**3 / best
 
 
+def format_duration(seconds: float) -> str:
+    """``0.25 s``, ``12 min``, ``5.2 h``, ``430 days``: a duration at a glance."""
+    for unit, size in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"
+
+
 def log_step_time_estimate(
     flops_per_token: int, tokens_per_step: int, device: torch.device, dtype: torch.dtype, steps: int
 ) -> float:
@@ -129,12 +137,13 @@ def log_step_time_estimate(
         source = f"{ASSUMED_MFU:.0%} of the device's {peak / 1e12:.0f} TFLOP/s bf16 peak"
     else:
         rate = measured_matmul_flops(device, dtype)
-        source = f"this {device.type}'s measured {dtype} matmul rate, {rate / 1e9:.0f} GFLOP/s"
+        kind = str(dtype).removeprefix("torch.")
+        source = f"this {device.type}'s measured {kind} matmul rate, {rate / 1e9:.0f} GFLOP/s"
     seconds = flops_per_token * tokens_per_step / rate
     message = (
-        f"estimated time per optimizer step: {seconds:.3g} s, {steps} steps in about "
-        f"{seconds * steps / 3600:.3g} h ({flops_per_token * tokens_per_step / 1e12:.3g} TFLOP "
-        f"per step per device at {source})"
+        f"estimated time per optimizer step: {format_duration(seconds)}, {steps} steps in about "
+        f"{format_duration(seconds * steps)} ({flops_per_token * tokens_per_step / 1e12:.3g} "
+        f"TFLOP per step per device at {source})"
     )
     if device.type == "cpu" and seconds > SLOW_STEP_S:
         log.warning("%s; on a CPU use the CPU presets: %s", message, CPU_PRESETS)
