@@ -1,7 +1,9 @@
 """A run's model leaves as a transformers checkpoint that loads, scores and generates as trained."""
 
 import json
+import re
 import runpy
+import textwrap
 
 import pytest
 import torch
@@ -59,7 +61,7 @@ def test_export_loads_with_auto_classes_and_scores_as_the_trainer(run_dir):
     loss = evaluate(model, val, device=torch.device("cpu"))["val_loss"]
     assert loss == pytest.approx(summary["final_val_loss"], rel=1e-6)
 
-    prompt = tokenizer("The for statement", return_tensors="pt")
+    prompt = tokenizer("The for statement", add_special_tokens=False, return_tensors="pt")
     out = model.generate(**prompt, max_new_tokens=6, min_new_tokens=6, do_sample=False)
     assert out.shape[1] == prompt["input_ids"].shape[1] + 6
     assert tokenizer.decode(out[0, -6:], skip_special_tokens=True).strip()
@@ -80,3 +82,11 @@ def test_export_script_converts_a_checkpoint_to_bf16(run_dir, tmp_path):
 def test_export_script_rejects_a_path_that_is_not_a_checkpoint(tmp_path, capsys):
     assert export_hf_main([str(tmp_path), str(tmp_path / "out")]) == 2
     assert "not a checkpoint directory" in capsys.readouterr().err
+
+
+def test_the_readme_loading_example_runs_on_an_exported_run(run_dir, capsys):
+    readme = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
+    (block,) = [textwrap.dedent(b) for b in blocks if "AutoModelForCausalLM" in b]
+    exec(block.replace("runs/demo/hf", str(run_dir / "hf")), {})
+    assert capsys.readouterr().out.startswith("The for statement")
