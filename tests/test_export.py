@@ -90,3 +90,24 @@ def test_the_readme_loading_example_runs_on_an_exported_run(run_dir, capsys):
     (block,) = [textwrap.dedent(b) for b in blocks if "AutoModelForCausalLM" in b]
     exec(block.replace("runs/demo/hf", str(run_dir / "hf")), {})
     assert capsys.readouterr().out.startswith("The for statement")
+
+
+def test_a_tokenizer_that_cannot_convert_leaves_the_model_with_a_warning(tmp_path, caplog):
+    import io
+
+    import sentencepiece as spm
+
+    from train.export import export_hf
+    from train.tokenizer import SentencePieceTokenizer
+
+    proto = io.BytesIO()  # SentencePiece's default layout: unk 0, bos 1, eos 2, no pad
+    lines = [f"line {i} of a small corpus with some words" for i in range(200)]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=proto, vocab_size=40, minloglevel=2
+    )
+    tokenizer = SentencePieceTokenizer(proto.getvalue(), "user.model", 64)
+    model = models.build_model(models.load_model_config("llama_tiny"))
+    export_hf(model, tokenizer, tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    assert not (tmp_path / "tokenizer.json").exists()
+    assert "without a tokenizer" in caplog.text and "T5's layout" in caplog.text

@@ -59,6 +59,8 @@ def export_hf(model: PreTrainedModel, tokenizer: Tokenizer, out_dir: Path) -> Pa
     """Save ``model`` (in its own dtype) and its tokenizer into ``out_dir``; returns it.
 
     The trainer turns the KV cache off for training; the export turns it back on, for generation.
+    A tokenizer that cannot be converted is left out with a warning (the run has finished; its
+    model is not lost for that).
     """
     out_dir = Path(out_dir)
     use_cache = model.config.use_cache
@@ -67,7 +69,11 @@ def export_hf(model: PreTrainedModel, tokenizer: Tokenizer, out_dir: Path) -> Pa
         model.save_pretrained(out_dir, safe_serialization=True)
     finally:
         model.config.use_cache = use_cache
-    hf_tokenizer(tokenizer).save_pretrained(out_dir)
+    try:
+        hf_tokenizer(tokenizer).save_pretrained(out_dir)
+    except (TypeError, ValueError) as err:  # the model is still worth having
+        log.warning("exported the model to %s without a tokenizer: %s", out_dir, err)
+        return out_dir
     log.info("exported the model as a transformers checkpoint: %s", out_dir)
     return out_dir
 
