@@ -35,8 +35,9 @@ TargetModules = str | Sequence[str]
 
 def is_target(target_modules: TargetModules, module_name: str) -> bool:
     """Whether ``module_name`` is selected, with the rules of transformers' ``optim_target_modules``
-    (and PEFT's ``target_modules``): a single string is a regex the whole name must match; a list
-    selects a name equal to, containing, or fully matching (as a regex) any of its entries."""
+    (``transformers.trainer_utils.check_target_module_exists``): a single string is a regex the
+    whole name must match; a list selects a name equal to, containing, or fully matching (as a
+    regex) any of its entries."""
     if isinstance(target_modules, str):
         return re.fullmatch(target_modules, module_name) is not None
     return any(t in module_name or re.fullmatch(t, module_name) for t in target_modules)
