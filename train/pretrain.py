@@ -8,7 +8,8 @@
 ``train()`` reads top to bottom as the training story; each step it calls lives in a small module
 of ``train/`` with its own tests. What a run writes into its run directory: ``config.yaml``
 (resolved), ``metrics.jsonl``, ``summary.json`` (schema in ``train/summary.py``),
-``checkpoints/step_*`` (contents in ``train/checkpoint.py``) and, with ``logger=wandb``, ``wandb/``.
+``checkpoints/step_*`` (contents in ``train/checkpoint.py``), the final model as a transformers
+checkpoint in ``hf/`` and, with ``logger=wandb``, ``wandb/``.
 """
 
 from __future__ import annotations
@@ -54,10 +55,12 @@ from train.data import (
     build_val_batches,
 )
 from train.evaluate import evaluate
+from train.export import HF_DIR, export_hf
 from train.loggers import MetricSink
 from train.metrics import (
     bytes_by_dtype,
     format_bytes,
+    log_step_time_estimate,
     mfu,
     optimizer_state_tensors,
     peak_flops,
@@ -69,6 +72,7 @@ from train.seeding import seed_everything
 from train.state import TrainState
 from train.step import StepResult, TrainingDiverged, train_step
 from train.summary import build_summary, write_summary
+from train.tokenizer import Tokenizer
 
 log = logging.getLogger("train.pretrain")
 PARAM_DTYPES = {"bf16": torch.bfloat16, "bf16_mixed": torch.float32, "fp32": torch.float32}
@@ -88,6 +92,7 @@ class Run:
     replica: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    tokenizer: Tokenizer
     train_loader: TrainLoader
     val_batches: ValBatches
 
@@ -133,9 +138,11 @@ def train(cfg: DictConfig) -> dict:
         mfu=last_mfu,
         **params_counts(run.model),
         data_skipped=sum(dist.all_gather_object(int(run.train_loader.stats.get("skipped", 0)))),
+        projections=foam.projections_computed(run.optimizer),
     )
     if info.is_main:
         write_summary(run.run_dir, summary)
+        export_hf(run.model, run.tokenizer, run.run_dir / HF_DIR)
         log.info(
             "done: %d steps, %d tokens, val ppl %.2f, %.0f s",
             state.step,
@@ -172,7 +179,7 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
         run_dir,
         accumulation,
         *build_model_and_optimizer(cfg, info, device),  # model, replica, optimizer, scheduler
-        *build_data(cfg, info),  # train loader, validation batches
+        *build_data(cfg, info),  # tokenizer, train loader, validation batches
     )
 
 
@@ -203,7 +210,7 @@ def build_model_and_optimizer(
     return model, replica, optimizer, scheduler
 
 
-def build_data(cfg: DictConfig, info: dist.DistInfo) -> tuple[TrainLoader, ValBatches]:
+def build_data(cfg: DictConfig, info: dist.DistInfo) -> tuple[Tokenizer, TrainLoader, ValBatches]:
     """Each rank reads its own shard of the stream; validation is a fixed token budget. The
     source is opened once, here, for the tokenizer and both loaders."""
     t = cfg.trainer
@@ -220,7 +227,7 @@ def build_data(cfg: DictConfig, info: dist.DistInfo) -> tuple[TrainLoader, ValBa
         max_tokens=t.eval_tokens,
         **ranks,
     )
-    return train_loader, val_batches
+    return tokenizer, train_loader, val_batches
 
 
 def train_loop(run: Run, state: TrainState, sink: MetricSink) -> float | None:
@@ -229,6 +236,12 @@ def train_loop(run: Run, state: TrainState, sink: MetricSink) -> float | None:
     t = run.cfg.trainer
     flops_per_token = models.flops_per_token(run.cfg.model, run.cfg.data.seq_len)
     peak, last_mfu = peak_flops(run.device), None
+    if run.info.is_main:
+        matmul_dtype = torch.bfloat16 if t.precision.startswith("bf16") else torch.float32
+        slots = t.global_batch_size * run.cfg.data.seq_len // run.info.world_size
+        log_step_time_estimate(
+            flops_per_token, slots, run.device, matmul_dtype, t.max_steps - state.step
+        )
     progress = tqdm(
         total=t.max_steps, initial=state.step, disable=not run.info.is_main, dynamic_ncols=True
     )

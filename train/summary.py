@@ -28,6 +28,7 @@ seq_len                     data.seq_len
 params_total                parameters of the model
 params_folded               parameters in the attention/MLP matrices (the method's share)
 data_skipped                documents the data pipeline skipped as malformed (all ranks)
+projections                 projections computed per matrix (GaLore/APOLLO refreshes; null otherwise)
 eval_history                list of {step, tokens, val_loss, val_ppl}
 =========================== ================================================================
 """
@@ -75,6 +76,7 @@ def build_summary(
     params_total: int,
     params_folded: int,
     data_skipped: int,
+    projections: int | None,
 ) -> dict[str, Any]:
     """The summary of a finished run (the schema above)."""
     return {
@@ -104,6 +106,7 @@ def build_summary(
         "params_total": params_total,
         "params_folded": params_folded,
         "data_skipped": data_skipped,
+        "projections": projections,
         "eval_history": state.eval_history,
     }
 
