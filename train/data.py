@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from train.corpus import SKIP_REASONS, DataSourceError, Source, describe_skips, open_source
+from train.corpus import SKIP_REASONS, DataSourceError, Source, describe_skips, open_sources
 from train.schema import DataConfig, data_config
 from train.tokenizer import Tokenizer, build_tokenizer
 
@@ -349,7 +349,7 @@ def build_train_loader(
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} not in [0, {world_size})")
     cfg = data_config(data_cfg)
-    source = source or open_source(cfg)
+    source = source or open_sources(cfg)
     shuffle_seed = _shuffle_seed(cfg, seed)
 
     def open_stream(epoch: int) -> Iterable[dict]:
@@ -476,7 +476,7 @@ def build_val_batches(
     read lazily on first iteration, then kept in memory so every evaluation sees the same tokens.
     """
     cfg = data_config(data_cfg)
-    source = source or open_source(cfg)
+    source = source or open_sources(cfg)
     shuffle_seed = _shuffle_seed(cfg, 0)
     budget = -(-int(max_tokens) // world_size)
     return ValBatches(

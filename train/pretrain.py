@@ -46,7 +46,7 @@ from train.config import (
     check_config,
     optimizer_hparams,
 )
-from train.corpus import open_source
+from train.corpus import open_sources
 from train.data import (
     TrainLoader,
     ValBatches,
@@ -214,7 +214,7 @@ def build_data(cfg: DictConfig, info: dist.DistInfo) -> tuple[Tokenizer, TrainLo
     """Each rank reads its own shard of the stream; validation is a fixed token budget. The
     source is opened once, here, for the tokenizer and both loaders."""
     t = cfg.trainer
-    source = open_source(cfg.data)
+    source = open_sources(cfg.data)
     tokenizer = build_tokenizer(cfg.data, cfg.model.vocab_size, source)
     ranks = {"rank": info.rank, "world_size": info.world_size, "source": source}
     train_loader = build_train_loader(

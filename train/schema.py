@@ -174,10 +174,9 @@ def register_configs() -> None:
 
 
 def data_config(cfg: DataConfig | DictConfig | Mapping[str, Any]) -> DataConfig:
-    """A ``DataConfig`` from the composed ``cfg.data`` or a plain mapping (scripts and tests);
-    an unknown key raises ``TypeError`` naming it."""
+    """A ``DataConfig`` from the composed ``cfg.data``, a loaded YAML or a plain mapping (scripts
+    and tests), checked against the schema: an unknown key or a value of the wrong type raises
+    naming the key, and values are converted as Hydra would (``"2048"`` for an int)."""
     if isinstance(cfg, DataConfig):
         return cfg
-    if isinstance(cfg, DictConfig):
-        cfg = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    return DataConfig(**cfg)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), cfg))

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from train.corpus import DataSourceError, Source, describe_skips, hub_reachable, open_source
+from train.corpus import DataSourceError, Source, describe_skips, hub_reachable, open_sources
 from train.schema import DataConfig, data_config
 
 logger = logging.getLogger(__name__)
@@ -236,7 +236,7 @@ def _from_project_spm(
     cfg: DataConfig, vocab_size: int, why: str, source: Source | None
 ) -> Tokenizer:
     t0 = time.perf_counter()
-    proto, path, trained = project_sentencepiece(cfg, vocab_size, source or open_source(cfg))
+    proto, path, trained = project_sentencepiece(cfg, vocab_size, source or open_sources(cfg))
     threads = max(1, cfg.num_workers)
     tok = SentencePieceTokenizer(proto, f"spm:{path.name}", vocab_size, num_threads=threads)
     how = f"trained in {time.perf_counter() - t0:.1f} s" if trained else "loaded from cache"
