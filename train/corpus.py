@@ -379,6 +379,13 @@ def _local_split(cfg: DataConfig, split: str):
     return IterableDataset.from_generator(_local_records, gen_kwargs=kwargs)
 
 
+def count_skip(stats: dict[str, int], record: Record) -> None:
+    """Count a record without usable text in ``stats``: ``skipped`` and ``skipped_<reason>``."""
+    key = f"skipped_{record.get('error') or 'no_text'}"
+    stats["skipped"] = stats.get("skipped", 0) + 1
+    stats[key] = stats.get(key, 0) + 1
+
+
 def describe_skips(stats: dict[str, int]) -> str:
     """``"12 records skipped (bad_json: 10, no_text: 2)"`` from a loader's or a reader's counts."""
     reasons = ", ".join(

@@ -38,7 +38,14 @@ from typing import Any
 
 import torch
 
-from train.corpus import SKIP_REASONS, DataSourceError, Source, describe_skips, open_sources
+from train.corpus import (
+    SKIP_REASONS,
+    DataSourceError,
+    Source,
+    count_skip,
+    describe_skips,
+    open_sources,
+)
 from train.schema import DataConfig, data_config
 from train.tokenizer import Tokenizer, build_tokenizer
 
@@ -144,9 +151,7 @@ def _produce(
             state["records"] += 1
             stats["records"] += 1
             if not (isinstance(text, str) and text.strip()):
-                reason = rec.get("error") or "no_text"
-                stats["skipped"] += 1
-                stats[f"skipped_{reason}"] = stats.get(f"skipped_{reason}", 0) + 1
+                count_skip(stats, rec)
                 continue
             ids = next(encoded)
             stats["documents"] += 1
