@@ -1,8 +1,9 @@
 """``build_optimizer``: any optimizer of the project from a model, with the paper's split.
 
-Each method registers a builder with the keywords it accepts and their defaults; the registry
-checks names and keywords once, for all of them, and checks that the groups it built cover every
-trainable parameter exactly once.
+Each method registers a builder with the keywords it accepts and their defaults (read off its
+optimizer's constructor signature); the registry checks names and keywords once, for all of them,
+and checks that the groups it built cover every trainable parameter exactly once. The rules of the
+values are the optimizers' own: a bad value raises their ``ValueError``.
 """
 
 from __future__ import annotations
@@ -14,34 +15,44 @@ from typing import Any
 import torch
 from torch import nn
 
+from foam.hparams import signature_defaults
+from foam.optimizer import FOAM
 from foam.param_groups import ParamSplit, check_covers, split_params
 
-COMMON_DEFAULTS: dict[str, Any] = {
-    "lr": 1e-3,
-    "betas": (0.9, 0.95),
-    "eps": 1e-8,
-    "weight_decay": 0.0,
-}
+COMMON_DEFAULTS: dict[str, Any] = signature_defaults(FOAM, "lr", "betas", "eps", "weight_decay")
+"""The Adam keywords every method takes, with FOAM's defaults (a method may override them)."""
 
 Builder = Callable[[ParamSplit, dict[str, Any]], torch.optim.Optimizer]
+FromModel = Callable[[nn.Module], dict[str, Any]]
+
+
+def _nothing_from_model(model: nn.Module) -> dict[str, Any]:
+    return {}
 
 
 @dataclass(frozen=True)
 class Method:
     build: Builder
     defaults: dict[str, Any]
+    from_model: FromModel
+    """Values of keywords left ``None`` that the method reads off the model (e.g. its config)."""
 
 
 _METHODS: dict[str, Method] = {}
 
 
-def register(name: str, **defaults: Any) -> Callable[[Builder], Builder]:
-    """Register ``build(split, hparams)`` under ``name``; ``defaults`` are its extra keywords."""
+def register(
+    name: str, from_model: FromModel = _nothing_from_model, **defaults: Any
+) -> Callable[[Builder], Builder]:
+    """Register ``build(split, hparams)`` under ``name``; ``defaults`` are its extra keywords.
+
+    ``from_model(model)`` gives values for keywords whose setting is ``None`` (not given).
+    """
 
     def decorate(build: Builder) -> Builder:
         if name in _METHODS:
             raise ValueError(f"optimizer {name!r} is registered twice")
-        _METHODS[name] = Method(build, {**COMMON_DEFAULTS, **defaults})
+        _METHODS[name] = Method(build, {**COMMON_DEFAULTS, **defaults}, from_model)
         return build
 
     return decorate
@@ -64,6 +75,9 @@ def build_optimizer(name: str, model: nn.Module, **hparams: Any) -> torch.optim.
             f"it accepts {sorted(method.defaults)}"
         )
     settings = {**method.defaults, **hparams}
+    for key, value in method.from_model(model).items():
+        if settings[key] is None:
+            settings[key] = value
     settings["betas"] = tuple(settings["betas"])
     optimizer = method.build(split_params(model), settings)
     check_covers(model, optimizer.param_groups)

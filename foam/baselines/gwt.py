@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from foam.hparams import group_defaults, signature_defaults
 from foam.lowrank import CompressedAdamW, limit_norm_growth
 from foam.param_groups import ParamSplit
 from foam.registry import adam_settings, register, two_groups
@@ -108,17 +109,7 @@ class GWT(CompressedAdamW):
         norm_growth_limit: float | None = 1.01,
         state_dtype: torch.dtype | str | None = None,
     ) -> None:
-        defaults = dict(
-            lr=lr,
-            betas=tuple(betas),
-            eps=eps,
-            weight_decay=weight_decay,
-            level=level,
-            alpha=alpha,
-            norm_growth_limit=norm_growth_limit,
-            state_dtype=state_dtype,
-        )
-        super().__init__(params, defaults)
+        super().__init__(params, group_defaults(locals()))
 
     def validate_group(self, group: dict[str, Any]) -> None:
         limit = group["norm_growth_limit"]
@@ -174,27 +165,22 @@ class GWT(CompressedAdamW):
         return update.mul_(group["alpha"])
 
 
-_GWT_OPTIONS: dict[str, Any] = {
-    "alpha": 0.25,
-    "norm_growth_limit": 1.01,
-    "eps": 1e-6,
-    "state_dtype": None,
-}
+OPTIONS = ("alpha", "norm_growth_limit", "state_dtype")
+_DEFAULTS = signature_defaults(GWT, "eps", *OPTIONS)
 
 
 def _build(split: ParamSplit, hp: dict[str, Any], level: int | str) -> GWT:
     groups = two_groups(split, {"level": level}, {"level": None})
-    options = {k: hp[k] for k in _GWT_OPTIONS if k != "eps"}
-    return GWT(groups, **adam_settings(hp), **options)
+    return GWT(groups, **adam_settings(hp), **{k: hp[k] for k in OPTIONS})
 
 
-@register("gwt", level=2, **_GWT_OPTIONS)
+@register("gwt", **signature_defaults(GWT, "level"), **_DEFAULTS)
 def _gwt(split: ParamSplit, hp: dict[str, Any]) -> GWT:
     """GWT on the attention/MLP matrices (level 2, alpha 0.25: the paper's and the GWT scripts')."""
     return _build(split, hp, hp["level"])
 
 
-@register("gwt_mini", **_GWT_OPTIONS)
+@register("gwt_mini", **_DEFAULTS)
 def _gwt_mini(split: ParamSplit, hp: dict[str, Any]) -> GWT:
     """GWT-Mini: GWT at the level that leaves one state per row (an assumption, see ``GWT``)."""
     return _build(split, hp, "mini")

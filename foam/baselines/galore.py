@@ -10,31 +10,21 @@ from typing import Any
 
 import torch
 
+from foam.hparams import group_defaults, signature_defaults
 from foam.lowrank import (
-    PROJ_TYPES,
-    CompressedAdamW,
+    ProjectedAdamW,
     Projection,
     plan_projection,
     project,
     project_back,
     resolve_rank,
+    svd_basis,
 )
 from foam.param_groups import ParamSplit
 from foam.registry import adam_settings, register, two_groups
 
 
-def svd_basis(g: torch.Tensor, plan: Projection) -> torch.Tensor:
-    """The top-``rank`` singular vectors of ``g`` on the projected side.
-
-    Always a float32 ``torch.linalg.svd`` whatever ``g``'s dtype, as the reference: another SVD
-    routine or precision may flip singular-vector signs, and since the moments are carried across
-    refreshes a flip changes the trajectory, not just the rounding.
-    """
-    u, _, vh = torch.linalg.svd(g.float(), full_matrices=False)
-    return vh[: plan.rank] if plan.side == "right" else u[:, : plan.rank]
-
-
-class GaLore(CompressedAdamW):
+class GaLore(ProjectedAdamW):
     """HF-style AdamW whose moments of 2-d parameters live in a rank-``rank`` SVD subspace.
 
     For a 2-d parameter in a group whose ``rank`` is not ``None``: every ``update_proj_gap``
@@ -65,36 +55,7 @@ class GaLore(CompressedAdamW):
         proj_type: str = "std",
         state_dtype: torch.dtype | str | None = None,
     ) -> None:
-        defaults = dict(
-            lr=lr,
-            betas=tuple(betas),
-            eps=eps,
-            weight_decay=weight_decay,
-            rank=rank,
-            update_proj_gap=update_proj_gap,
-            alpha=alpha,
-            proj_type=proj_type,
-            state_dtype=state_dtype,
-        )
-        super().__init__(params, defaults)
-
-    def validate_group(self, group: dict[str, Any]) -> None:
-        validate_projection_group(group)
-
-    @staticmethod
-    def plan_for(p: torch.Tensor, group: dict[str, Any]) -> Projection | None:
-        """The projection of ``p``; ``None`` when it takes uncompressed AdamW."""
-        if group["rank"] is None or p.dim() != 2:
-            return None
-        return plan_projection(p.shape, group["rank"], group["proj_type"])
-
-    def compressed_shape(self, p: torch.Tensor, group: dict[str, Any]) -> tuple[int, ...] | None:
-        plan = self.plan_for(p, group)
-        return None if plan is None else plan.low_shape
-
-    def extra_state_shapes(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, tuple]:
-        plan = self.plan_for(p, group)
-        return {} if plan is None else {"basis": plan.basis_shape}
+        super().__init__(params, group_defaults(locals()))
 
     def compress(
         self, g: torch.Tensor, state: dict[str, Any], group: dict[str, Any], t: int
@@ -119,29 +80,14 @@ class GaLore(CompressedAdamW):
         return back.mul_(group["alpha"])
 
 
-def validate_projection_group(group: dict[str, Any]) -> None:
-    """Checks shared by the projection methods (GaLore, APOLLO)."""
-    rank = group["rank"]
-    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 1):
-        raise ValueError(f"rank must be an int >= 1 or None, got {rank!r}")
-    gap = group["update_proj_gap"]
-    if not isinstance(gap, int) or isinstance(gap, bool) or gap < 1:
-        raise ValueError(f"update_proj_gap must be an int >= 1, got {gap!r}")
-    if group["proj_type"] not in PROJ_TYPES:
-        raise ValueError(f"proj_type must be one of {PROJ_TYPES}, got {group['proj_type']!r}")
-    if not group["alpha"] >= 0:
-        raise ValueError(f"alpha must be >= 0, got {group['alpha']!r}")
+OPTIONS = ("update_proj_gap", "alpha", "proj_type", "state_dtype")
 
 
 @register(
     "galore",
     rank=None,
     rank_fraction=0.25,
-    update_proj_gap=200,
-    alpha=0.25,
-    proj_type="std",
-    eps=1e-6,
-    state_dtype=None,
+    **signature_defaults(GaLore, "eps", *OPTIONS),
 )
 def _galore(split: ParamSplit, hp: dict[str, Any]) -> GaLore:
     """GaLore on the attention/MLP matrices, HF-style AdamW at the base lr on the rest.
@@ -150,11 +96,4 @@ def _galore(split: ParamSplit, hp: dict[str, Any]) -> GaLore:
     """
     rank = resolve_rank(split, hp["rank"], hp["rank_fraction"])
     groups = two_groups(split, {"rank": rank}, {"rank": None})
-    return GaLore(
-        groups,
-        **adam_settings(hp),
-        update_proj_gap=hp["update_proj_gap"],
-        alpha=hp["alpha"],
-        proj_type=hp["proj_type"],
-        state_dtype=hp["state_dtype"],
-    )
+    return GaLore(groups, **adam_settings(hp), **{k: hp[k] for k in OPTIONS})
