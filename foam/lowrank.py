@@ -20,7 +20,7 @@ import torch
 from foam.hparams import validate_adam_hparams
 from foam.numerics import compute_dtype, ema_, resolve_dtype
 from foam.param_groups import ParamSplit
-from foam.state import load_state_dict_keeping_dtypes
+from foam.state import DtypeFaithfulOptimizer
 
 PROJ_TYPES = ("std", "reverse_std", "left", "right")
 
@@ -136,7 +136,27 @@ def validate_projection_group(group: dict[str, Any]) -> None:
         raise ValueError(f"alpha must be >= 0, got {group['alpha']!r}")
 
 
-class CompressedAdamW(torch.optim.Optimizer):
+@dataclass(frozen=True)
+class CompressedStep:
+    """What ``CompressedAdamW.expand`` gets of one parameter's step."""
+
+    g: torch.Tensor
+    """The full gradient, in the wide compute dtype."""
+    low: torch.Tensor
+    """The compressed gradient."""
+    normalized: torch.Tensor
+    """``m / (sqrt(v) + eps)`` in the compressed space."""
+    denom: torch.Tensor
+    """``sqrt(v) + eps``."""
+    context: Any
+    """What ``compress`` returned besides the compressed gradient."""
+    state: dict[str, Any]
+    group: dict[str, Any]
+    t: int
+    """The parameter's step, from 1."""
+
+
+class CompressedAdamW(DtypeFaithfulOptimizer):
     """HF-style AdamW (the GaLore/APOLLO/GWT references' fork of transformers' AdamW).
 
     For every parameter: ``m, v`` EMAs of the (compressed) gradient, ``N = m / (sqrt(v) + eps)``
@@ -171,17 +191,7 @@ class CompressedAdamW(torch.optim.Optimizer):
         """``(compressed gradient, context for expand)`` of the wide gradient ``g``."""
         raise NotImplementedError
 
-    def expand(
-        self,
-        g: torch.Tensor,
-        low: torch.Tensor,
-        normalized: torch.Tensor,
-        denom: torch.Tensor,
-        context: Any,
-        state: dict[str, Any],
-        group: dict[str, Any],
-        t: int,
-    ) -> torch.Tensor:
+    def expand(self, step: CompressedStep) -> torch.Tensor:
         """The full-size update direction from the normalised compressed one."""
         raise NotImplementedError
 
@@ -201,9 +211,6 @@ class CompressedAdamW(torch.optim.Optimizer):
                 if shape is not None:
                     total += sum(math.prod(s) for s in self.extra_state_shapes(p, group).values())
         return total
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        load_state_dict_keeping_dtypes(self, super().load_state_dict, state_dict)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -252,7 +259,9 @@ class CompressedAdamW(torch.optim.Optimizer):
         denom = v.sqrt().add_(group["eps"])
         normalized = m / denom
         if compressed:
-            update = self.expand(g, low, normalized, denom, context, state, group, t)
+            update = self.expand(
+                CompressedStep(g, low, normalized, denom, context, state, group, t)
+            )
         else:
             update = normalized
 
@@ -271,6 +280,19 @@ class ProjectedAdamW(CompressedAdamW):
 
     def validate_group(self, group: dict[str, Any]) -> None:
         validate_projection_group(group)
+
+    def new_basis(self, g: torch.Tensor, plan: Projection, state: dict[str, Any]) -> torch.Tensor:
+        """The basis for the next ``update_proj_gap`` steps, from the wide gradient ``g``."""
+        raise NotImplementedError
+
+    def compress(
+        self, g: torch.Tensor, state: dict[str, Any], group: dict[str, Any], t: int
+    ) -> tuple[torch.Tensor, Projection]:
+        """Refresh the basis at steps 1, T+1, 2T+1, ... (``T = update_proj_gap``), project."""
+        plan = self.plan_for(g, group)
+        if (t - 1) % group["update_proj_gap"] == 0:
+            state["basis"].copy_(self.new_basis(g, plan, state))
+        return project(g, state["basis"].to(g.dtype), plan.side), plan
 
     @staticmethod
     def plan_for(p: torch.Tensor, group: dict[str, Any]) -> Projection | None:

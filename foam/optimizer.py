@@ -23,14 +23,14 @@ from foam.folding import (
 )
 from foam.hparams import group_defaults, validate_adam_hparams
 from foam.numerics import compute_dtype, ema_, resolve_dtype
-from foam.state import load_state_dict_keeping_dtypes
+from foam.state import DtypeFaithfulOptimizer
 
 SECOND_MOMENTS = ("square_of_mean", "mean_of_squares")
 FUSED_DEVICES = ("cpu", "cuda", "mps", "xpu")  # where torch ships a fused AdamW kernel
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-class FOAM(torch.optim.Optimizer):
+class FOAM(DtypeFaithfulOptimizer):
     """Adam whose moments are stored as block means along one axis, plus a residual.
 
     A parameter with at least two dims in a group whose ``level`` is not ``None`` keeps its first
@@ -92,9 +92,6 @@ class FOAM(torch.optim.Optimizer):
                 plan = self.plan_for(p, group)
                 total += 2 * folded_numel(plan, p.numel())
         return total
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        load_state_dict_keeping_dtypes(self, super().load_state_dict, state_dict)
 
     # -- the step --------------------------------------------------------------------------------
 

@@ -59,13 +59,8 @@ def planned_state_numel(optimizer: torch.optim.Optimizer) -> int:
     raise TypeError(f"no state accounting for {type(optimizer).__name__}")
 
 
-def load_state_dict_keeping_dtypes(
-    optimizer: torch.optim.Optimizer,
-    load: Callable[[dict[str, Any]], None],
-    state_dict: dict[str, Any],
-) -> None:
-    """Load with ``load`` (torch's loader), then give each state tensor the dtype the optimizer
-    would create it in.
+class DtypeFaithfulOptimizer(torch.optim.Optimizer):
+    """A ``torch.optim.Optimizer`` whose loaded states have the dtypes it would create them in.
 
     torch casts every floating state tensor to its parameter's dtype on load, which is right for
     states that follow the parameter (so a run saved in fp32 resumes in bf16, and back) but wrong
@@ -74,19 +69,23 @@ def load_state_dict_keeping_dtypes(
     The saved tensors are re-read, so no state goes through a lossy intermediate cast. Integer
     states (8-bit codes) and step counters keep their saved dtype.
     """
-    load(state_dict)
-    saved_ids = itertools.chain.from_iterable(g["params"] for g in state_dict["param_groups"])
-    owners = ((p, g) for g in optimizer.param_groups for p in g["params"])
-    id_to_owner = dict(zip(saved_ids, owners, strict=True))
-    float32_states = getattr(optimizer, "float32_states", ())
-    for param_id, saved in state_dict["state"].items():
-        param, group = id_to_owner[param_id]
-        for key, value in saved.items():
-            if not isinstance(value, torch.Tensor) or key == "step":
-                continue
-            dtype = value.dtype
-            if key in float32_states:
-                dtype = torch.float32
-            elif value.is_floating_point():
-                dtype = resolve_dtype(group.get("state_dtype"), param.dtype)
-            optimizer.state[param][key] = value.to(device=param.device, dtype=dtype, copy=True)
+
+    float32_states: tuple[str, ...] = ()
+    """State keys kept in float32 whatever the parameter's dtype."""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        saved_ids = itertools.chain.from_iterable(g["params"] for g in state_dict["param_groups"])
+        owners = ((p, g) for g in self.param_groups for p in g["params"])
+        id_to_owner = dict(zip(saved_ids, owners, strict=True))
+        for param_id, saved in state_dict["state"].items():
+            param, group = id_to_owner[param_id]
+            for key, value in saved.items():
+                if not isinstance(value, torch.Tensor) or key == "step":
+                    continue
+                dtype = value.dtype
+                if key in self.float32_states:
+                    dtype = torch.float32
+                elif value.is_floating_point():
+                    dtype = resolve_dtype(group.get("state_dtype"), param.dtype)
+                self.state[param][key] = value.to(device=param.device, dtype=dtype, copy=True)

@@ -37,7 +37,7 @@ from foam.hparams import group_defaults, signature_defaults, validate_adam_hpara
 from foam.numerics import compute_dtype, ema_
 from foam.param_groups import ParamSplit
 from foam.registry import register
-from foam.state import load_state_dict_keeping_dtypes
+from foam.state import DtypeFaithfulOptimizer
 
 # adam-mini 1.1.1's name rules (case-insensitive substrings), in priority order.
 ELEMENT_NAMES = ("bias",)
@@ -84,7 +84,7 @@ def decays(name: str) -> bool:
     return not _matches(name.lower(), NO_DECAY_NAMES)
 
 
-class AdamMini(torch.optim.Optimizer):
+class AdamMini(DtypeFaithfulOptimizer):
     """Adam with one second moment per Adam-mini block; optionally a folded first moment.
 
     ``params``: ``(name, tensor)`` pairs or groups of them (``model.named_parameters()``); torch
@@ -141,9 +141,6 @@ class AdamMini(torch.optim.Optimizer):
                 plan, blocks = self.layout(name, p, group)
                 total += folded_numel(plan, p.numel()) + blocks
         return total
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        load_state_dict_keeping_dtypes(self, super().load_state_dict, state_dict)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:

@@ -14,11 +14,10 @@ import torch
 
 from foam.hparams import group_defaults, signature_defaults
 from foam.lowrank import (
+    CompressedStep,
     ProjectedAdamW,
     Projection,
     limit_norm_growth,
-    plan_projection,
-    project,
     resolve_rank,
 )
 from foam.param_groups import ParamSplit
@@ -111,28 +110,15 @@ class APOLLO(ProjectedAdamW):
     def init_extra_state(self, p: torch.Tensor, state: dict[str, Any], index: int) -> None:
         state["seed"] = index
 
-    def compress(
-        self, g: torch.Tensor, state: dict[str, Any], group: dict[str, Any], t: int
-    ) -> tuple[torch.Tensor, Projection]:
-        plan = plan_projection(g.shape, group["rank"], group["proj_type"])
-        if (t - 1) % group["update_proj_gap"] == 0:
-            state["basis"].copy_(gaussian_basis(plan, state["seed"], g.device, plan.rank))
-            state["seed"] = next_seed(state["seed"])
-        return project(g, state["basis"].to(g.dtype), plan.side), plan
+    def new_basis(self, g: torch.Tensor, plan: Projection, state: dict[str, Any]) -> torch.Tensor:
+        basis = gaussian_basis(plan, state["seed"], g.device, plan.rank)
+        state["seed"] = next_seed(state["seed"])
+        return basis
 
-    def expand(
-        self,
-        g: torch.Tensor,
-        low: torch.Tensor,
-        normalized: torch.Tensor,
-        denom: torch.Tensor,
-        context: Projection,
-        state: dict[str, Any],
-        group: dict[str, Any],
-        t: int,
-    ) -> torch.Tensor:
+    def expand(self, step: CompressedStep) -> torch.Tensor:
+        g, low, normalized, group = step.g, step.low, step.normalized, step.group
         if group["scale_type"] == "channel":
-            axis = context.rank_axis
+            axis = step.context.rank_axis
             scaling = torch.linalg.vector_norm(normalized, dim=axis, keepdim=True) / (
                 torch.linalg.vector_norm(low, dim=axis, keepdim=True) + 1e-8
             )
@@ -144,7 +130,7 @@ class APOLLO(ProjectedAdamW):
             update.mul_(root_alpha)
         if group["norm_growth_limit"] is not None:
             update, _ = limit_norm_growth(
-                update, state["grad_norm"], t == 1, group["norm_growth_limit"]
+                update, step.state["grad_norm"], step.t == 1, group["norm_growth_limit"]
             )
         if not group["scale_front"]:
             update.mul_(root_alpha)

@@ -12,10 +12,9 @@ import torch
 
 from foam.hparams import group_defaults, signature_defaults
 from foam.lowrank import (
+    CompressedStep,
     ProjectedAdamW,
     Projection,
-    plan_projection,
-    project,
     project_back,
     resolve_rank,
     svd_basis,
@@ -57,27 +56,12 @@ class GaLore(ProjectedAdamW):
     ) -> None:
         super().__init__(params, group_defaults(locals()))
 
-    def compress(
-        self, g: torch.Tensor, state: dict[str, Any], group: dict[str, Any], t: int
-    ) -> tuple[torch.Tensor, Projection]:
-        plan = plan_projection(g.shape, group["rank"], group["proj_type"])
-        if (t - 1) % group["update_proj_gap"] == 0:
-            state["basis"].copy_(svd_basis(g, plan))
-        return project(g, state["basis"].to(g.dtype), plan.side), plan
+    def new_basis(self, g: torch.Tensor, plan: Projection, state: dict[str, Any]) -> torch.Tensor:
+        return svd_basis(g, plan)
 
-    def expand(
-        self,
-        g: torch.Tensor,
-        low: torch.Tensor,
-        normalized: torch.Tensor,
-        denom: torch.Tensor,
-        context: Projection,
-        state: dict[str, Any],
-        group: dict[str, Any],
-        t: int,
-    ) -> torch.Tensor:
-        back = project_back(normalized, state["basis"].to(g.dtype), context.side)
-        return back.mul_(group["alpha"])
+    def expand(self, step: CompressedStep) -> torch.Tensor:
+        basis = step.state["basis"].to(step.g.dtype)
+        return project_back(step.normalized, basis, step.context.side).mul_(step.group["alpha"])
 
 
 OPTIONS = ("update_proj_gap", "alpha", "proj_type", "state_dtype")

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from foam.hparams import group_defaults, signature_defaults
-from foam.lowrank import CompressedAdamW, limit_norm_growth
+from foam.lowrank import CompressedAdamW, CompressedStep, limit_norm_growth
 from foam.param_groups import ParamSplit
 from foam.registry import adam_settings, register, two_groups
 
@@ -141,27 +141,18 @@ class GWT(CompressedAdamW):
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         return haar_dwt(g, resolve_level(group["level"], g.shape[-1]))
 
-    def expand(
-        self,
-        g: torch.Tensor,
-        low: torch.Tensor,
-        normalized: torch.Tensor,
-        denom: torch.Tensor,
-        context: list[torch.Tensor],
-        state: dict[str, Any],
-        group: dict[str, Any],
-        t: int,
-    ) -> torch.Tensor:
+    def expand(self, step: CompressedStep) -> torch.Tensor:
+        normalized, denom, group = step.normalized, step.denom, step.group
         limiter: torch.Tensor | float = 1.0
         if group["norm_growth_limit"] is not None:
             normalized, limiter = limit_norm_growth(
-                normalized, state["grad_norm"], t == 1, group["norm_growth_limit"]
+                normalized, step.state["grad_norm"], step.t == 1, group["norm_growth_limit"]
             )
         details = []
-        for detail in context:
+        for detail in step.context:
             details.append(detail / (denom[..., : detail.shape[-1]] * limiter))
             denom = denom.repeat_interleave(2, dim=-1)
-        update = haar_idwt(normalized, details)[..., : g.shape[-1]]
+        update = haar_idwt(normalized, details)[..., : step.g.shape[-1]]
         return update.mul_(group["alpha"])
 
 
