@@ -79,6 +79,18 @@ def project_back(low: torch.Tensor, basis: torch.Tensor, side: str) -> torch.Ten
     return low @ basis if side == "right" else basis @ low
 
 
+def refresh_due(state: dict[str, Any], group: dict[str, Any], t: int) -> bool:
+    """Whether the projection is recomputed at step ``t`` (steps 1, T+1, 2T+1, ...).
+
+    Counts the refreshes in ``state["projections"]``, so a run can report how many projections
+    it actually computed (a short run with a long gap may compute only one).
+    """
+    if (t - 1) % group["update_proj_gap"]:
+        return False
+    state["projections"] = state.get("projections", 0) + 1
+    return True
+
+
 def resolve_rank(split: ParamSplit, rank: int | None, rank_fraction: float | None) -> int:
     """An explicit ``rank``, or ``rank_fraction`` of the hidden size.
 
@@ -290,7 +302,7 @@ class ProjectedAdamW(CompressedAdamW):
     ) -> tuple[torch.Tensor, Projection]:
         """Refresh the basis at steps 1, T+1, 2T+1, ... (``T = update_proj_gap``), project."""
         plan = self.plan_for(g, group)
-        if (t - 1) % group["update_proj_gap"] == 0:
+        if refresh_due(state, group, t):
             state["basis"].copy_(self.new_basis(g, plan, state))
         return project(g, state["basis"].to(g.dtype), plan.side), plan
 

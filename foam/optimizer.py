@@ -30,6 +30,11 @@ FUSED_DEVICES = ("cpu", "cuda", "mps", "xpu")  # where torch ships a fused AdamW
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def fused_adamw_applies(p: torch.Tensor) -> bool:
+    """Whether torch's fused AdamW kernel can update ``p`` (its device and dtype have one)."""
+    return p.device.type in FUSED_DEVICES and p.dtype in FUSED_DTYPES
+
+
 class FOAM(DtypeFaithfulOptimizer):
     """Adam whose moments are stored as block means along one axis, plus a residual.
 
@@ -129,8 +134,7 @@ class FOAM(DtypeFaithfulOptimizer):
             group["fused_adamw"]
             and self.plan_for(p, group) is None
             and group["bias_correction"]
-            and p.device.type in FUSED_DEVICES
-            and p.dtype in FUSED_DTYPES
+            and fused_adamw_applies(p)
             and p.grad.dtype == p.dtype
             and resolve_dtype(group["state_dtype"], p.dtype) == p.dtype
         )

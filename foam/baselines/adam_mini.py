@@ -36,7 +36,7 @@ from foam.folding import (
 from foam.hparams import group_defaults, signature_defaults, validate_adam_hparams
 from foam.numerics import compute_dtype, ema_
 from foam.param_groups import ParamSplit
-from foam.registry import register
+from foam.registry import kept_by_method, register, with_adamw_for_others
 from foam.state import DtypeFaithfulOptimizer
 
 # adam-mini 1.1.1's name rules (case-insensitive substrings), in priority order.
@@ -204,7 +204,12 @@ def heads_from_config(model: nn.Module) -> dict[str, Any]:
 
 
 def groups(split: ParamSplit, hp: dict[str, Any], level: int | str | None) -> list[dict]:
-    """The paper's split, named: matrices at ``lr * alpha`` (folded when ``level`` is set)."""
+    """The paper's split, named: matrices at ``lr * alpha`` (folded when ``level`` is set).
+
+    The rest is Adam-mini's too only with ``others="reference"`` (the package's whole-model
+    partition); with ``others="adamw"`` it goes to the plain AdamW every method shares.
+    """
+    split = kept_by_method(split, hp)
     named = [
         {
             "params": split.matrices,
@@ -217,16 +222,26 @@ def groups(split: ParamSplit, hp: dict[str, Any], level: int | str | None) -> li
     return [g for g in named if g["params"]]
 
 
-def build(split: ParamSplit, hp: dict[str, Any], level: int | str | None, **fold: Any) -> AdamMini:
+def build(
+    split: ParamSplit, hp: dict[str, Any], level: int | str | None, **fold: Any
+) -> torch.optim.Optimizer:
     """Adam-mini over the split; ``level`` and ``fold`` (fold_axis, residual) for FOAM's variant."""
     settings = {k: hp[k] for k in ("lr", "betas", "eps", "weight_decay", *HEAD_KEYS)}
-    return AdamMini(groups(split, hp, level), **settings, **fold)
+    adam_mini = AdamMini(groups(split, hp, level), **settings, **fold)
+    return with_adamw_for_others(split, adam_mini, hp)
 
 
-HEADS: dict[str, Any] = {"alpha": 1.0, **signature_defaults(AdamMini, *HEAD_KEYS)}
+# Adam-mini is defined on the whole model: its per-row second moment of the embeddings and head
+# is part of its memory saving (the paper's memory column counts it), and its eps is torch's, so
+# the rest stays Adam-mini's by default; others="adamw" gives the shared-AdamW variant.
+HEADS: dict[str, Any] = {
+    "alpha": 1.0,
+    **signature_defaults(AdamMini, *HEAD_KEYS),
+    "others": "reference",
+}
 
 
 @register("adam_mini", from_model=heads_from_config, **HEADS)
-def _adam_mini(split: ParamSplit, hp: dict[str, Any]) -> AdamMini:
-    """Adam-mini on the whole model (as the FOAM repo runs it), matrices at ``lr * alpha``."""
+def _adam_mini(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
+    """Adam-mini on the whole model, matrices at ``lr * alpha`` (``others="adamw"``: matrices only)."""
     return build(split, hp, None)

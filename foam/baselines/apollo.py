@@ -21,7 +21,14 @@ from foam.lowrank import (
     resolve_rank,
 )
 from foam.param_groups import ParamSplit
-from foam.registry import adam_settings, register, two_groups
+from foam.registry import (
+    COMMON_DEFAULTS,
+    OTHERS,
+    adam_settings,
+    method_groups,
+    register,
+    with_adamw_for_others,
+)
 
 SCALE_TYPES = ("channel", "tensor")
 _SEED_ADVANCE = 15  # draws between consecutive seeds of one parameter's chain (the reference's)
@@ -140,24 +147,29 @@ class APOLLO(ProjectedAdamW):
 OPTIONS = ("update_proj_gap", "proj_type", "scale_front", "norm_growth_limit", "state_dtype")
 
 
-def _build(split: ParamSplit, hp: dict[str, Any], rank: int, scale_type: str) -> APOLLO:
-    groups = two_groups(split, {"rank": rank}, {"rank": None})
+def _build(
+    split: ParamSplit, hp: dict[str, Any], rank: int, scale_type: str
+) -> torch.optim.Optimizer:
+    groups = method_groups(split, {"rank": rank}, {"rank": None}, hp)
     options = {k: hp[k] for k in OPTIONS}
-    return APOLLO(groups, **adam_settings(hp), alpha=hp["alpha"], scale_type=scale_type, **options)
+    apollo = APOLLO(
+        groups, **adam_settings(hp), alpha=hp["alpha"], scale_type=scale_type, **options
+    )
+    return with_adamw_for_others(split, apollo, hp, eps=COMMON_DEFAULTS["eps"])
 
 
-_DEFAULTS = signature_defaults(APOLLO, "eps", *OPTIONS)
+_DEFAULTS = {**signature_defaults(APOLLO, "eps", *OPTIONS), **OTHERS}
 
 
 @register(
     "apollo", rank=None, rank_fraction=0.25, **signature_defaults(APOLLO, "alpha"), **_DEFAULTS
 )
-def _apollo(split: ParamSplit, hp: dict[str, Any]) -> APOLLO:
+def _apollo(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """APOLLO: channel-wise scaling; ``rank`` overrides ``rank_fraction`` of the hidden size."""
     return _build(split, hp, resolve_rank(split, hp["rank"], hp["rank_fraction"]), "channel")
 
 
 @register("apollo_mini", alpha=128.0, **_DEFAULTS)
-def _apollo_mini(split: ParamSplit, hp: dict[str, Any]) -> APOLLO:
+def _apollo_mini(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """APOLLO-Mini: rank 1, tensor-wise scaling, ``alpha`` 128 (the step times sqrt(128))."""
     return _build(split, hp, 1, "tensor")

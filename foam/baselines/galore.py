@@ -20,7 +20,14 @@ from foam.lowrank import (
     svd_basis,
 )
 from foam.param_groups import ParamSplit
-from foam.registry import adam_settings, register, two_groups
+from foam.registry import (
+    COMMON_DEFAULTS,
+    OTHERS,
+    adam_settings,
+    method_groups,
+    register,
+    with_adamw_for_others,
+)
 
 
 class GaLore(ProjectedAdamW):
@@ -72,12 +79,14 @@ OPTIONS = ("update_proj_gap", "alpha", "proj_type", "state_dtype")
     rank=None,
     rank_fraction=0.25,
     **signature_defaults(GaLore, "eps", *OPTIONS),
+    **OTHERS,
 )
-def _galore(split: ParamSplit, hp: dict[str, Any]) -> GaLore:
+def _galore(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """GaLore on the attention/MLP matrices, HF-style AdamW at the base lr on the rest.
 
     ``rank`` overrides ``rank_fraction`` (of the hidden size; 0.25 is the paper's GaLore-1/4).
     """
     rank = resolve_rank(split, hp["rank"], hp["rank_fraction"])
-    groups = two_groups(split, {"rank": rank}, {"rank": None})
-    return GaLore(groups, **adam_settings(hp), **{k: hp[k] for k in OPTIONS})
+    groups = method_groups(split, {"rank": rank}, {"rank": None}, hp)
+    galore = GaLore(groups, **adam_settings(hp), **{k: hp[k] for k in OPTIONS})
+    return with_adamw_for_others(split, galore, hp, eps=COMMON_DEFAULTS["eps"])

@@ -16,7 +16,14 @@ import torch.nn.functional as F
 from foam.hparams import group_defaults, signature_defaults
 from foam.lowrank import CompressedAdamW, CompressedStep, limit_norm_growth
 from foam.param_groups import ParamSplit
-from foam.registry import adam_settings, register, two_groups
+from foam.registry import (
+    COMMON_DEFAULTS,
+    OTHERS,
+    adam_settings,
+    method_groups,
+    register,
+    with_adamw_for_others,
+)
 
 _SQRT_HALF = math.sqrt(0.5)
 
@@ -157,21 +164,22 @@ class GWT(CompressedAdamW):
 
 
 OPTIONS = ("alpha", "norm_growth_limit", "state_dtype")
-_DEFAULTS = signature_defaults(GWT, "eps", *OPTIONS)
+_DEFAULTS = {**signature_defaults(GWT, "eps", *OPTIONS), **OTHERS}
 
 
-def _build(split: ParamSplit, hp: dict[str, Any], level: int | str) -> GWT:
-    groups = two_groups(split, {"level": level}, {"level": None})
-    return GWT(groups, **adam_settings(hp), **{k: hp[k] for k in OPTIONS})
+def _build(split: ParamSplit, hp: dict[str, Any], level: int | str) -> torch.optim.Optimizer:
+    groups = method_groups(split, {"level": level}, {"level": None}, hp)
+    gwt = GWT(groups, **adam_settings(hp), **{k: hp[k] for k in OPTIONS})
+    return with_adamw_for_others(split, gwt, hp, eps=COMMON_DEFAULTS["eps"])
 
 
 @register("gwt", **signature_defaults(GWT, "level"), **_DEFAULTS)
-def _gwt(split: ParamSplit, hp: dict[str, Any]) -> GWT:
+def _gwt(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """GWT on the attention/MLP matrices (level 2, alpha 0.25: the paper's and the GWT scripts')."""
     return _build(split, hp, hp["level"])
 
 
 @register("gwt_mini", **_DEFAULTS)
-def _gwt_mini(split: ParamSplit, hp: dict[str, Any]) -> GWT:
+def _gwt_mini(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """GWT-Mini: GWT at the level that leaves one state per row (an assumption, see ``GWT``)."""
     return _build(split, hp, "mini")

@@ -22,7 +22,13 @@ from foam.lowrank import (
 )
 from foam.numerics import compute_dtype
 from foam.param_groups import ParamSplit
-from foam.registry import adam_settings, register, two_groups
+from foam.registry import (
+    OTHERS,
+    adam_settings,
+    method_groups,
+    register,
+    with_adamw_for_others,
+)
 
 PROJ_METHODS = ("power_iteration", "svd")
 
@@ -223,13 +229,16 @@ class LDAdamW(ProjectedAdamW):
 OPTIONS = ("rho", "proj_type", "proj_method", "error_feedback", "state_dtype")
 
 
-@register("ldadamw", rank=None, rank_fraction=0.25, **signature_defaults(LDAdamW, *OPTIONS))
-def _ldadamw(split: ParamSplit, hp: dict[str, Any]) -> LDAdamW:
+@register(
+    "ldadamw", rank=None, rank_fraction=0.25, **signature_defaults(LDAdamW, *OPTIONS), **OTHERS
+)
+def _ldadamw(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """LDAdamW on the attention/MLP matrices, torch-style AdamW at the base lr on the rest.
 
     ``rank`` overrides ``rank_fraction`` of the hidden size (0.25: Table 2 of the FOAM paper
     gives LDAdamW the memory of GaLore-1/4).
     """
     rank = resolve_rank(split, hp["rank"], hp["rank_fraction"])
-    groups = two_groups(split, {"rank": rank}, {"rank": None})
-    return LDAdamW(groups, **adam_settings(hp), **{k: hp[k] for k in OPTIONS})
+    groups = method_groups(split, {"rank": rank}, {"rank": None}, hp)
+    ldadamw = LDAdamW(groups, **adam_settings(hp), **{k: hp[k] for k in OPTIONS})
+    return with_adamw_for_others(split, ldadamw, hp)

@@ -16,11 +16,9 @@ from typing import Any
 
 import torch
 
-from foam.composite import Composite
 from foam.hparams import signature_defaults
-from foam.optimizer import FOAM
 from foam.param_groups import ParamSplit
-from foam.registry import adam_settings, register
+from foam.registry import register, with_adamw_for_others
 
 MATCH_RMS = "match_rms_adamw"  # Moonlight's scale; lets Muon reuse AdamW's lr and decay
 SETTINGS = ("lr", "weight_decay", "momentum", "nesterov", "ns_steps")
@@ -31,15 +29,6 @@ MUON_OPTIONS: dict[str, Any] = {
 }
 
 
-def with_adamw(split: ParamSplit, matrices: torch.optim.Optimizer, hp: dict[str, Any]) -> Composite:
-    """``matrices`` plus plain AdamW (FOAM's unfolded path: fp32 maths, param-dtype states)."""
-    parts = [matrices]
-    if split.others:
-        others = [{"params": [p for _, p in split.others], "name": "others", "level": None}]
-        parts.append(FOAM(others, **adam_settings(hp)))
-    return Composite(parts)
-
-
 def matrix_group(split: ParamSplit, hp: dict[str, Any]) -> list[dict[str, Any]]:
     """The matrices as one group at ``lr * alpha``."""
     return [
@@ -48,8 +37,8 @@ def matrix_group(split: ParamSplit, hp: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @register("muon", **MUON_OPTIONS)
-def _muon(split: ParamSplit, hp: dict[str, Any]) -> Composite:
+def _muon(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """torch's Muon (Moonlight scale) on the matrices, AdamW on the rest at the base lr."""
     settings = {k: hp[k] for k in SETTINGS}
     matrices = torch.optim.Muon(matrix_group(split, hp), **settings, adjust_lr_fn=MATCH_RMS)
-    return with_adamw(split, matrices, hp)
+    return with_adamw_for_others(split, matrices, hp)

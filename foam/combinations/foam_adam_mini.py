@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from foam.baselines.adam_mini import HEADS, AdamMini, build, heads_from_config
 from foam.hparams import signature_defaults
 from foam.optimizer import FOAM
@@ -24,6 +26,6 @@ FOLD_OPTIONS = ("fold_axis", "residual")
     **signature_defaults(AdamMini, *FOLD_OPTIONS),
     **HEADS,
 )
-def _foam_adam_mini(split: ParamSplit, hp: dict[str, Any]) -> AdamMini:
+def _foam_adam_mini(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """Adam-mini with the matrices' first moment folded plus residual; ``level=0`` is adam_mini."""
     return build(split, hp, hp["level"], **{k: hp[k] for k in FOLD_OPTIONS})

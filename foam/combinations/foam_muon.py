@@ -10,13 +10,12 @@ import torch
 # torch's own Newton-Schulz and shape scale: FOAM-Muon at level 0 is then torch's Muon to the bit.
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
-from foam.baselines.muon import MATCH_RMS, MUON_OPTIONS, SETTINGS, matrix_group, with_adamw
-from foam.composite import Composite
+from foam.baselines.muon import MATCH_RMS, MUON_OPTIONS, SETTINGS, matrix_group
 from foam.folding import fold, fold_plan, folded_numel, unfold_with_residual, validate_fold_settings
 from foam.hparams import signature_defaults
 from foam.numerics import compute_dtype, ema_
 from foam.param_groups import ParamSplit
-from foam.registry import register
+from foam.registry import register, with_adamw_for_others
 
 
 class FoldedMuon(torch.optim.Muon):
@@ -118,7 +117,7 @@ FOLD_OPTIONS = ("level", "fold_axis", "residual")
 
 
 @register("foam_muon", **signature_defaults(FoldedMuon, *FOLD_OPTIONS), **MUON_OPTIONS)
-def _foam_muon(split: ParamSplit, hp: dict[str, Any]) -> Composite:
+def _foam_muon(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """Muon with the momentum stored folded; ``level=0`` is ``muon``."""
     settings = {k: hp[k] for k in (*SETTINGS, *FOLD_OPTIONS)}
-    return with_adamw(split, FoldedMuon(matrix_group(split, hp), **settings), hp)
+    return with_adamw_for_others(split, FoldedMuon(matrix_group(split, hp), **settings), hp)
