@@ -18,7 +18,7 @@ from torch import nn
 from foam.composite import Composite
 from foam.hparams import signature_defaults
 from foam.optimizer import FOAM
-from foam.param_groups import ParamSplit, check_covers, split_params
+from foam.param_groups import ParamSplit, TargetModules, check_covers, split_params
 
 COMMON_DEFAULTS: dict[str, Any] = signature_defaults(FOAM, "lr", "betas", "eps", "weight_decay")
 """The Adam keywords every method takes, with FOAM's defaults (a method may override them)."""
@@ -64,8 +64,13 @@ def available_optimizers() -> dict[str, dict[str, Any]]:
     return {name: dict(m.defaults) for name, m in sorted(_METHODS.items())}
 
 
-def build_optimizer(name: str, model: nn.Module, **hparams: Any) -> torch.optim.Optimizer:
-    """The optimizer ``name`` over ``model``: the method on attention/MLP matrices, AdamW elsewhere."""
+def build_optimizer(
+    name: str, model: nn.Module, *, target_modules: TargetModules | None = None, **hparams: Any
+) -> torch.optim.Optimizer:
+    """The optimizer ``name`` over ``model``: the method on attention/MLP matrices, AdamW elsewhere.
+
+    ``target_modules`` chooses the method's matrices by module name instead of by structure
+    (``foam.param_groups.split_params``)."""
     method = _METHODS.get(name)
     if method is None:
         raise ValueError(f"unknown optimizer {name!r}; available: {', '.join(sorted(_METHODS))}")
@@ -80,7 +85,7 @@ def build_optimizer(name: str, model: nn.Module, **hparams: Any) -> torch.optim.
         if settings[key] is None:
             settings[key] = value
     settings["betas"] = tuple(settings["betas"])
-    optimizer = method.build(split_params(model), settings)
+    optimizer = method.build(split_params(model, target_modules), settings)
     check_covers(model, optimizer.param_groups)
     return optimizer
 

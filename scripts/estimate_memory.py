@@ -30,7 +30,11 @@ from paper_memory import (
     erratum,
 )
 
-ALL_MODELS = (*PAPER_MODELS, *TABLE3_MODELS, "qwen_60m", "qwen_130m", "qwen_350m")
+ALL_MODELS = (
+    *PAPER_MODELS,
+    *TABLE3_MODELS,
+    *("qwen_60m", "qwen_130m", "qwen_350m", "qwen_1b", "qwen_3b", "qwen_7b"),
+)
 TABLE2_METHODS = [m.name for m in TABLE2]
 
 
