@@ -235,4 +235,4 @@ def test_a_real_two_point_sweep_is_picked_up_by_the_tables(tmp_path):
     sweep_rows = [r for r in (out / "sweep.md").read_text().splitlines() if "llama_tiny" in r]
     assert len(sweep_rows) == 2 and (out / "curves_llama_tiny.png").stat().st_size > 0
     best = min(json.loads(p.read_text())["final_val_ppl"] for p in summaries)
-    assert f"{best:.2f} ± 0.00" in (out / "table2.md").read_text()
+    assert f"{best:.2f} (n=1)" in (out / "table2.md").read_text()
