@@ -337,11 +337,15 @@ def test_resume_after_sigterm_reproduces_the_uninterrupted_run(tmp_path):
     overrides = ("trainer.max_steps=10", "trainer.save_every=0", "trainer.eval_every=5")
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     run(command(whole, *overrides))
-    stopped = stop_with(command(broken, *overrides), broken, signal.SIGUSR1, at_step=3)
+    wandb = "logger=wandb"  # offline: the stopped wandb run is flushed and continued on resume
+    stopped = stop_with(command(broken, *overrides, wandb), broken, signal.SIGUSR1, at_step=3)
     assert stopped.returncode == PREEMPTED_EXIT_STATUS, stopped.stderr[-4000:]
     assert checkpoint_steps(broken) == [logged_steps(broken)]
-    run(command(broken, *overrides))
+    run(command(broken, *overrides, wandb))
     assert train_losses(broken) == train_losses(whole)
+    run_id = (broken / "wandb_id").read_text().strip()
+    runs = sorted(p.name for p in (broken / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(name.endswith(f"-{run_id}") for name in runs)
     a, b = (json.loads((d / "summary.json").read_text()) for d in (whole, broken))
     for key in ("steps", "tokens", "final_val_loss", "eval_history"):
         assert a[key] == b[key], key

@@ -25,7 +25,8 @@ from train.distributed import all_reduce_max
 
 # sysexits.h EX_TEMPFAIL ("temporary failure, retry later"): the run stopped on a signal after
 # writing a checkpoint; rerunning the same command resumes it. Distinct from 0 (finished),
-# 1 (crash), 2 (config error) and 3 (divergence); launchers requeue on it.
+# 1 (crash), 2 (config error) and 3 (divergence). torchrun turns any failed worker into its own
+# status 1 (listing the workers' statuses), so scripts/sweep.py goes by the signal its job got.
 PREEMPTED_EXIT_STATUS = 75
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 

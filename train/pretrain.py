@@ -313,7 +313,7 @@ def train(cfg: DictConfig) -> dict:
             or (step == t.max_steps and t.save_final)
         ):
             save()
-        if verdict.stop_signal:
+        if verdict.stop_signal and step < t.max_steps:  # at the end, finishing is quicker
             stop_signal = verdict.stop_signal.name
             break
     progress.close()
