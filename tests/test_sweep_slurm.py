@@ -100,7 +100,7 @@ def submit(tmp_path: Path, *overrides: str) -> Path:
     """Submit one tiny point with the fake sbatch; returns its run directory."""
     root = tmp_path / "sweep"
     args = ["--model", "llama_tiny", "--methods", "adamw", "--lrs", "1e-3", "--seeds", "0"]
-    launcher = ["--launcher", "slurm", "--slurm-signal-seconds", "120"]
+    launcher = ["--launcher", "slurm", "--slurm-signal-seconds", "120", "--allow-dirty"]
     assert sweep.main([*args, "--root", str(root), *launcher, "--", *overrides]) == 0
     return sweep.grid("llama_tiny", ["adamw"], [1e-3], None, [0])[0].run_dir(root)
 

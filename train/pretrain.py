@@ -362,6 +362,7 @@ def train(cfg: DictConfig) -> dict:
         "params_total": counts.total,
         "params_folded": counts.folded,
         "data_skipped": skipped,
+        "projections": foam.projections_computed(optimizer),
         "eval_history": eval_history,
     }
     if info.is_main:
