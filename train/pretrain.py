@@ -10,6 +10,10 @@ of ``train/`` with its own tests. What a run writes into its run directory: ``co
 (resolved), ``metrics.jsonl``, ``summary.json`` (schema in ``train/summary.py``),
 ``checkpoints/step_*``, the final model as a transformers checkpoint in ``hf/`` and, with
 ``logger=wandb``, ``wandb/``.
+
+Exit status: 0 finished, 1 crash, 2 config error, 3 divergence, and
+``train.preemption.PREEMPTED_EXIT_STATUS`` when SIGTERM / SIGUSR1 / SIGUSR2 stopped the run after
+a checkpoint (rerun the same command to resume).
 """
 
 from __future__ import annotations
@@ -53,6 +57,12 @@ from train.metrics import (
     optimizer_state_tensors,
     peak_flops,
     peak_memory,
+)
+from train.preemption import (
+    PREEMPTED_EXIT_STATUS,
+    RunPreempted,
+    StopAndSave,
+    install_stop_signals,
 )
 from train.schedule import build_scheduler
 from train.seeding import rng_state, seed_everything, set_rng_state
@@ -216,7 +226,10 @@ def train(cfg: DictConfig) -> dict:
         )
         return entry
 
+    stopper = StopAndSave(t.save_every_minutes, device)
+
     def save() -> None:
+        stopper.checkpoint_saved()
         data_states = dist.all_gather_object(train_loader.state_dict())
         rngs = dist.all_gather_object(rng_state())
         if info.is_main:
@@ -244,7 +257,9 @@ def train(cfg: DictConfig) -> dict:
             log.info("saved %s", path)
         dist.barrier()
 
-    # 6. Train: exactly max_steps optimizer steps; lr is a function of the optimizer step.
+    # 6. Train: exactly max_steps optimizer steps; lr is a function of the optimizer step. A stop
+    #    signal (any rank) ends the loop after the step it arrived in, with a checkpoint.
+    stop_signal = None
     flops_per_token = models.flops_per_token(cfg.model, cfg.data.seq_len)
     peak = peak_flops(device)
     if info.is_main:
@@ -298,10 +313,31 @@ def train(cfg: DictConfig) -> dict:
             )
         if step == t.max_steps or (t.eval_every and step % t.eval_every == 0):
             run_eval()
-        if (t.save_every and step % t.save_every == 0) or (step == t.max_steps and t.save_final):
+        verdict = stopper.poll()  # collective: a stop signal on any rank, a wall-clock save
+        if (
+            verdict.save
+            or (t.save_every and step % t.save_every == 0)
+            or (step == t.max_steps and t.save_final)
+        ):
             save()
+        if verdict.stop_signal and step < t.max_steps:  # at the end, finishing is quicker
+            stop_signal = verdict.stop_signal.name
+            break
     progress.close()
     train_loader.close()  # stop its read-ahead thread
+    if stop_signal:
+        log.warning(
+            "%s: stopped after step %d with its checkpoint saved; rerun the same command to "
+            "resume (exit status %d)",
+            stop_signal,
+            step,
+            PREEMPTED_EXIT_STATUS,
+        )
+        if info.is_main:
+            jsonl.close()
+            if wandb:
+                wandb.close(preempted=True)
+        raise RunPreempted(f"{stop_signal} at step {step}; resume with the same command")
 
     # 7. Final evaluation (already done unless resumed after the end) and the summary.
     final = eval_history[-1] if eval_history and eval_history[-1]["step"] == step else run_eval()
@@ -355,11 +391,15 @@ def train(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def main(cfg: DictConfig) -> None:
+    install_stop_signals()  # SIGTERM / SIGUSR1 / SIGUSR2: checkpoint after this step, then stop
     try:
         train(cfg)
     except (ConfigError, TrainingDiverged) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2 if isinstance(err, ConfigError) else 3)
+    except RunPreempted as stop:
+        print(f"stopped: {stop}", file=sys.stderr)
+        sys.exit(PREEMPTED_EXIT_STATUS)
     finally:
         dist.shutdown()
 
