@@ -8,11 +8,14 @@ of gradients is in ``test_train_step.py``.
 from __future__ import annotations
 
 import contextlib
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from optim_helpers import TINY_LLAMA, build, tiny_llama
 from packaging.requirements import Requirement
 from packaging.version import Version
@@ -98,3 +101,31 @@ def test_every_optimizer_trains_the_same_on_bucket_view_gradients(process_group,
     assert all(views)
     for a, b in zip(plain, under_ddp, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def _waits_for_a_slow_writer(rank: int, store: str, out: dict) -> None:
+    torch.set_num_threads(1)
+    # The default group gives up after 2 s; rank 0 "writes a checkpoint" for 5 s.
+    dist.init_process_group(
+        "gloo", init_method=store, rank=rank, world_size=2, timeout=timedelta(seconds=2)
+    )
+    try:
+        distributed.init_distributed(
+            DistInfo(rank=rank, world_size=2), CPU, slow_io_timeout=timedelta(seconds=60)
+        )
+        if rank == 0:
+            time.sleep(5)
+        distributed.barrier_for_slow_io()
+        out[rank] = "passed the barrier"
+    finally:
+        distributed.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_ranks_wait_for_a_checkpoint_longer_than_the_default_timeout(tmp_path) -> None:
+    with mp.Manager() as manager:
+        out = manager.dict()
+        store = f"file://{tmp_path / 'store'}"
+        mp.spawn(_waits_for_a_slow_writer, args=(store, out), nprocs=2, join=True)
+        assert dict(out) == {0: "passed the barrier", 1: "passed the barrier"}
