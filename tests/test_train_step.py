@@ -19,9 +19,11 @@ from train.trainer import (
     TrainingDiverged,
     accumulate_gradients,
     count_targets,
+    forward_loss_sum,
     grad_norm,
     grad_norm_and_clip,
     next_token_loss_sum,
+    to_device,
 )
 
 VOCAB, T = 128, 16
@@ -222,3 +224,15 @@ def test_step_stats_name_the_first_non_finite_step() -> None:
         )
     with pytest.raises(TrainingDiverged, match=r"step 2: loss 2.0, grad norm inf"):
         stats.read()
+
+
+def test_a_mask_without_padding_is_left_out_with_the_same_loss() -> None:
+    padded = batches(1, 2)[0]
+    full = {**padded, "attention_mask": torch.ones_like(padded["attention_mask"])}
+    assert "attention_mask" in to_device(padded, CPU)
+    assert "attention_mask" not in to_device(full, CPU)
+    model = tiny_model()
+    with torch.no_grad():
+        with_mask = forward_loss_sum(model, full, contextlib.nullcontext)
+        without = forward_loss_sum(model, to_device(full, CPU), contextlib.nullcontext)
+    assert torch.equal(with_mask, without)

@@ -55,14 +55,23 @@ def to_device_async(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
-    return {k: to_device_async(v, device) for k, v in batch.items()}
+    """A host-side batch on ``device``. An attention mask without padding is left out:
+    transformers would check it on the device (a host sync per forward) only to find that the
+    plain causal kernel applies, which it then uses without a mask anyway."""
+    return {
+        k: to_device_async(v, device)
+        for k, v in batch.items()
+        if k != "attention_mask" or not bool(v.all())
+    }
 
 
 def forward_loss_sum(
     model: nn.Module, batch: Batch, autocast: Callable[[], contextlib.AbstractContextManager]
 ) -> torch.Tensor:
     with autocast():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logits = model(
+            input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")
+        ).logits
     return next_token_loss_sum(logits, batch["labels"])
 
 
