@@ -119,6 +119,18 @@ def test_tables_take_the_best_point_and_average_seeds(tmp_path):
     assert "| llama_60m | FOAM-2 | 0.01 | 1 | 1 | 29.00 ± 0.00 |" in (out / "sweep.md").read_text()
 
 
+def test_a_dirty_tree_is_refused_unless_allowed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sweep, "uncommitted_changes", lambda: " M foam/optimizer.py")
+    monkeypatch.setattr(sweep, "run_local", lambda commands, jobs: 0)
+    args = ["--model", "llama_tiny", "--methods", "adamw", "--lrs", "1e-3", "--seeds", "0"]
+    args += ["--root", str(tmp_path)]
+    with pytest.raises(SystemExit):
+        sweep.main(args)
+    err = capsys.readouterr().err
+    assert "uncommitted changes" in err and "foam/optimizer.py" in err
+    assert sweep.main([*args, "--allow-dirty"]) == 0
+
+
 def test_no_runs_is_an_error(tmp_path):
     with pytest.raises(SystemExit, match="no finished runs"):
         make_tables.main([str(tmp_path)])
@@ -142,6 +154,9 @@ def test_a_real_two_point_sweep_is_picked_up_by_the_tables(tmp_path):
         "0",
         "--root",
         str(tmp_path),
+        "--jobs",
+        "2",
+        "--allow-dirty",  # the test must not depend on the developer's tree being committed
         "--",
         "trainer=cpu_debug",
         "logger=none",
