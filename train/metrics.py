@@ -63,7 +63,9 @@ def mfu(
 
 def reset_peak_memory(device: torch.device) -> None:
     """Start a new peak: CUDA's allocator statistics on GPU; the process's peak RSS on Linux
-    (``/proc/self/clear_refs``; elsewhere the RSS peak cannot be reset and stays the process's)."""
+    (``/proc/self/clear_refs``; elsewhere the RSS peak cannot be reset and stays the process's).
+    The RSS also holds memory that an earlier phase freed but the C allocator kept, so on CPU a
+    phase's peak is an upper bound."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
