@@ -132,6 +132,28 @@ def test_nan_loss_stops_with_the_step(tmp_path):
 
 
 @pytest.mark.slow
+def test_nan_between_logs_is_caught_before_the_next_save(tmp_path):
+    """The step's numbers are read at logs and saves only (train/step_stats.py): a NaN at step 2
+    is reported at step 3's save, which then does not happen."""
+    run_dir = tmp_path / "run"
+    proc = run(
+        command(
+            run_dir,
+            "optim.lr=1e30",
+            "trainer.log_every=5",
+            "trainer.save_every=3",
+            "trainer.eval_every=0",
+            "trainer.max_steps=6",
+            optim="adamw",
+        ),
+        expect_rc=3,
+    )
+    assert "step 2: loss nan" in proc.stderr
+    assert not list((run_dir / "checkpoints").glob("step_*"))
+    assert sorted(train_losses(run_dir)) == [1]
+
+
+@pytest.mark.slow
 def test_resume_after_a_kill_reproduces_the_uninterrupted_run(tmp_path):
     overrides = (
         "trainer.max_steps=12",
