@@ -162,7 +162,7 @@ def save_training_state(
         }
         meta = {"tokens": state.tokens, "git_sha": git_sha()}
         path = save_checkpoint(run_dir, state.step, contents, meta, keep_last=keep_last)
-    dist.barrier()
+    dist.barrier_for_slow_io()
     return path
 
 

@@ -111,6 +111,8 @@ class TrainerConfig:
     """Optimizer steps between metrics.jsonl / wandb records."""
     save_every: int = 1000
     """Optimizer steps between checkpoints; 0 = only the final one."""
+    save_every_minutes: float = 0.0
+    """Also checkpoint by wall clock (0 = off): a hard kill loses at most this."""
     keep_last: int = 2
     """Checkpoints kept; 0 = all."""
     save_final: bool = True
