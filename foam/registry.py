@@ -1,8 +1,9 @@
 """``build_optimizer``: any optimizer of the project from a model, with the paper's split.
 
-Each method registers a builder with the keywords it accepts and their defaults; the registry
-checks names and keywords once, for all of them, and checks that the groups it built cover every
-trainable parameter exactly once.
+Each method registers a builder with the keywords it accepts and their defaults (read off its
+optimizer's constructor signature); the registry checks names and keywords once, for all of them,
+and checks that the groups it built cover every trainable parameter exactly once. The rules of the
+values are the optimizers' own: a bad value raises their ``ValueError``.
 """
 
 from __future__ import annotations
@@ -14,35 +15,46 @@ from typing import Any
 import torch
 from torch import nn
 
-from foam.param_groups import ParamSplit, check_covers, split_params
+from foam.composite import Composite
+from foam.hparams import signature_defaults
+from foam.optimizer import FOAM
+from foam.param_groups import ParamSplit, TargetModules, check_covers, split_params
 from foam.sharding import check_supported
 
-COMMON_DEFAULTS: dict[str, Any] = {
-    "lr": 1e-3,
-    "betas": (0.9, 0.95),
-    "eps": 1e-8,
-    "weight_decay": 0.0,
-}
+COMMON_DEFAULTS: dict[str, Any] = signature_defaults(FOAM, "lr", "betas", "eps", "weight_decay")
+"""The Adam keywords every method takes, with FOAM's defaults (a method may override them)."""
 
 Builder = Callable[[ParamSplit, dict[str, Any]], torch.optim.Optimizer]
+FromModel = Callable[[nn.Module], dict[str, Any]]
+
+
+def _nothing_from_model(model: nn.Module) -> dict[str, Any]:
+    return {}
 
 
 @dataclass(frozen=True)
 class Method:
     build: Builder
     defaults: dict[str, Any]
+    from_model: FromModel
+    """Values of keywords left ``None`` that the method reads off the model (e.g. its config)."""
 
 
 _METHODS: dict[str, Method] = {}
 
 
-def register(name: str, **defaults: Any) -> Callable[[Builder], Builder]:
-    """Register ``build(split, hparams)`` under ``name``; ``defaults`` are its extra keywords."""
+def register(
+    name: str, from_model: FromModel = _nothing_from_model, **defaults: Any
+) -> Callable[[Builder], Builder]:
+    """Register ``build(split, hparams)`` under ``name``; ``defaults`` are its extra keywords.
+
+    ``from_model(model)`` gives values for keywords whose setting is ``None`` (not given).
+    """
 
     def decorate(build: Builder) -> Builder:
         if name in _METHODS:
             raise ValueError(f"optimizer {name!r} is registered twice")
-        _METHODS[name] = Method(build, {**COMMON_DEFAULTS, **defaults})
+        _METHODS[name] = Method(build, {**COMMON_DEFAULTS, **defaults}, from_model)
         return build
 
     return decorate
@@ -53,8 +65,13 @@ def available_optimizers() -> dict[str, dict[str, Any]]:
     return {name: dict(m.defaults) for name, m in sorted(_METHODS.items())}
 
 
-def build_optimizer(name: str, model: nn.Module, **hparams: Any) -> torch.optim.Optimizer:
-    """The optimizer ``name`` over ``model``: the method on attention/MLP matrices, AdamW elsewhere."""
+def build_optimizer(
+    name: str, model: nn.Module, *, target_modules: TargetModules | None = None, **hparams: Any
+) -> torch.optim.Optimizer:
+    """The optimizer ``name`` over ``model``: the method on attention/MLP matrices, AdamW elsewhere.
+
+    ``target_modules`` chooses the method's matrices by module name instead of by structure
+    (``foam.param_groups.split_params``)."""
     method = _METHODS.get(name)
     if method is None:
         raise ValueError(f"unknown optimizer {name!r}; available: {', '.join(sorted(_METHODS))}")
@@ -66,8 +83,11 @@ def build_optimizer(name: str, model: nn.Module, **hparams: Any) -> torch.optim.
         )
     check_supported(name, model.parameters())  # before any state exists
     settings = {**method.defaults, **hparams}
+    for key, value in method.from_model(model).items():
+        if settings[key] is None:
+            settings[key] = value
     settings["betas"] = tuple(settings["betas"])
-    optimizer = method.build(split_params(model), settings)
+    optimizer = method.build(split_params(model, target_modules), settings)
     check_covers(model, optimizer.param_groups)
     return optimizer
 
@@ -86,3 +106,50 @@ def two_groups(
 def adam_settings(hparams: dict[str, Any]) -> dict[str, Any]:
     """The keywords every Adam-family group takes."""
     return {k: hparams[k] for k in ("lr", "betas", "eps", "weight_decay")}
+
+
+# How a method whose own class could also update the non-matrix parameters treats them:
+# "adamw" (default): the paper's recipe, the same plain AdamW (FOAM's unfolded path, i.e. torch's
+# fused AdamW kernel where the device has one, eps 1e-8) as every other method, so that a
+# comparison between methods compares what they do to the matrices; "reference": the method's
+# own class updates them as its reference package does (e.g. GaLore's HF-style AdamW, eps 1e-6
+# on the uncorrected sqrt(v)), which the reference-comparison tests need.
+OTHERS_CHOICES = ("adamw", "reference")
+OTHERS = {"others": "adamw"}
+
+
+def kept_by_method(split: ParamSplit, hparams: dict[str, Any]) -> ParamSplit:
+    """The parameters a method's own class gets: the matrices, plus the rest when it keeps them."""
+    if hparams["others"] not in OTHERS_CHOICES:
+        raise ValueError(f"others must be one of {OTHERS_CHOICES}, got {hparams['others']!r}")
+    if hparams["others"] == "adamw":
+        return ParamSplit(matrices=split.matrices, others=[])
+    return split
+
+
+def method_groups(
+    split: ParamSplit, matrices: dict[str, Any], others: dict[str, Any], hparams: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """``two_groups`` of what the method's own class gets (``kept_by_method``)."""
+    return two_groups(kept_by_method(split, hparams), matrices, others)
+
+
+def with_adamw_for_others(
+    split: ParamSplit,
+    method: torch.optim.Optimizer,
+    hparams: dict[str, Any],
+    eps: float | None = None,
+) -> torch.optim.Optimizer:
+    """``method`` (on the matrices) plus plain AdamW on the rest at the base lr, as one optimizer.
+
+    ``eps`` defaults to the method's own; the methods whose ``eps`` means something else (the
+    HF-style eps on the uncorrected sqrt(v) of GaLore, APOLLO and GWT) pass AdamW's 1e-8.
+    Nothing is added when the method keeps the rest itself (``others="reference"``).
+    """
+    if hparams.get("others") == "reference" or not split.others:
+        return method
+    named = "param_names" in method.param_groups[0]  # torch wants all groups named or none
+    params = list(split.others) if named else [p for _, p in split.others]
+    rest = [{"params": params, "name": "others", "level": None}]
+    settings = {**adam_settings(hparams), "eps": hparams["eps"] if eps is None else eps}
+    return Composite([method, FOAM(rest, **settings)])

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
 import models
-from train.checkpoint import load_model_weights
+from train.checkpoint import load_model_weights, saved_model_dtype
 
 
 def consolidate(checkpoint: Path, out: Path) -> Path:
@@ -28,8 +28,8 @@ def consolidate(checkpoint: Path, out: Path) -> Path:
     if not config.is_file():
         raise FileNotFoundError(f"no run config at {config} (the run directory of {checkpoint})")
     cfg = OmegaConf.load(config)
-    dtype = torch.bfloat16 if cfg.trainer.precision == "bf16" else torch.float32
-    model = load_model_weights(checkpoint, models.build_model(cfg.model, dtype=dtype))
+    model = models.build_model(cfg.model, dtype=saved_model_dtype(checkpoint))
+    load_model_weights(checkpoint, model)
     weights = {k: v.contiguous() for k, v in model.state_dict().items()}
     if out.suffix == ".safetensors":
         # tied embeddings share storage; safetensors stores each tensor once, by its first name

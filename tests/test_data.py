@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf.errors import ConfigKeyError
 
 from train import corpus, data, tokenizer
 from train.data import build_tokenizer, build_train_loader, build_val_batches, rank_stream
@@ -115,7 +116,7 @@ def shakespeare() -> Path:
 
 def stream(c: dict, *, rank: int, world_size: int) -> list[dict]:
     """This rank's shuffled training records (the protocol's seed 42)."""
-    split = corpus.open_source(c).train
+    split = corpus.open_source(c, "train")
     return list(
         rank_stream(
             split, shuffle_buffer=c["shuffle_buffer"], rank=rank, world_size=world_size, seed=42
@@ -376,8 +377,8 @@ def test_val_batches_fixed_budget_and_rank_split(c4_dir, tok):
 
 def test_shakespeare_txt_with_held_out_fraction(shakespeare, tok):
     c = cfg(path=str(shakespeare), val_fraction=0.1)
-    train = [r["text"] for r in corpus.open_source(c).train]
-    val = [r["text"] for r in corpus.open_source(c).validation]
+    train = [r["text"] for r in corpus.open_source(c, "train")]
+    val = [r["text"] for r in corpus.open_source(c, "validation")]
     assert 0.07 < len(val) / (len(train) + len(val)) < 0.13
     assert len(train) + len(val) > 5000
     everything = [r["text"] for r in corpus.read_file_records(shakespeare)]
@@ -390,8 +391,8 @@ def test_embedded_corpus_is_deterministic_and_split():
     docs = corpus.embedded_documents()
     assert len(docs) > 300 and docs == corpus.embedded_documents()
     c = cfg(name="embedded")
-    train = [r["text"] for r in corpus.open_source(c).train]
-    val = [r["text"] for r in corpus.open_source(c).validation]
+    train = [r["text"] for r in corpus.open_source(c, "train")]
+    val = [r["text"] for r in corpus.open_source(c, "validation")]
     assert val and Counter(train) + Counter(val) == Counter(text for _, text in docs)
 
 
@@ -482,7 +483,7 @@ def test_data_options_compose_onto_the_schema_defaults(c4_dir, tok):
     c.seq_len, c.num_workers = 32, 0
     loader = build_train_loader(c, tok, micro_batch_size=2, rank=0, world_size=1, seed=0)
     assert next(loader)["input_ids"].shape == (2, 32)
-    with pytest.raises(TypeError, match="seqlen"):
+    with pytest.raises(ConfigKeyError, match="seqlen"):
         build_train_loader(cfg(seqlen=32), tok, micro_batch_size=2, rank=0, world_size=1, seed=0)
     assert DataConfig(name="local").shuffle_buffer == 1000
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import foam
 import models
 
 PAPER_SIZES = (
@@ -21,6 +22,14 @@ PAPER_SIZES = (
     "qwen_350m",
 )
 DEBUG_SIZES = ("llama_tiny", "qwen_tiny")
+
+# Qwen above 350M (not in the paper): Qwen2.5-1.5B / 3B / 7B's published shapes, restated here as
+# hidden, intermediate, layers, heads, kv heads, tied embeddings; vocabulary the protocol's 32000.
+QWEN2_PUBLISHED_SHAPES = {
+    "qwen_1b": (1536, 8960, 28, 12, 2, True),
+    "qwen_3b": (2048, 11008, 36, 16, 2, True),
+    "qwen_7b": (3584, 18944, 28, 28, 4, False),
+}
 
 # Total parameters in millions, benchmark_protocol.md section 13 (rounded to 0.1M).
 PROTOCOL_TOTAL_M = {
@@ -62,7 +71,7 @@ def expected_counts(cfg: dict) -> tuple[int, int, int]:
     return folded + other, folded, other
 
 
-@pytest.mark.parametrize("name", PAPER_SIZES + DEBUG_SIZES)
+@pytest.mark.parametrize("name", PAPER_SIZES + DEBUG_SIZES + tuple(QWEN2_PUBLISHED_SHAPES))
 def test_builds_on_meta_with_counts_from_shapes(name: str) -> None:
     cfg = models.load_model_config(name)
     model = models.build_model(cfg, device="meta")
@@ -70,6 +79,15 @@ def test_builds_on_meta_with_counts_from_shapes(name: str) -> None:
     counts = models.count_params(model)
     assert (counts.total, counts.folded, counts.other) == expected_counts(cfg)
     assert counts.total == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", sorted(QWEN2_PUBLISHED_SHAPES))
+def test_large_qwen_sizes_have_qwen2_published_shapes(name: str) -> None:
+    cfg = models.load_model_config(name)
+    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    shape = (*(cfg[k] for k in keys), cfg["num_key_value_heads"], cfg["tie_word_embeddings"])
+    assert shape == QWEN2_PUBLISHED_SHAPES[name]
+    assert (cfg["family"], cfg["vocab_size"], cfg["rope_theta"]) == ("qwen", 32000, 1e6)
 
 
 @pytest.mark.parametrize("name", PAPER_SIZES)
@@ -94,6 +112,15 @@ def test_protocol_shapes_and_totals(name: str) -> None:
     assert config.tie_word_embeddings is qwen
     assert config.rope_parameters["rope_theta"] == (1e6 if qwen else 1e4)
     assert type(config).__name__ == ("Qwen2Config" if qwen else "LlamaConfig")
+
+
+@pytest.mark.parametrize("name", DEBUG_SIZES)
+def test_counts_agree_with_the_optimizers_split(name: str) -> None:
+    model = models.build_model(models.load_model_config(name), device="meta")
+    split = foam.split_params(model)
+    counts = models.count_params(model)
+    assert counts.folded == sum(p.numel() for _, p in split.matrices)
+    assert counts.other == sum(p.numel() for _, p in split.others)
 
 
 def test_llama_60m_matches_the_papers_split() -> None:
@@ -155,6 +182,35 @@ def test_dtype_and_init() -> None:
         assert weight.std().item() == pytest.approx(0.02, rel=0.05)
         assert weight.mean().abs().item() < 2e-3
     assert torch.equal(layer.input_layernorm.weight, torch.ones(64))
+
+
+def _tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters and buffers (RoPE's are not in the state dict), by name."""
+    return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+
+@pytest.mark.parametrize("name", ["llama_60m", "qwen_tiny"])  # untied and tied embeddings
+def test_every_build_path_gives_the_reference_weights_for_a_seed(name: str) -> None:
+    """The reference scripts' init (transformers' plain construction on the CPU after
+    torch.manual_seed) is what build_model gives, and what a meta model materialises to."""
+    cfg = models.load_model_config(name)
+    family_cls = type(models.build_model(cfg, device="meta"))
+    torch.manual_seed(7)
+    reference = _tensors(family_cls(models.hf_config(cfg)))
+    torch.manual_seed(7)
+    built = _tensors(models.build_model(cfg))
+    meta = models.build_model(cfg, device="meta", dtype=torch.bfloat16)
+    assert all(t.is_meta for t in _tensors(meta).values())
+    torch.manual_seed(7)
+    materialised = _tensors(models.materialize(meta, dtype=torch.bfloat16))
+    assert built.keys() == reference.keys() == materialised.keys()
+    for key, expected in reference.items():
+        assert torch.equal(built[key], expected), key
+        assert torch.equal(materialised[key], expected.to(materialised[key].dtype)), key
+    torch.manual_seed(8)
+    other = _tensors(models.build_model(cfg))
+    key = "model.embed_tokens.weight"
+    assert not torch.equal(other[key], built[key])
 
 
 def _batch(vocab: int = 32000, b: int = 2, t: int = 16) -> dict[str, torch.Tensor]:

@@ -63,6 +63,7 @@ def test_defaults_and_keys_other_tools_rely_on():
     assert (t.eval_tokens, t.seed, t.resume, t.device) == (10_000_000, 42, "auto", "auto")
     for key in ("micro_batch_size", "grad_checkpointing", "eval_every", "save_every", "keep_last"):
         assert key in t
+    assert t.save_every_minutes == 0  # wall-clock checkpoints are opt-in
     assert cfg.data.name == "embedded" and cfg.logger.name == "wandb"
     # The paper's (lr, alpha) and the level from the YAML; every other keyword of FOAM at the
     # optimizer's own default, so each can be overridden without "+".
@@ -115,6 +116,8 @@ def test_unknown_key_in_each_group_fails_at_compose_time(group, override):
 def test_wrong_type_fails_at_compose_time():
     with pytest.raises(ConfigCompositionException, match=r"trainer\.max_steps=abc"):
         cfg_for("+model=llama_tiny", "+optim=foam2", "trainer.max_steps=abc")
+    with pytest.raises(ConfigCompositionException, match=r"trainer\.save_every_minutes=soon"):
+        cfg_for("+model=llama_tiny", "+optim=foam2", "trainer.save_every_minutes=soon")
     with pytest.raises(ConfigCompositionException, match=r"optim\.residual=maybe"):
         cfg_for("+model=llama_tiny", "+optim=foam2", "optim.residual=maybe")
 
@@ -221,6 +224,7 @@ def test_unknown_model_size_is_refused_by_hydra():
         ("trainer.warmup_ratio=1.0", "trainer.warmup_ratio"),
         ("data.seq_len=4096", "data.seq_len"),
         ("trainer.grad_clip=-1", "trainer.grad_clip"),
+        ("trainer.save_every_minutes=-5", "trainer.save_every_minutes"),
     ],
 )
 def test_bad_values_name_their_key(override, key):
@@ -256,12 +260,12 @@ def test_the_optimizer_rules_on_values_name_the_key(tiny_model):
         build_optimizer(cfg.optim, tiny_model)
 
 
-def test_fold_level_beyond_a_matrix(tiny_model):
+def test_invalid_fold_level(tiny_model):
     cfg = cfg_for("+model=llama_tiny", "+optim=foam2")
     build_optimizer(cfg.optim, tiny_model)
     with open_dict(cfg):
-        cfg.optim.level = 12
-    with pytest.raises(ConfigError, match=r"optim\.level=12.*fold level 12 makes blocks"):
+        cfg.optim.level = -1
+    with pytest.raises(ConfigError, match=r"optim\.level=-1.*level must be an int >= 0"):
         build_optimizer(cfg.optim, tiny_model)
 
 

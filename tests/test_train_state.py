@@ -60,7 +60,7 @@ def build(data_cfg, tokenizer, seed: int) -> Resumable:
 def steps(run: Resumable, state: TrainState, n: int) -> list[float]:
     losses = []
     for _ in range(n):
-        result = train_step(
+        result, _, _ = train_step(
             run.model,
             run.optimizer,
             run.scheduler,
@@ -70,10 +70,10 @@ def steps(run: Resumable, state: TrainState, n: int) -> list[float]:
             world_size=1,
             autocast=contextlib.nullcontext,
             grad_clip=1.0,
-            step=state.step,
         )
-        state.advance(result.tokens, result.seconds)
-        losses.append(result.loss)
+        state.step += 1
+        state.add_interval(int(result.counts[1]), seconds=0.01)
+        losses.append(result.loss.item())
     return losses
 
 
@@ -149,15 +149,16 @@ def test_resume_with_other_data_settings_is_a_config_error(tmp_path, data_cfg, t
 
 
 def test_train_state_times_add_up_over_segments():
-    first = TrainState(world_size=2)
-    first.advance(tokens=10, seconds=0.5)
+    first = TrainState(world_size=2, step=1)
+    first.add_interval(tokens=10, seconds=0.5)
     time.sleep(0.01)
     saved = first.state_dict()
     assert saved["wall_time_s"] >= 0.01 and saved["train_time_s"] == 0.5
     second = TrainState(world_size=2)
     second.load_state_dict(saved)
     assert second.wall_time() >= saved["wall_time_s"]
-    second.advance(tokens=5, seconds=0.25)
+    second.step += 1
+    second.add_interval(tokens=5, seconds=0.25)
     assert (second.step, second.tokens, second.train_time_s) == (2, 15, 0.75)
     assert second.last_eval() is None
     entry = second.record_eval(3.0, 20.1)

@@ -186,7 +186,7 @@ def save_training_state(
             for _, old in list_checkpoints(root)[:-keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
         path = final
-    dist.barrier()
+    dist.barrier_for_slow_io()  # rank 0's files and renames may take a while
     return path
 
 
@@ -231,6 +231,15 @@ def load_model_weights(path: Path, model: nn.Module) -> nn.Module:
         dcp.load(weights, checkpoint_id=path, no_dist=True)
     model.load_state_dict(weights["model"])
     return model
+
+
+def saved_model_dtype(path: Path) -> torch.dtype:
+    """The dtype the checkpoint's model weights were saved in (read from the DCP metadata)."""
+    metadata = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    tensors = (
+        m for key, m in metadata.items() if key.startswith("model.") and hasattr(m, "properties")
+    )
+    return next(tensors).properties.dtype
 
 
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:

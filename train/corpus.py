@@ -7,7 +7,7 @@ for the hub, a robust file reader for disk). The local reader is a `from_generat
 shards are the files, in sorted order, like the hub's json builder, so a local C4 mirror is
 shuffled and split across ranks with the same shard permutation and shuffle buffer as the hub.
 
-`open_source` opens both splits once per run; the loaders and the tokenizer iterate them afresh.
+`open_sources` opens both splits once per run; the loaders and the tokenizer iterate them afresh.
 
 Bad input never raises mid-run: the reader yields `{"text": None, "error": REASON}` for each
 malformed JSON line, record without usable text, line of invalid UTF-8, empty or corrupt file,
@@ -306,27 +306,39 @@ def _open_hub(cfg: DataConfig, split: str):
 # Entry point
 
 
+def open_source(cfg: DataConfig | Any, split: str):
+    """The unshuffled, unsplit `IterableDataset` of one split ('train' or 'validation') of the
+    source ``cfg`` describes (a `DataConfig`, the composed ``cfg.data`` or a mapping)."""
+    if split not in ("train", "validation"):
+        raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
+    cfg = data_config(cfg)
+    if cfg.name == "c4":
+        return _open_hub(cfg, split)
+    if cfg.name == "embedded":
+        return _embedded_split(cfg, "train" if split == "train" else "val")
+    if cfg.name == "local":
+        return _local_split(cfg, split)
+    raise DataSourceError(f"data.name={cfg.name!r} is unknown: use c4, local or embedded")
+
+
 @dataclass(frozen=True)
 class Source:
-    """Both splits of a data source, opened once per run: unshuffled, unsplit `IterableDataset`s
-    that are iterated afresh for every epoch. ``label`` names the source in error messages."""
+    """Both splits of a data source, each opened once per run (``open_sources``); every epoch and
+    the tokenizer iterate them afresh. ``label`` names the source in error messages."""
 
     train: Any
     validation: Any
     label: str
 
 
-def open_source(cfg: DataConfig | Any) -> Source:
-    """Open the source ``cfg`` describes (a `DataConfig`, the composed ``cfg.data`` or a mapping)."""
+def open_sources(cfg: DataConfig | Any) -> Source:
+    """Open both splits of the source ``cfg`` describes, once for the whole run."""
     cfg = data_config(cfg)
-    if cfg.name == "c4":
-        label = f"data=c4 ({cfg.hub_name} {cfg.hub_config})"
-        return Source(_open_hub(cfg, "train"), _open_hub(cfg, "validation"), label)
-    if cfg.name == "embedded":
-        return Source(*(_embedded_split(cfg, role) for role in ("train", "val")), "data=embedded")
-    if cfg.name == "local":
-        return Source(*_local_splits(cfg), f"data.path={cfg.path}")
-    raise DataSourceError(f"data.name={cfg.name!r} is unknown: use c4, local or embedded")
+    label = {
+        "c4": f"data=c4 ({cfg.hub_name} {cfg.hub_config})",
+        "local": f"data.path={cfg.path}",
+    }.get(cfg.name, f"data={cfg.name}")
+    return Source(open_source(cfg, "train"), open_source(cfg, "validation"), label)
 
 
 def _held_out_fraction(cfg: DataConfig) -> float:
@@ -343,7 +355,7 @@ def _embedded_split(cfg: DataConfig, role: str):
     return IterableDataset.from_generator(_embedded_records, gen_kwargs=kwargs)
 
 
-def _local_splits(cfg: DataConfig) -> tuple[Any, Any]:
+def _local_split(cfg: DataConfig, split: str):
     from datasets import IterableDataset
 
     if not cfg.path:
@@ -353,21 +365,25 @@ def _local_splits(cfg: DataConfig) -> tuple[Any, Any]:
     train, val = list_local_files(cfg.path)
     val_fraction = _held_out_fraction(cfg)
     if val:
-        splits = ((train, "all"), (val, "all"))
+        files, role = (train if split == "train" else val), "all"
     elif 0.0 < val_fraction < 1.0:
-        splits = ((train, "train"), (train, "val"))
+        files, role = train, ("train" if split == "train" else "val")
     else:
         raise DataSourceError(
             f"data.path={cfg.path}: no validation files (names with 'validation'/'val'); set "
             "data.val_fraction to hold out a fraction of the training records"
         )
-    out = []
-    for (files, role), split in zip(splits, ("train", "validation"), strict=True):
-        if not files:
-            raise DataSourceError(f"data.path={cfg.path}: no {split} files")
-        kwargs = {"paths": [str(f) for f in files], "role": role, "val_fraction": val_fraction}
-        out.append(IterableDataset.from_generator(_local_records, gen_kwargs=kwargs))
-    return out[0], out[1]
+    if not files:
+        raise DataSourceError(f"data.path={cfg.path}: no {split} files")
+    kwargs = {"paths": [str(f) for f in files], "role": role, "val_fraction": val_fraction}
+    return IterableDataset.from_generator(_local_records, gen_kwargs=kwargs)
+
+
+def count_skip(stats: dict[str, int], record: Record) -> None:
+    """Count a record without usable text in ``stats``: ``skipped`` and ``skipped_<reason>``."""
+    key = f"skipped_{record.get('error') or 'no_text'}"
+    stats["skipped"] = stats.get("skipped", 0) + 1
+    stats[key] = stats.get(key, 0) + 1
 
 
 def describe_skips(stats: dict[str, int]) -> str:

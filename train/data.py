@@ -38,7 +38,14 @@ from typing import Any
 
 import torch
 
-from train.corpus import SKIP_REASONS, DataSourceError, Source, describe_skips, open_source
+from train.corpus import (
+    SKIP_REASONS,
+    DataSourceError,
+    Source,
+    count_skip,
+    describe_skips,
+    open_sources,
+)
 from train.schema import DataConfig, data_config
 from train.tokenizer import Tokenizer, build_tokenizer
 
@@ -151,9 +158,7 @@ def _produce(
             state["records"] += 1
             stats["records"] += 1
             if not (isinstance(text, str) and text.strip()):
-                reason = rec.get("error") or "no_text"
-                stats["skipped"] += 1
-                stats[f"skipped_{reason}"] = stats.get(f"skipped_{reason}", 0) + 1
+                count_skip(stats, rec)
                 continue
             ids = next(encoded)
             stats["documents"] += 1
@@ -414,7 +419,7 @@ def build_train_loader(
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} not in [0, {world_size})")
     cfg = data_config(data_cfg)
-    source = source or open_source(cfg)
+    source = source or open_sources(cfg)
     shuffle_seed = _shuffle_seed(cfg, seed)
 
     def open_stream(epoch: int) -> Iterable[dict]:
@@ -542,7 +547,7 @@ def build_val_batches(
     read lazily on first iteration, then kept in memory so every evaluation sees the same tokens.
     """
     cfg = data_config(data_cfg)
-    source = source or open_source(cfg)
+    source = source or open_sources(cfg)
     shuffle_seed = _shuffle_seed(cfg, 0)
     budget = -(-int(max_tokens) // world_size)
     return ValBatches(

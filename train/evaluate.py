@@ -35,7 +35,9 @@ def evaluate(
     was_training = model.training
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=device)
-    forwards = all_reduce_max(len(batches)) if is_sharded(model) else len(batches)
+    forwards = len(batches)
+    if is_sharded(model):
+        forwards = int(all_reduce_max(torch.tensor(forwards, device=device)).item())
     batch = None
     for batch in batches:
         totals[0] += forward_loss_sum(model, to_device(batch, device), autocast).double()

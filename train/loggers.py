@@ -78,7 +78,10 @@ class WandbLogger:
     def summary(self, values: dict[str, Any]) -> None:
         self.run.summary.update({k: v for k, v in values.items() if not isinstance(v, list)})
 
-    def close(self) -> None:
+    def close(self, preempted: bool = False) -> None:
+        """Finish the run; ``preempted`` tells wandb it stopped early and will be resumed."""
+        if preempted:
+            self.run.mark_preempting()
         self.run.finish()
 
 
@@ -122,9 +125,11 @@ class MetricSink:
             if sink:
                 sink.log(record)
 
-    def close(self, summary: dict[str, Any]) -> None:
+    def close(self, summary: dict[str, Any] | None = None, *, preempted: bool = False) -> None:
+        """Finish: with the run's summary, or ``preempted`` (stopped early, to be resumed)."""
         if self._wandb:
-            self._wandb.summary(summary)
-            self._wandb.close()
+            if summary is not None:
+                self._wandb.summary(summary)
+            self._wandb.close(preempted=preempted)
         if self._jsonl:
             self._jsonl.close()

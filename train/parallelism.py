@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import foam
 from foam.sharding import shard_dim
+from train.distributed import wrap_ddp
 
 PARALLELISMS = ("ddp", "fsdp")
 
@@ -64,11 +65,7 @@ def parallelize(
     if world_size == 1:
         return model
     if parallelism == "ddp":
-        return DistributedDataParallel(
-            model,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            forward_sync_buffers=False,  # the only buffers (RoPE) are identical on every rank
-        )
+        return wrap_ddp(model, device)
     mesh = init_device_mesh(device.type, (world_size,))
     policy = MixedPrecisionPolicy()
     if precision == "bf16_mixed":

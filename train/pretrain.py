@@ -8,7 +8,12 @@
 ``train()`` reads top to bottom as the training story; each step it calls lives in a small module
 of ``train/`` with its own tests. What a run writes into its run directory: ``config.yaml``
 (resolved), ``metrics.jsonl``, ``summary.json`` (schema in ``train/summary.py``),
-``checkpoints/step_*`` (contents in ``train/checkpoint.py``) and, with ``logger=wandb``, ``wandb/``.
+``checkpoints/step_*`` (contents in ``train/checkpoint.py``), the final model as a transformers
+checkpoint in ``hf/`` and, with ``logger=wandb``, ``wandb/``.
+
+Exit status: 0 finished, 1 crash, 2 config error, 3 divergence, and
+``train.preemption.PREEMPTED_EXIT_STATUS`` when SIGTERM / SIGUSR1 / SIGUSR2 stopped the run after
+a checkpoint (rerun the same command to resume).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from train.config import (
     check_config,
     optimizer_hparams,
 )
-from train.corpus import open_source
+from train.corpus import open_sources
 from train.data import (
     TrainLoader,
     ValBatches,
@@ -53,23 +58,33 @@ from train.data import (
     build_val_batches,
 )
 from train.evaluate import evaluate
+from train.export import HF_DIR, export_hf, unsharded_model
 from train.loggers import MetricSink
 from train.metrics import (
+    PhasePeaks,
     bytes_by_dtype,
     format_bytes,
+    log_step_time_estimate,
     mfu,
     optimizer_state_tensors,
     peak_flops,
-    peak_memory,
     per_rank_memory_line,
 )
 from train.parallelism import is_sharded, parallelize, uses_autocast
+from train.preemption import (
+    PREEMPTED_EXIT_STATUS,
+    RunPreempted,
+    StopAndSave,
+    install_stop_signals,
+)
 from train.schedule import build_scheduler
 from train.schema import register_configs
 from train.seeding import seed_everything
 from train.state import TrainState
-from train.step import StepResult, TrainingDiverged, train_step
+from train.step import TrainingDiverged, train_step
+from train.step_stats import IntervalStats, StepStats
 from train.summary import build_summary, write_summary
+from train.tokenizer import Tokenizer
 
 log = logging.getLogger("train.pretrain")
 PARAM_DTYPES = {"bf16": torch.bfloat16, "bf16_mixed": torch.float32, "fp32": torch.float32}
@@ -82,6 +97,8 @@ class Run:
     cfg: DictConfig
     info: dist.DistInfo
     device: torch.device
+    peaks: PhasePeaks
+    """Peak memory per phase: setup, train, eval, checkpoint."""
     run_dir: Path
     accumulation: int
     model: torch.nn.Module
@@ -89,6 +106,7 @@ class Run:
     replica: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    tokenizer: Tokenizer
     train_loader: TrainLoader
     val_batches: ValBatches
 
@@ -131,13 +149,16 @@ def train(cfg: DictConfig) -> dict:
         optim_choice=optim_choice(cfg),
         hparams=optimizer_hparams(cfg.optim),
         optimizer_state_bytes=foam.state_bytes(run.optimizer),
-        peak_memory=peak_memory(run.device),
+        peak_memory=run.peaks.record(),
         mfu=last_mfu,
         **params_counts(run.model),
         data_skipped=sum(dist.all_gather_object(int(run.train_loader.stats.get("skipped", 0)))),
+        projections=foam.projections_computed(run.optimizer),
     )
+    exported = unsharded_model(run.model, cfg.model)  # all ranks: a collective under FSDP2
     if info.is_main:
         write_summary(run.run_dir, summary)
+        export_hf(exported, run.tokenizer, run.run_dir / HF_DIR)
         log.info(
             "done: %d steps, %d tokens, val ppl %.2f, %.0f s",
             state.step,
@@ -156,6 +177,7 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
     accumulation = accumulation_steps(t.global_batch_size, t.micro_batch_size, info.world_size)
     device = dist.resolve_device(t.device, info)
     dist.init_distributed(info, device)
+    peaks = PhasePeaks(device)
     run_dir = Path(dist.broadcast_object(HydraConfig.get().runtime.output_dir))
     if info.is_main:
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -171,20 +193,22 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
         cfg,
         info,
         device,
+        peaks,
         run_dir,
         accumulation,
         *build_model_and_optimizer(cfg, info, device),  # model, replica, optimizer, scheduler
-        *build_data(cfg, info),  # train loader, validation batches
+        *build_data(cfg, info),  # tokenizer, train loader, validation batches
     )
 
 
 def build_model_and_optimizer(
     cfg: DictConfig, info: dist.DistInfo, device: torch.device
 ) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer, LambdaLR]:
-    """Identical seeds give identical replicas (or shards of the same model). Pure bf16 (the
-    paper) keeps weights, grads and states in bf16; bf16_mixed keeps fp32 weights computed in
-    bf16. Under FSDP2 the optimizer is built on the sharded (DTensor) parameters, so a method that
-    cannot update shards is refused here, before any compute."""
+    """Identical seeds give identical replicas or shards of the same model (initialised on the
+    CPU, so the same on any device). Pure bf16 (the paper) keeps weights, grads and states in
+    bf16; bf16_mixed keeps fp32 weights computed in bf16. Under FSDP2 the optimizer is built on
+    the sharded (DTensor) parameters, so a method that cannot update shards is refused here,
+    before any compute."""
     t = cfg.trainer
     seed_everything(t.seed)
     model = models.build_model(cfg.model, device=device, dtype=PARAM_DTYPES[t.precision])
@@ -214,11 +238,11 @@ def build_model_and_optimizer(
     return model, replica, optimizer, scheduler
 
 
-def build_data(cfg: DictConfig, info: dist.DistInfo) -> tuple[TrainLoader, ValBatches]:
+def build_data(cfg: DictConfig, info: dist.DistInfo) -> tuple[Tokenizer, TrainLoader, ValBatches]:
     """Each rank reads its own shard of the stream; validation is a fixed token budget. The
     source is opened once, here, for the tokenizer and both loaders."""
     t = cfg.trainer
-    source = open_source(cfg.data)
+    source = open_sources(cfg.data)
     tokenizer = build_tokenizer(cfg.data, cfg.model.vocab_size, source)
     ranks = {"rank": info.rank, "world_size": info.world_size, "source": source}
     train_loader = build_train_loader(
@@ -231,20 +255,37 @@ def build_data(cfg: DictConfig, info: dist.DistInfo) -> tuple[TrainLoader, ValBa
         max_tokens=t.eval_tokens,
         **ranks,
     )
-    return train_loader, val_batches
+    return tokenizer, train_loader, val_batches
 
 
 def train_loop(run: Run, state: TrainState, sink: MetricSink) -> float | None:
     """Exactly ``max_steps`` optimizer steps (lr is a function of the optimizer step), with
-    metrics, evaluations and checkpoints on their schedules. Returns the last step's MFU."""
+    metrics, evaluations and checkpoints on their schedules. Returns the last interval's MFU.
+
+    Each step's numbers stay on the device until the next log, evaluation or save reads them with
+    one host sync (which also stops a diverged run; ``train/step_stats.py``). There, too, the
+    ranks agree on a stop signal (any rank) or a wall-clock save: a stop ends the loop with a
+    checkpoint (``RunPreempted``), at most ``log_every`` steps after the signal arrived."""
     t = run.cfg.trainer
     flops_per_token = models.flops_per_token(run.cfg.model, run.cfg.data.seq_len)
     peak, last_mfu = peak_flops(run.device), None
+    if run.info.is_main:
+        matmul_dtype = torch.bfloat16 if t.precision.startswith("bf16") else torch.float32
+        slots = t.global_batch_size * run.cfg.data.seq_len // run.info.world_size
+        log_step_time_estimate(
+            flops_per_token, slots, run.device, matmul_dtype, t.max_steps - state.step
+        )
+    stats, stopper, stop_signal = (
+        StepStats(run.device),
+        StopAndSave(t.save_every_minutes, run.device),
+        None,
+    )
     progress = tqdm(
         total=t.max_steps, initial=state.step, disable=not run.info.is_main, dynamic_ncols=True
     )
     while state.step < t.max_steps:
-        result = train_step(
+        run.peaks.enter("train")
+        result, grad_norm, lrs = train_step(
             run.replica,
             run.optimizer,
             run.scheduler,
@@ -254,9 +295,20 @@ def train_loop(run: Run, state: TrainState, sink: MetricSink) -> float | None:
             world_size=run.info.world_size,
             autocast=run.autocast,
             grad_clip=t.grad_clip,
-            step=state.step,
         )
-        state.advance(result.tokens, result.seconds)
+        state.step += 1
+        stats.add(state.step, result, grad_norm)
+        progress.update(1)
+        log_now = state.step in (1, t.max_steps) or (t.log_every and state.step % t.log_every == 0)
+        eval_now = state.step == t.max_steps or (t.eval_every and state.step % t.eval_every == 0)
+        final = state.step == t.max_steps and t.save_final
+        save_now = final or (t.save_every and state.step % t.save_every == 0)
+        if not (log_now or eval_now or save_now):
+            continue
+        interval = stats.read()
+        state.add_interval(interval.tokens, interval.seconds)
+        slots_per_s = interval.token_slots / interval.seconds / run.info.world_size
+        last_mfu = mfu(flops_per_token, slots_per_s, peak)
         if state.step == 1 and run.info.is_main:
             log.info(
                 "optimizer state after the first step, this rank: %s (planned %.2f MiB)",
@@ -265,45 +317,64 @@ def train_loop(run: Run, state: TrainState, sink: MetricSink) -> float | None:
                 * next(run.model.parameters()).element_size()
                 / 2**20,
             )
-        slots_per_s = result.token_slots / result.seconds / run.info.world_size
-        last_mfu = mfu(flops_per_token, slots_per_s, peak)
-        progress.update(1)
-        lr = next(iter(result.lrs.values()))
-        progress.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.2e}")
-        if state.step in (1, t.max_steps) or (t.log_every and state.step % t.log_every == 0):
-            sink.log(step_record(run, state, result, last_mfu))
-        if state.step == t.max_steps or (t.eval_every and state.step % t.eval_every == 0):
+        if log_now:
+            progress.set_postfix(loss=f"{interval.loss:.4f}", lr=f"{next(iter(lrs.values())):.2e}")
+            sink.log(step_record(run, state, interval, lrs, last_mfu))
+        if eval_now:
             evaluate_and_log(run, state, sink)
-        final = state.step == t.max_steps and t.save_final
-        if final or (t.save_every and state.step % t.save_every == 0):
+        verdict = stopper.poll()  # collective: a stop signal on any rank, a wall-clock save
+        if save_now or verdict.save:
+            run.peaks.enter("checkpoint")
+            stopper.checkpoint_saved()
             path = save_training_state(
                 run.run_dir, run.resumable(), state, rank=run.info.rank, keep_last=t.keep_last
             )
             if path:
                 log.info("saved %s", path)
+        stats.restart_clock()  # evaluation, saving and logging are not training time
+        if verdict.stop_signal and state.step < t.max_steps:  # at the end, finishing is quicker
+            stop_signal = verdict.stop_signal.name
+            break
     progress.close()
     run.train_loader.close()  # stop its read-ahead thread
+    if stop_signal:
+        log.warning(
+            "%s: stopped after step %d with its checkpoint saved; rerun the same command to "
+            "resume (exit status %d)",
+            stop_signal,
+            state.step,
+            PREEMPTED_EXIT_STATUS,
+        )
+        sink.close(preempted=True)
+        raise RunPreempted(f"{stop_signal} at step {state.step}; resume with the same command")
     return last_mfu
 
 
-def step_record(run: Run, state: TrainState, result: StepResult, step_mfu: float | None) -> dict:
-    """One line of ``metrics.jsonl``."""
+def step_record(
+    run: Run,
+    state: TrainState,
+    interval: IntervalStats,
+    lrs: dict[str, float],
+    interval_mfu: float | None,
+) -> dict:
+    """One line of ``metrics.jsonl``: the newest step, with the interval's rates."""
     return {
         "step": state.step,
         "tokens": state.tokens,
-        "loss": result.loss,
-        "grad_norm": result.grad_norm,
-        **{f"lr/{name}": lr for name, lr in result.lrs.items()},
-        "step_time_s": result.seconds,
-        "tokens_per_s": result.tokens / result.seconds,
-        "mfu": step_mfu,
+        "loss": interval.loss,
+        "grad_norm": interval.grad_norm,
+        **{f"lr/{name}": lr for name, lr in lrs.items()},
+        "step_time_s": interval.seconds / interval.steps,
+        "tokens_per_s": interval.tokens / interval.seconds,
+        "mfu": interval_mfu,
         "optimizer_state_bytes": foam.state_bytes(run.optimizer),
-        **peak_memory(run.device),
+        **run.peaks.record(),
     }
 
 
 def evaluate_and_log(run: Run, state: TrainState, sink: MetricSink) -> dict:
     """Validation loss and perplexity at this step, recorded in the history and the metrics."""
+    run.peaks.enter("eval")
     result = evaluate(run.model, run.val_batches, device=run.device, autocast=run.autocast)
     entry = state.record_eval(result["val_loss"], result["val_ppl"])
     sink.log({**entry, "val_tokens": result["val_tokens"]})
@@ -353,11 +424,15 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def main(cfg: DictConfig) -> None:
+    install_stop_signals()  # SIGTERM / SIGUSR1 / SIGUSR2: checkpoint after this step, then stop
     try:
         train(cfg)
     except (ConfigError, TrainingDiverged) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2 if isinstance(err, ConfigError) else 3)
+    except RunPreempted as stop:
+        print(f"stopped: {stop}", file=sys.stderr)
+        sys.exit(PREEMPTED_EXIT_STATUS)
     finally:
         dist.shutdown()
 

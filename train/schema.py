@@ -114,6 +114,8 @@ class TrainerConfig:
     """Optimizer steps between metrics.jsonl / wandb records."""
     save_every: int = 1000
     """Optimizer steps between checkpoints; 0 = only the final one."""
+    save_every_minutes: float = 0.0
+    """Also checkpoint by wall clock (0 = off): a hard kill loses at most this."""
     keep_last: int = 2
     """Checkpoints kept; 0 = all."""
     save_final: bool = True
@@ -177,10 +179,9 @@ def register_configs() -> None:
 
 
 def data_config(cfg: DataConfig | DictConfig | Mapping[str, Any]) -> DataConfig:
-    """A ``DataConfig`` from the composed ``cfg.data`` or a plain mapping (scripts and tests);
-    an unknown key raises ``TypeError`` naming it."""
+    """A ``DataConfig`` from the composed ``cfg.data``, a loaded YAML or a plain mapping (scripts
+    and tests), checked against the schema: an unknown key or a value of the wrong type raises
+    naming the key, and values are converted as Hydra would (``"2048"`` for an int)."""
     if isinstance(cfg, DataConfig):
         return cfg
-    if isinstance(cfg, DictConfig):
-        cfg = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    return DataConfig(**cfg)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), cfg))

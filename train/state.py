@@ -34,9 +34,8 @@ class TrainState:
     def wall_time(self) -> float:
         return self.wall_time_s + time.perf_counter() - self._segment_start
 
-    def advance(self, tokens: int, seconds: float) -> None:
-        """Count one optimizer step."""
-        self.step += 1
+    def add_interval(self, tokens: int, seconds: float) -> None:
+        """Count the tokens and training time of the steps since the last read."""
         self.tokens += tokens
         self.train_time_s += seconds
 

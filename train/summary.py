@@ -8,9 +8,13 @@ final_val_ppl               exp(final_val_loss)
 steps                       optimizer steps completed
 tokens                      non-pad training tokens seen (all ranks)
 tokens_per_s                tokens / training time (eval and checkpointing excluded)
-optimizer_state_bytes       bytes of optimizer state allocated (``foam.state_bytes``) on rank 0 (a shard under fsdp)
-peak_memory_bytes           CUDA max allocated on GPU; peak process RSS on CPU (rank 0)
-peak_memory_reserved_bytes  CUDA max reserved (null on CPU)
+optimizer_state_bytes       bytes of optimizer state allocated (``foam.state_bytes``) on rank 0
+                            (its shard under fsdp)
+peak_memory_bytes           peak over training steps only (set-up, eval and saving excluded):
+                            CUDA max allocated on GPU; peak process RSS on CPU (rank 0)
+peak_memory_reserved_bytes  the same for CUDA max reserved (null on CPU)
+peak_memory_by_phase        {phase: {peak_memory_bytes, ...}} for setup, train, eval, checkpoint
+                            (``train.metrics.PhasePeaks``)
 mfu                         model FLOPs utilisation of the last logged window (null on CPU/unknown GPU)
 wall_time_s                 wall-clock time of the run, summed over resumed segments
 git_sha                     commit of the code (suffixed ``-dirty`` with uncommitted changes)
@@ -28,6 +32,7 @@ seq_len                     data.seq_len
 params_total                parameters of the model
 params_folded               parameters in the attention/MLP matrices (the method's share)
 data_skipped                documents the data pipeline skipped as malformed (all ranks)
+projections                 projections computed per matrix (GaLore/APOLLO refreshes; null otherwise)
 eval_history                list of {step, tokens, val_loss, val_ppl}
 =========================== ================================================================
 """
@@ -75,6 +80,7 @@ def build_summary(
     params_total: int,
     params_folded: int,
     data_skipped: int,
+    projections: int | None,
 ) -> dict[str, Any]:
     """The summary of a finished run (the schema above)."""
     return {
@@ -104,6 +110,7 @@ def build_summary(
         "params_total": params_total,
         "params_folded": params_folded,
         "data_skipped": data_skipped,
+        "projections": projections,
         "eval_history": state.eval_history,
     }
 

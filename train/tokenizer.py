@@ -1,7 +1,7 @@
 """Tokenizers: T5 (the protocol's), a local one, or a SentencePiece model the project trains.
 
-`build_tokenizer(data_cfg, vocab_size, source)` resolves `data.tokenizer` in this order and logs one line
-saying which tokenizer is in use:
+`build_tokenizer(data_cfg, vocab_size, source)` resolves `data.tokenizer` in this order and logs
+one line saying which tokenizer is in use:
 
 1. `spm` (or `sentencepiece`): the project's SentencePiece model, trained on the training text.
 2. an existing path: a `.model` SentencePiece file, or a folder `AutoTokenizer` can load.
@@ -32,7 +32,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from train.corpus import DataSourceError, Source, describe_skips, hub_reachable, open_source
+from train.corpus import (
+    DataSourceError,
+    Source,
+    count_skip,
+    describe_skips,
+    hub_reachable,
+    open_sources,
+)
 from train.schema import DataConfig, data_config
 
 logger = logging.getLogger(__name__)
@@ -145,13 +152,11 @@ def spm_training_lines(source: Source, max_chars: int = SPM_TRAIN_CHARS) -> list
     """A fixed prefix of the training split (unshuffled, so identical on every rank and run)."""
     lines: list[str] = []
     total = 0
-    skipped: dict[str, int] = {"skipped": 0}
+    skipped: dict[str, int] = {}
     for rec in source.train:
         text = rec.get("text")
         if not isinstance(text, str):
-            reason = f"skipped_{rec.get('error') or 'no_text'}"
-            skipped["skipped"] += 1
-            skipped[reason] = skipped.get(reason, 0) + 1
+            count_skip(skipped, rec)
             continue
         for line in text.splitlines():
             line = line.strip()
@@ -236,7 +241,7 @@ def _from_project_spm(
     cfg: DataConfig, vocab_size: int, why: str, source: Source | None
 ) -> Tokenizer:
     t0 = time.perf_counter()
-    proto, path, trained = project_sentencepiece(cfg, vocab_size, source or open_source(cfg))
+    proto, path, trained = project_sentencepiece(cfg, vocab_size, source or open_sources(cfg))
     threads = max(1, cfg.num_workers)
     tok = SentencePieceTokenizer(proto, f"spm:{path.name}", vocab_size, num_threads=threads)
     how = f"trained in {time.perf_counter() - t0:.1f} s" if trained else "loaded from cache"
