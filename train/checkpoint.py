@@ -154,7 +154,7 @@ def save_training_state(
         for stale in root.glob(".tmp_*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
-    dist.barrier()
+    dist.barrier_for_slow_io()  # rank 0 has made the temporary directory
     model_state, optimizer_state = get_state_dict(live.model, live.optimizer)
     contents = {"model": model_state, "optimizer": optimizer_state}
     with _single_process_quiet():
