@@ -73,8 +73,8 @@ def train(name: str, world: int, rank: int, sharded: bool) -> tuple[list[float],
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     loader = iter(batches(rank if sharded else 0, world if sharded else 1))
     losses = []
-    for step in range(STEPS):
-        result = train_step(
+    for _ in range(STEPS):
+        result, _, _ = train_step(
             replica,
             optimizer,
             scheduler,
@@ -84,9 +84,8 @@ def train(name: str, world: int, rank: int, sharded: bool) -> tuple[list[float],
             world_size=world if sharded else 1,
             autocast=contextlib.nullcontext,
             grad_clip=CLIP,
-            step=step,
         )
-        losses.append(result.loss)
+        losses.append(float(result.loss))
     steps = sum(
         local(s["step"]).numel() * s["step"].element_size() for s in optimizer.state.values()
     )
