@@ -162,3 +162,26 @@ def test_fsdp_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_path, curv
     assert sorted(losses) == list(range(1, 7))
     for step, loss in reference.items():
         assert losses[step] == pytest.approx(loss, rel=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp_checkpoint_resumed_under_two_rank_ddp_continues_the_curve(tmp_path, curves, corpus):
+    step4 = curves["fsdp"] / "checkpoints" / "step_00000004"
+    resumed = tmp_path / "resumed"
+    run(torchrun(command(resumed, *corpus, "trainer.parallelism=ddp", f"trainer.resume={step4}")))
+    losses, reference = train_losses(resumed), train_losses(curves["fsdp"])
+    assert sorted(losses) == [5, 6]
+    for step, loss in losses.items():
+        assert loss == pytest.approx(reference[step], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_refused_method_stops_the_run_before_any_step(tmp_path, corpus):
+    cmd = torchrun(
+        command(tmp_path / "run", *corpus, "trainer.parallelism=fsdp", optim="galore_1_4")
+    )
+    proc = run(cmd, expect_rc=1)  # torchrun reports the ranks' exit status 2 as 1
+    assert "trainer.parallelism=fsdp: optimizer 'galore' does not support FSDP2" in proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -107,7 +107,7 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, dtype: str | None = None)
     checkpoint = Path(checkpoint)
     config = checkpoint.parent.parent / "config.yaml"
     if not is_complete(checkpoint):
-        raise FileNotFoundError(f"{checkpoint} is not a complete checkpoint directory")
+        raise FileNotFoundError(f"{checkpoint} is not a checkpoint directory (none complete there)")
     if not config.is_file():
         raise FileNotFoundError(f"no run config at {config} (the run directory of {checkpoint})")
     if dtype is not None and dtype not in EXPORT_DTYPES:
