@@ -15,6 +15,10 @@ import torch
 
 Level = int | str | None  # an int >= 0, "mini", or None (no folding)
 FOLD_AXES = ("larger", "last")
+# How a block shorter than 2**level (the last one of a non-divisible axis) is averaged: over its
+# real entries ("mean", FOAM_SPEC section 1), or zero-padded to the full block and divided by
+# 2**level ("zero_pad", the authors' release; also when 2**level exceeds the whole axis).
+TAIL_BLOCKS = ("mean", "zero_pad")
 
 
 @dataclass(frozen=True)
@@ -23,13 +27,15 @@ class FoldPlan:
 
     ``rows x cols`` is the 2-d view of the parameter (more than two dims are viewed as
     ``(shape[0], prod(rest))``). ``axis`` is the axis of that view whose entries are averaged in
-    blocks of ``block`` consecutive entries; the last block may be shorter (``tail`` entries).
+    blocks of ``block`` consecutive entries; the last block may be shorter (``tail`` entries), and
+    ``tail_block`` says how it is averaged (one of :data:`TAIL_BLOCKS`).
     """
 
     rows: int
     cols: int
     axis: int  # 0 or 1 in the 2-d view
     block: int
+    tail_block: str = "mean"
 
     @property
     def length(self) -> int:
@@ -73,26 +79,34 @@ def block_size(level: int | str, length: int) -> int:
     return 2**level
 
 
-def make_plan(shape: torch.Size | tuple[int, ...], level: int | str, fold_axis: str) -> FoldPlan:
+def make_plan(
+    shape: torch.Size | tuple[int, ...],
+    level: int | str,
+    fold_axis: str,
+    tail_block: str = "mean",
+) -> FoldPlan:
     """Plan the fold of a tensor of ``shape``.
 
     ``fold_axis="larger"`` folds the larger dim (ties: the last), the paper's convention that makes
     FOAM-Mini keep one value per row of the smaller dim; ``"last"`` always folds the last dim of
-    the 2-d view, as the authors' release does. A block larger than the axis is an error rather than
-    a silent "mini": the caller asked for a level that does not exist for this matrix.
+    the 2-d view, as the authors' release does. With ``tail_block="mean"`` a block larger than the
+    axis is an error rather than a silent "mini": the caller asked for a level that does not exist
+    for this matrix. With ``"zero_pad"`` it is the release's one padded block per row.
     """
     if fold_axis not in FOLD_AXES:
         raise ValueError(f"fold_axis must be one of {FOLD_AXES}, got {fold_axis!r}")
+    if tail_block not in TAIL_BLOCKS:
+        raise ValueError(f"tail_block must be one of {TAIL_BLOCKS}, got {tail_block!r}")
     rows, cols = matrix_shape(shape)
     axis = 1 if fold_axis == "last" or cols >= rows else 0
     length = cols if axis == 1 else rows
     block = block_size(level, length)
-    if block > length:
+    if block > length and tail_block == "mean":
         raise ValueError(
             f"fold level {level} makes blocks of {block} entries, but a parameter of shape "
             f"{tuple(shape)} has only {length} along its fold axis; use a smaller level or 'mini'"
         )
-    return FoldPlan(rows=rows, cols=cols, axis=axis, block=block)
+    return FoldPlan(rows=rows, cols=cols, axis=axis, block=block, tail_block=tail_block)
 
 
 def blocks_of(x: torch.Tensor, plan: FoldPlan) -> list[torch.Tensor]:
@@ -128,7 +142,8 @@ def block_views(
 
 
 def fold(x: torch.Tensor, plan: FoldPlan) -> torch.Tensor:
-    """A(x): the mean of each block; the tail block is the mean of its real entries."""
+    """A(x): the mean of each block. The tail block is the mean of its real entries, or with
+    ``tail_block="zero_pad"`` their sum divided by the full block size."""
     block_axis = 2 if plan.axis == 1 else 1
     parts = []
     cut = plan.full_blocks * plan.block
@@ -142,7 +157,10 @@ def fold(x: torch.Tensor, plan: FoldPlan) -> torch.Tensor:
         parts.append(main.reshape(shape).mean(dim=block_axis))
     if plan.tail:
         tail = x[:, cut:] if plan.axis == 1 else x[cut:]
-        parts.append(tail.mean(dim=plan.axis, keepdim=True))
+        if plan.tail_block == "zero_pad":
+            parts.append(tail.sum(dim=plan.axis, keepdim=True).div_(plan.block))
+        else:
+            parts.append(tail.mean(dim=plan.axis, keepdim=True))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=plan.axis)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -10,6 +11,7 @@ from torch.optim.adamw import adamw as functional_adamw
 
 from foam.folding import (
     FOLD_AXES,
+    TAIL_BLOCKS,
     FoldPlan,
     add_unfolded_,
     block_views,
@@ -24,6 +26,30 @@ from foam.folding import (
 from foam.state import load_state_dict_keeping_dtypes
 
 SECOND_MOMENTS = ("square_of_mean", "mean_of_squares")
+# True: the folded EMAs are corrected before unfolding (FOAM_SPEC section 2); False: none
+# (Algorithm 1 as printed); "step_size": one factor sqrt(1 - b2^t) / (1 - b1^t) on the step size
+# of every parameter, residual included (the authors' release).
+BIAS_CORRECTIONS = (True, False, "step_size")
+DECAYS = ("before_update", "after_update")  # when W <- W * (1 - lr * wd) is applied
+# The options a ``semantics`` sets, for each semantics. An option passed explicitly (not None)
+# overrides its semantics' value, which is how ablations mix the two. Betas are not included:
+# the paper uses (0.9, 0.95) and the release class defaults to (0.9, 0.999).
+SEMANTICS: dict[str, dict[str, Any]] = {
+    "paper": {
+        "fold_axis": "larger",
+        "second_moment": "square_of_mean",
+        "bias_correction": True,
+        "tail_block": "mean",
+        "decay": "before_update",
+    },
+    "release": {
+        "fold_axis": "last",
+        "second_moment": "mean_of_squares",
+        "bias_correction": "step_size",
+        "tail_block": "zero_pad",
+        "decay": "after_update",
+    },
+}
 FUSED_DEVICES = ("cpu", "cuda", "mps", "xpu")  # where torch ships a fused AdamW kernel
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -68,6 +94,13 @@ class FOAM(torch.optim.Optimizer):
     ``R = G - E(A(G))``, to both moments (FOAM_SPEC section 2). Everything else, and every group
     with ``level=None``, takes the plain AdamW update without ``alpha``.
 
+    ``semantics="paper"`` (default) follows FOAM_SPEC; ``semantics="release"`` follows the
+    authors' released class (``ref/foam_release.md`` in the shared docs): fold along the last dim,
+    mean-of-squares second moment, bias correction as one step-size factor on every parameter
+    (the plain-AdamW ones too), zero-padded tail blocks and weight decay after the update. A
+    semantics only fills the options :data:`SEMANTICS` lists that are left at ``None``; options
+    passed explicitly override it. Betas are not part of it.
+
     Parameters are processed one at a time, so the transient memory of a step is a few
     temporaries the size of one parameter, never the whole model's.
     """
@@ -83,11 +116,14 @@ class FOAM(torch.optim.Optimizer):
         alpha: float = 0.25,
         residual: bool | float = True,
         residual_in_second_moment: bool = True,
-        second_moment: str = "square_of_mean",
-        bias_correction: bool = True,
-        fold_axis: str = "larger",
+        second_moment: str | None = None,
+        bias_correction: bool | str | None = None,
+        fold_axis: str | None = None,
         state_dtype: torch.dtype | str | None = None,
         fused_adamw: bool = True,
+        semantics: str = "paper",
+        tail_block: str | None = None,
+        decay: str | None = None,
     ) -> None:
         defaults = dict(
             lr=lr,
@@ -103,6 +139,9 @@ class FOAM(torch.optim.Optimizer):
             fold_axis=fold_axis,
             state_dtype=state_dtype,
             fused_adamw=fused_adamw,
+            semantics=semantics,
+            tail_block=tail_block,
+            decay=decay,
         )
         super().__init__(params, defaults)
 
@@ -112,6 +151,7 @@ class FOAM(torch.optim.Optimizer):
         """Validate every group when it is added, so a bad level fails before any compute."""
         super().add_param_group(param_group)
         group = self.param_groups[-1]
+        _apply_semantics(group)
         _validate_group(group)
         for p in group["params"]:
             self.plan_for(p, group)  # raises for a level beyond the matrix
@@ -121,7 +161,7 @@ class FOAM(torch.optim.Optimizer):
         """How ``p`` is folded in ``group``; ``None`` when it takes plain AdamW."""
         if group["level"] is None or p.dim() < 2:
             return None
-        return make_plan(p.shape, group["level"], group["fold_axis"])
+        return make_plan(p.shape, group["level"], group["fold_axis"], group["tail_block"])
 
     def planned_state_numel(self) -> int:
         """Elements of moment state this optimizer holds once every parameter has stepped.
@@ -138,6 +178,8 @@ class FOAM(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         load_state_dict_keeping_dtypes(self, super().load_state_dict, state_dict)
+        for group in self.param_groups:  # checkpoints from before `semantics` existed: paper
+            _apply_semantics(group)
 
     # -- the step --------------------------------------------------------------------------------
 
@@ -168,13 +210,15 @@ class FOAM(torch.optim.Optimizer):
         The kernel does AdamW's arithmetic in float32 whatever the tensors' dtype and needs no
         temporaries, which is what this optimizer promises for the unfolded parameters (for bf16
         embeddings it is several times faster than upcasting copies). It applies to same-dtype
-        parameter, gradient and states with bias correction on a device that has the kernel;
+        parameter, gradient and states with bias correction of the moments and decay before the
+        update (AdamW's own order) on a device that has the kernel;
         ``fused_adamw=False`` keeps the per-tensor path (bitwise equal to ``AdamW(foreach=False)``).
         """
         return (
             group["fused_adamw"]
             and self.plan_for(p, group) is None
-            and group["bias_correction"]
+            and group["bias_correction"] is True
+            and group["decay"] == "before_update"
             and p.device.type in FUSED_DEVICES
             and p.dtype in FUSED_DTYPES
             and p.grad.dtype == p.dtype
@@ -229,15 +273,15 @@ class FOAM(torch.optim.Optimizer):
         t = int(state["step"].item())
         beta1, beta2 = group["betas"]
         lr, eps = group["lr"], group["eps"]
-        bc1 = 1 - beta1**t if group["bias_correction"] else 1.0
-        bc2 = 1 - beta2**t if group["bias_correction"] else 1.0
+        bc1, bc2, step_scale = bias_corrections(group["bias_correction"], group["betas"], t)
 
         wide = compute_dtype(p.dtype)
         grad = p.grad if plan is None else p.grad.reshape(plan.rows, plan.cols)
         g = grad.to(wide)
 
-        if group["weight_decay"]:
-            p.mul_(1 - lr * group["weight_decay"])
+        decay = 1 - lr * group["weight_decay"]
+        if group["weight_decay"] and group["decay"] == "before_update":
+            p.mul_(decay)
         if plan is not None and plan.block > 1:
             g_folded = fold(g, plan)
             m = ema_(state["exp_avg"], g_folded, beta1, square=False)
@@ -245,15 +289,20 @@ class FOAM(torch.optim.Optimizer):
                 v = ema_(state["exp_avg_sq"], fold(g.square(), plan), beta2, square=False)
             else:
                 v = ema_(state["exp_avg_sq"], g_folded, beta2, square=True)
-            self._residual_step(p, g, g is not grad, g_folded, m / bc1, v / bc2, plan, group)
+            step_size = lr * group["alpha"] * step_scale
+            self._residual_step(
+                p, g, g is not grad, g_folded, m / bc1, v / bc2, plan, group, step_size
+            )
         else:
             # Identity fold (plain AdamW, or level 0): no residual, and torch.optim.AdamW's exact
             # formula, so level 0 with alpha 1 reproduces it to the last bit.
             m = ema_(state["exp_avg"], g, beta1, square=False)
             v = ema_(state["exp_avg_sq"], g, beta2, square=True)
             denom = (v.sqrt() / bc2**0.5).add_(eps)
-            step_size = lr * (1.0 if plan is None else group["alpha"])
+            step_size = lr * (1.0 if plan is None else group["alpha"]) * step_scale
             p.addcdiv_(m.view(p.shape), denom.view(p.shape), value=-step_size / bc1)
+        if group["weight_decay"] and group["decay"] == "after_update":
+            p.mul_(decay)
 
     @staticmethod
     def _residual_step(
@@ -265,8 +314,9 @@ class FOAM(torch.optim.Optimizer):
         v_hat: torch.Tensor,
         plan: FoldPlan,
         group: dict[str, Any],
+        step_size: float,
     ) -> None:
-        """``p -= lr * alpha * (E(m_hat) + rho R) / (sqrt(E(v_hat) + rho^2 R^2) + eps)``.
+        """``p -= step_size * (E(m_hat) + rho R) / (sqrt(E(v_hat) + rho^2 R^2) + eps)``.
 
         ``R = g - E(A(g))``. Per-block values are broadcast over block views instead of
         materialising ``E(.)``, and each pass writes where the next one reads, so a step makes
@@ -275,7 +325,6 @@ class FOAM(torch.optim.Optimizer):
         and the denominator.
         """
         rho, eps = float(group["residual"]), group["eps"]
-        step_size = group["lr"] * group["alpha"]
         if rho == 0.0:  # the no-residual ablation: a block-constant update
             p.add_(unfold(m_hat / (v_hat.sqrt() + eps), plan).view(p.shape), alpha=-step_size)
             return
@@ -299,6 +348,25 @@ class FOAM(torch.optim.Optimizer):
         for blocks, d in block_views(numerator, v_hat.sqrt().add_(eps), plan):
             blocks.div_(d)
         p.add_(numerator.view(p.shape), alpha=-step_size)
+
+
+def bias_corrections(mode: bool | str, betas: tuple[float, float], t: int) -> tuple[float, ...]:
+    """``(bc1, bc2, step_scale)`` at step ``t``: the moments are divided by ``bc1``/``bc2`` and
+    the step is multiplied by ``step_scale`` (see :data:`BIAS_CORRECTIONS`)."""
+    bc1, bc2 = 1 - betas[0] ** t, 1 - betas[1] ** t
+    if mode == "step_size":
+        return 1.0, 1.0, math.sqrt(bc2) / bc1
+    return (bc1, bc2, 1.0) if mode else (1.0, 1.0, 1.0)
+
+
+def _apply_semantics(group: dict[str, Any]) -> None:
+    """Fill the options a group leaves at ``None`` (or lacks) from its ``semantics``."""
+    semantics = group.setdefault("semantics", "paper")
+    if semantics not in SEMANTICS:
+        raise ValueError(f"semantics must be one of {tuple(SEMANTICS)}, got {semantics!r}")
+    for key, value in SEMANTICS[semantics].items():
+        if group.get(key) is None:
+            group[key] = value
 
 
 def _validate_group(group: dict[str, Any]) -> None:
@@ -327,4 +395,12 @@ def _validate_group(group: dict[str, Any]) -> None:
         )
     if group["fold_axis"] not in FOLD_AXES:
         raise ValueError(f"fold_axis must be one of {FOLD_AXES}, got {group['fold_axis']!r}")
+    if group["bias_correction"] not in BIAS_CORRECTIONS:
+        raise ValueError(
+            f"bias_correction must be one of {BIAS_CORRECTIONS}, got {group['bias_correction']!r}"
+        )
+    if group["tail_block"] not in TAIL_BLOCKS:
+        raise ValueError(f"tail_block must be one of {TAIL_BLOCKS}, got {group['tail_block']!r}")
+    if group["decay"] not in DECAYS:
+        raise ValueError(f"decay must be one of {DECAYS}, got {group['decay']!r}")
     resolve_dtype(group["state_dtype"], torch.float32)

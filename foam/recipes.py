@@ -10,13 +10,17 @@ from foam.optimizer import FOAM
 from foam.param_groups import ParamSplit
 from foam.registry import adam_settings, register, two_groups
 
+# None: the value FOAM's ``semantics`` gives it (foam.optimizer.SEMANTICS).
 FOAM_OPTIONS: dict[str, Any] = {
     "alpha": 0.25,
     "residual": True,
     "residual_in_second_moment": True,
-    "second_moment": "square_of_mean",
-    "bias_correction": True,
-    "fold_axis": "larger",
+    "semantics": "paper",
+    "second_moment": None,
+    "bias_correction": None,
+    "fold_axis": None,
+    "tail_block": None,
+    "decay": None,
     "state_dtype": None,
     "fused_adamw": True,
 }
