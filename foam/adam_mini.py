@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from foam.folding import FOLD_AXES, FoldPlan, fold, folded_numel, make_plan, unfold_with_residual
-from foam.optimizer import compute_dtype, ema_
+from foam.optimizer import compute_dtype, ema_, require_paper_semantics
 from foam.param_groups import ParamSplit
 from foam.registry import register
 from foam.state import load_state_dict_keeping_dtypes
@@ -227,7 +227,8 @@ def _adam_mini(split: ParamSplit, hp: dict[str, Any]) -> AdamMini:
     return _build(split, hp, None)
 
 
-@register("foam_adam_mini", level=2, fold_axis="larger", residual=True, **HEADS)
+@register("foam_adam_mini", level=2, fold_axis="larger", residual=True, semantics="paper", **HEADS)
 def _foam_adam_mini(split: ParamSplit, hp: dict[str, Any]) -> AdamMini:
     """Adam-mini with the matrices' first moment folded plus residual; ``level=0`` is adam_mini."""
+    require_paper_semantics("foam_adam_mini", hp["semantics"])
     return _build(split, hp, hp["level"], fold_axis=hp["fold_axis"], residual=hp["residual"])

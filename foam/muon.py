@@ -22,7 +22,7 @@ from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
 from foam.composite import Composite
 from foam.folding import FOLD_AXES, FoldPlan, fold, folded_numel, make_plan, unfold_with_residual
-from foam.optimizer import FOAM, compute_dtype, ema_
+from foam.optimizer import FOAM, compute_dtype, ema_, require_paper_semantics
 from foam.param_groups import ParamSplit
 from foam.registry import adam_settings, register
 
@@ -164,9 +164,12 @@ def _muon(split: ParamSplit, hp: dict[str, Any]) -> Composite:
     return _with_adamw(split, matrices, hp)
 
 
-@register("foam_muon", level=2, fold_axis="larger", residual=True, **MUON_OPTIONS)
+@register(
+    "foam_muon", level=2, fold_axis="larger", residual=True, semantics="paper", **MUON_OPTIONS
+)
 def _foam_muon(split: ParamSplit, hp: dict[str, Any]) -> Composite:
     """Muon with the momentum stored folded; ``level=0`` is ``muon``."""
+    require_paper_semantics("foam_muon", hp["semantics"])
     matrices = FoldedMuon(
         _matrix_group(split, hp),
         **_muon_settings(hp),

@@ -359,6 +359,20 @@ def bias_corrections(mode: bool | str, betas: tuple[float, float], t: int) -> tu
     return (bc1, bc2, 1.0) if mode else (1.0, 1.0, 1.0)
 
 
+def require_paper_semantics(method: str, semantics: str) -> None:
+    """Refuse ``semantics="release"`` for a combination the authors' release does not have.
+
+    The release semantics is a statement about the release's FOAM class (an Adam step); its
+    bias-correction, second-moment and decay choices have no counterpart in Muon or Adam-mini, so
+    FOAM's combinations keep the paper's (their ``fold_axis`` option is still there).
+    """
+    if semantics != "paper":
+        raise ValueError(
+            f"{method} supports semantics='paper' only, got {semantics!r}: the authors' release "
+            "has no such combination (release semantics is defined for FOAM's Adam step)"
+        )
+
+
 def _apply_semantics(group: dict[str, Any]) -> None:
     """Fill the options a group leaves at ``None`` (or lacks) from its ``semantics``."""
     semantics = group.setdefault("semantics", "paper")

@@ -119,6 +119,19 @@ def test_tables_take_the_best_point_and_average_seeds(tmp_path):
     assert "| llama_60m | FOAM-2 | 0.01 | 1 | 1 | 29.00 ± 0.00 |" in (out / "sweep.md").read_text()
 
 
+def test_semantics_table_compares_at_foam2s_best_lr(tmp_path):
+    write_runs(tmp_path, "foam2", "llama_60m", [(1e-2, 0.25, 0, 28.0), (5e-3, 0.25, 0, 30.0)])
+    for method, ppls in (("foam2_paper_semantics", (27.0, 29.0)), ("foam2_release", (31.0, 35.0))):
+        write_runs(tmp_path, method, "llama_60m", [(1e-2, 0.25, s, p) for s, p in enumerate(ppls)])
+        write_runs(tmp_path, method, "llama_60m", [(5e-3, 0.25, 0, 20.0)])  # not FOAM-2's best lr
+    out = tmp_path / "tables"
+    assert make_tables.main([str(tmp_path), "--out", str(out)]) == 0
+    assert (out / "semantics.md").read_text().splitlines()[2:] == [
+        "| llama_60m | FOAM-2, paper semantics | 0.01 | 0.25 | 2 | 28.00 ± 1.00 |",
+        "| llama_60m | FOAM-2, release semantics | 0.01 | 0.25 | 2 | 33.00 ± 2.00 |",
+    ]
+
+
 def test_no_runs_is_an_error(tmp_path):
     with pytest.raises(SystemExit, match="no finished runs"):
         make_tables.main([str(tmp_path)])
