@@ -89,13 +89,15 @@ class FOAM(torch.optim.Optimizer):
     """Adam whose moments are stored as block means along one axis, plus a residual.
 
     A parameter with at least two dims in a group whose ``level`` is not ``None`` keeps its first
-    and second moments folded to blocks of ``2**level`` entries (``level="mini"``: one block per
-    row of the smaller dim). Each step re-adds the detail the fold loses, the residual
+    and second moments folded to blocks of ``2**level`` entries along ``fold_axis``
+    (``level="mini"``: one block spanning the axis, so with the paper's ``fold_axis="larger"`` one
+    value per row of the smaller dim). Each step re-adds the detail the fold loses, the residual
     ``R = G - E(A(G))``, to both moments (FOAM_SPEC section 2). Everything else, and every group
-    with ``level=None``, takes the plain AdamW update without ``alpha``.
+    with ``level=None``, takes the plain Adam update without ``alpha`` (AdamW's, or in release
+    semantics the release's step-size-corrected one).
 
     ``semantics="paper"`` (default) follows FOAM_SPEC; ``semantics="release"`` follows the
-    authors' released class (``ref/foam_release.md`` in the shared docs): fold along the last dim,
+    authors' released class (README, "Paper and release semantics"): fold along the last dim,
     mean-of-squares second moment, bias correction as one step-size factor on every parameter
     (the plain-AdamW ones too), zero-padded tail blocks and weight decay after the update. A
     semantics only fills the options :data:`SEMANTICS` lists that are left at ``None``; options
