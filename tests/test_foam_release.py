@@ -80,8 +80,10 @@ def test_release_semantics_reproduces_the_release_trajectories(golden, index):
 @pytest.mark.parametrize("option", sorted(SEMANTICS["release"]))
 def test_each_release_option_is_needed_to_match(golden, option):
     """Switching any one option back to the paper's value leaves the release's trajectory in at
-    least one case (so the golden test checks all five). A zero-padded tail is the only way to
-    fold a level wider than the (8, 3) matrix, so that case is skipped for ``tail_block``."""
+    least one case, by far more than the tolerance (so the golden test checks all five; measured:
+    at least 0.23 of the movement, except the decay order, 1.0e-3 in the one case with decay).
+    A zero-padded tail is the only way to fold a level wider than the (8, 3) matrix, so those
+    cases are skipped for ``tail_block``."""
     paper_value = SEMANTICS["paper"][option]
     deviations = []
     for case in golden["cases"]:
@@ -89,7 +91,7 @@ def test_each_release_option_is_needed_to_match(golden, option):
             continue
         errors = worst_relative_errors(golden, case, semantics="release", **{option: paper_value})
         deviations.append(max(errors))
-    assert max(deviations) > 1e-3, deviations
+    assert max(deviations) > 1e4 * TOLERANCE, deviations
 
 
 def test_paper_semantics_is_far_from_the_release(golden):
