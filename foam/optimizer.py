@@ -180,7 +180,11 @@ class FOAM(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         load_state_dict_keeping_dtypes(self, super().load_state_dict, state_dict)
-        for group in self.param_groups:  # checkpoints from before `semantics` existed: paper
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """torch's hook for loaded groups: ones saved before ``semantics`` existed are paper's."""
+        super().__setstate__(state)
+        for group in self.param_groups:
             _apply_semantics(group)
 
     # -- the step --------------------------------------------------------------------------------
