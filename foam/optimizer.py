@@ -301,7 +301,8 @@ class FOAM(torch.optim.Optimizer):
             )
         else:
             # Identity fold (plain AdamW, or level 0): no residual, and torch.optim.AdamW's exact
-            # formula, so level 0 with alpha 1 reproduces it to the last bit.
+            # formula, so level 0 with alpha 1 reproduces it to the last bit (with
+            # bias_correction="step_size" it becomes the release's Adam step).
             m = ema_(state["exp_avg"], g, beta1, square=False)
             v = ema_(state["exp_avg_sq"], g, beta2, square=True)
             denom = (v.sqrt() / bc2**0.5).add_(eps)
@@ -356,7 +357,9 @@ class FOAM(torch.optim.Optimizer):
         p.add_(numerator.view(p.shape), alpha=-step_size)
 
 
-def bias_corrections(mode: bool | str, betas: tuple[float, float], t: int) -> tuple[float, ...]:
+def bias_corrections(
+    mode: bool | str, betas: tuple[float, float], t: int
+) -> tuple[float, float, float]:
     """``(bc1, bc2, step_scale)`` at step ``t``: the moments are divided by ``bc1``/``bc2`` and
     the step is multiplied by ``step_scale`` (see :data:`BIAS_CORRECTIONS`)."""
     bc1, bc2 = 1 - betas[0] ** t, 1 - betas[1] ** t
