@@ -8,7 +8,7 @@ from foam import adam_mini, apollo, galore, gwt, ldadam, muon, quantized, recipe
 from foam.optimizer import FOAM
 from foam.param_groups import ParamSplit, split_params
 from foam.registry import available_optimizers, build_optimizer
-from foam.state import planned_state_numel, state_bytes
+from foam.state import planned_state_numel, projections_computed, state_bytes
 
 __all__ = [
     "FOAM",
@@ -16,6 +16,7 @@ __all__ = [
     "available_optimizers",
     "build_optimizer",
     "planned_state_numel",
+    "projections_computed",
     "split_params",
     "state_bytes",
 ]

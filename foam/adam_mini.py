@@ -25,7 +25,7 @@ import torch
 from foam.folding import FOLD_AXES, FoldPlan, fold, folded_numel, make_plan, unfold_with_residual
 from foam.optimizer import compute_dtype, ema_, require_paper_semantics
 from foam.param_groups import ParamSplit
-from foam.registry import register
+from foam.registry import OTHERS_CHOICES, register, with_adamw_for_others
 from foam.state import load_state_dict_keeping_dtypes
 
 # adam-mini 1.1.1's name rules (case-insensitive substrings), in priority order.
@@ -195,7 +195,15 @@ class AdamMini(torch.optim.Optimizer):
 
 
 def _groups(split: ParamSplit, hp: dict[str, Any], level: int | str | None) -> list[dict]:
-    """The paper's split, named: matrices at ``lr * alpha`` (folded when ``level`` is set)."""
+    """The paper's split, named: matrices at ``lr * alpha`` (folded when ``level`` is set).
+
+    The rest is Adam-mini's too only with ``others="reference"`` (the package's whole-model
+    partition); by default it goes to the plain AdamW every method shares.
+    """
+    if hp["others"] not in OTHERS_CHOICES:
+        raise ValueError(f"others must be one of {OTHERS_CHOICES}, got {hp['others']!r}")
+    if hp["others"] == "adamw":
+        split = ParamSplit(matrices=split.matrices, others=[])
     groups = [
         {
             "params": split.matrices,
@@ -210,25 +218,29 @@ def _groups(split: ParamSplit, hp: dict[str, Any], level: int | str | None) -> l
 
 def _build(
     split: ParamSplit, hp: dict[str, Any], level: int | str | None, **fold_options: Any
-) -> AdamMini:
-    return AdamMini(
+) -> torch.optim.Optimizer:
+    adam_mini = AdamMini(
         _groups(split, hp, level),
         **{k: hp[k] for k in ("lr", "betas", "eps", "weight_decay", "dim", "n_heads")},
         **fold_options,
     )
+    return with_adamw_for_others(split, adam_mini, hp)
 
 
-HEADS: dict[str, Any] = {"alpha": 1.0, "dim": None, "n_heads": None}
+# Adam-mini is defined on the whole model: its per-row second moment of the embeddings and head
+# is part of its memory saving (the paper's memory column counts it), and its eps is torch's, so
+# the rest stays Adam-mini's by default; others="adamw" gives the shared-AdamW variant.
+HEADS: dict[str, Any] = {"alpha": 1.0, "dim": None, "n_heads": None, "others": "reference"}
 
 
 @register("adam_mini", **HEADS)
-def _adam_mini(split: ParamSplit, hp: dict[str, Any]) -> AdamMini:
-    """Adam-mini on the whole model (as the FOAM repo runs it), matrices at ``lr * alpha``."""
+def _adam_mini(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
+    """Adam-mini on the whole model, matrices at ``lr * alpha`` (``others="adamw"``: matrices only)."""
     return _build(split, hp, None)
 
 
 @register("foam_adam_mini", level=2, fold_axis="larger", residual=True, semantics="paper", **HEADS)
-def _foam_adam_mini(split: ParamSplit, hp: dict[str, Any]) -> AdamMini:
+def _foam_adam_mini(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """Adam-mini with the matrices' first moment folded plus residual; ``level=0`` is adam_mini."""
     require_paper_semantics("foam_adam_mini", hp["semantics"])
     return _build(split, hp, hp["level"], fold_axis=hp["fold_axis"], residual=hp["residual"])

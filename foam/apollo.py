@@ -19,10 +19,18 @@ from foam.lowrank import (
     limit_norm_growth,
     plan_projection,
     project,
+    refresh_due,
     resolve_rank,
 )
 from foam.param_groups import ParamSplit
-from foam.registry import adam_settings, register, two_groups
+from foam.registry import (
+    COMMON_DEFAULTS,
+    OTHERS,
+    adam_settings,
+    method_groups,
+    register,
+    with_adamw_for_others,
+)
 
 SCALE_TYPES = ("channel", "tensor")
 _SEED_ADVANCE = 15  # draws between consecutive seeds of one parameter's chain (the reference's)
@@ -143,7 +151,7 @@ class APOLLO(CompressedAdamW):
         self, g: torch.Tensor, state: dict[str, Any], group: dict[str, Any], t: int
     ) -> tuple[torch.Tensor, Projection]:
         plan = plan_projection(g.shape, group["rank"], group["proj_type"])
-        if (t - 1) % group["update_proj_gap"] == 0:
+        if refresh_due(state, group, t):
             state["basis"].copy_(gaussian_basis(plan, state["seed"], g.device, plan.rank))
             state["seed"] = next_seed(state["seed"])
         return project(g, state["basis"].to(g.dtype), plan.side), plan
@@ -186,22 +194,28 @@ _APOLLO_OPTIONS: dict[str, Any] = {
     "norm_growth_limit": 1.01,
     "eps": 1e-6,
     "state_dtype": None,
+    **OTHERS,
 }
 
 
-def _build(split: ParamSplit, hp: dict[str, Any], rank: int, scale_type: str) -> APOLLO:
-    groups = two_groups(split, {"rank": rank}, {"rank": None})
-    options = {k: hp[k] for k in _APOLLO_OPTIONS if k != "eps"}
-    return APOLLO(groups, **adam_settings(hp), alpha=hp["alpha"], scale_type=scale_type, **options)
+def _build(
+    split: ParamSplit, hp: dict[str, Any], rank: int, scale_type: str
+) -> torch.optim.Optimizer:
+    groups = method_groups(split, {"rank": rank}, {"rank": None}, hp)
+    options = {k: hp[k] for k in _APOLLO_OPTIONS if k not in ("eps", *OTHERS)}
+    apollo = APOLLO(
+        groups, **adam_settings(hp), alpha=hp["alpha"], scale_type=scale_type, **options
+    )
+    return with_adamw_for_others(split, apollo, hp, eps=COMMON_DEFAULTS["eps"])
 
 
 @register("apollo", rank=None, rank_fraction=0.25, alpha=1.0, **_APOLLO_OPTIONS)
-def _apollo(split: ParamSplit, hp: dict[str, Any]) -> APOLLO:
+def _apollo(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """APOLLO: channel-wise scaling; ``rank`` overrides ``rank_fraction`` of the hidden size."""
     return _build(split, hp, resolve_rank(split, hp["rank"], hp["rank_fraction"]), "channel")
 
 
 @register("apollo_mini", alpha=128.0, **_APOLLO_OPTIONS)
-def _apollo_mini(split: ParamSplit, hp: dict[str, Any]) -> APOLLO:
+def _apollo_mini(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """APOLLO-Mini: rank 1, tensor-wise scaling, ``alpha`` 128 (the step times sqrt(128))."""
     return _build(split, hp, 1, "tensor")

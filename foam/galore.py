@@ -17,10 +17,18 @@ from foam.lowrank import (
     plan_projection,
     project,
     project_back,
+    refresh_due,
     resolve_rank,
 )
 from foam.param_groups import ParamSplit
-from foam.registry import adam_settings, register, two_groups
+from foam.registry import (
+    COMMON_DEFAULTS,
+    OTHERS,
+    adam_settings,
+    method_groups,
+    register,
+    with_adamw_for_others,
+)
 
 
 def svd_basis(g: torch.Tensor, plan: Projection) -> torch.Tensor:
@@ -100,7 +108,7 @@ class GaLore(CompressedAdamW):
         self, g: torch.Tensor, state: dict[str, Any], group: dict[str, Any], t: int
     ) -> tuple[torch.Tensor, Projection]:
         plan = plan_projection(g.shape, group["rank"], group["proj_type"])
-        if (t - 1) % group["update_proj_gap"] == 0:
+        if refresh_due(state, group, t):
             state["basis"].copy_(svd_basis(g, plan))
         return project(g, state["basis"].to(g.dtype), plan.side), plan
 
@@ -142,15 +150,16 @@ def validate_projection_group(group: dict[str, Any]) -> None:
     proj_type="std",
     eps=1e-6,
     state_dtype=None,
+    **OTHERS,
 )
-def _galore(split: ParamSplit, hp: dict[str, Any]) -> GaLore:
+def _galore(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """GaLore on the attention/MLP matrices, HF-style AdamW at the base lr on the rest.
 
     ``rank`` overrides ``rank_fraction`` (of the hidden size; 0.25 is the paper's GaLore-1/4).
     """
     rank = resolve_rank(split, hp["rank"], hp["rank_fraction"])
-    groups = two_groups(split, {"rank": rank}, {"rank": None})
-    return GaLore(
+    groups = method_groups(split, {"rank": rank}, {"rank": None}, hp)
+    galore = GaLore(
         groups,
         **adam_settings(hp),
         update_proj_gap=hp["update_proj_gap"],
@@ -158,3 +167,4 @@ def _galore(split: ParamSplit, hp: dict[str, Any]) -> GaLore:
         proj_type=hp["proj_type"],
         state_dtype=hp["state_dtype"],
     )
+    return with_adamw_for_others(split, galore, hp, eps=COMMON_DEFAULTS["eps"])

@@ -15,7 +15,14 @@ import torch.nn.functional as F
 
 from foam.lowrank import CompressedAdamW, limit_norm_growth
 from foam.param_groups import ParamSplit
-from foam.registry import adam_settings, register, two_groups
+from foam.registry import (
+    COMMON_DEFAULTS,
+    OTHERS,
+    adam_settings,
+    method_groups,
+    register,
+    with_adamw_for_others,
+)
 
 _SQRT_HALF = math.sqrt(0.5)
 
@@ -179,22 +186,24 @@ _GWT_OPTIONS: dict[str, Any] = {
     "norm_growth_limit": 1.01,
     "eps": 1e-6,
     "state_dtype": None,
+    **OTHERS,
 }
 
 
-def _build(split: ParamSplit, hp: dict[str, Any], level: int | str) -> GWT:
-    groups = two_groups(split, {"level": level}, {"level": None})
-    options = {k: hp[k] for k in _GWT_OPTIONS if k != "eps"}
-    return GWT(groups, **adam_settings(hp), **options)
+def _build(split: ParamSplit, hp: dict[str, Any], level: int | str) -> torch.optim.Optimizer:
+    groups = method_groups(split, {"level": level}, {"level": None}, hp)
+    options = {k: hp[k] for k in _GWT_OPTIONS if k not in ("eps", *OTHERS)}
+    gwt = GWT(groups, **adam_settings(hp), **options)
+    return with_adamw_for_others(split, gwt, hp, eps=COMMON_DEFAULTS["eps"])
 
 
 @register("gwt", level=2, **_GWT_OPTIONS)
-def _gwt(split: ParamSplit, hp: dict[str, Any]) -> GWT:
+def _gwt(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """GWT on the attention/MLP matrices (level 2, alpha 0.25: the paper's and the GWT scripts')."""
     return _build(split, hp, hp["level"])
 
 
 @register("gwt_mini", **_GWT_OPTIONS)
-def _gwt_mini(split: ParamSplit, hp: dict[str, Any]) -> GWT:
+def _gwt_mini(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """GWT-Mini: GWT at the level that leaves one state per row (an assumption, see ``GWT``)."""
     return _build(split, hp, "mini")

@@ -22,7 +22,13 @@ from foam.lowrank import (
 )
 from foam.optimizer import compute_dtype
 from foam.param_groups import ParamSplit
-from foam.registry import adam_settings, register, two_groups
+from foam.registry import (
+    OTHERS,
+    adam_settings,
+    method_groups,
+    register,
+    with_adamw_for_others,
+)
 
 PROJ_METHODS = ("power_iteration", "svd")
 
@@ -251,14 +257,16 @@ class LDAdamW(CompressedAdamW):
     proj_method="power_iteration",
     error_feedback=True,
     state_dtype=None,
+    **OTHERS,
 )
-def _ldadamw(split: ParamSplit, hp: dict[str, Any]) -> LDAdamW:
+def _ldadamw(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """LDAdamW on the attention/MLP matrices, torch-style AdamW at the base lr on the rest.
 
     ``rank`` overrides ``rank_fraction`` of the hidden size (0.25: Table 2 of the FOAM paper
     gives LDAdamW the memory of GaLore-1/4).
     """
     rank = resolve_rank(split, hp["rank"], hp["rank_fraction"])
-    groups = two_groups(split, {"rank": rank}, {"rank": None})
+    groups = method_groups(split, {"rank": rank}, {"rank": None}, hp)
     options = ("rho", "proj_type", "proj_method", "error_feedback", "state_dtype")
-    return LDAdamW(groups, **adam_settings(hp), **{k: hp[k] for k in options})
+    ldadamw = LDAdamW(groups, **adam_settings(hp), **{k: hp[k] for k in options})
+    return with_adamw_for_others(split, ldadamw, hp)

@@ -76,6 +76,18 @@ def project_back(low: torch.Tensor, basis: torch.Tensor, side: str) -> torch.Ten
     return low @ basis if side == "right" else basis @ low
 
 
+def refresh_due(state: dict[str, Any], group: dict[str, Any], t: int) -> bool:
+    """Whether the projection is recomputed at step ``t`` (steps 1, T+1, 2T+1, ...).
+
+    Counts the refreshes in ``state["projections"]``, so a run can report how many projections
+    it actually computed (a short run with a long gap may compute only one).
+    """
+    if (t - 1) % group["update_proj_gap"]:
+        return False
+    state["projections"] = state.get("projections", 0) + 1
+    return True
+
+
 def resolve_rank(split: ParamSplit, rank: int | None, rank_fraction: float | None) -> int:
     """An explicit ``rank``, or ``rank_fraction`` of the hidden size.
 

@@ -20,11 +20,10 @@ import torch
 # torch's own Newton-Schulz and shape scale: FOAM-Muon at level 0 is then torch's Muon to the bit.
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
-from foam.composite import Composite
 from foam.folding import FOLD_AXES, FoldPlan, fold, folded_numel, make_plan, unfold_with_residual
-from foam.optimizer import FOAM, compute_dtype, ema_, require_paper_semantics
+from foam.optimizer import compute_dtype, ema_, require_paper_semantics
 from foam.param_groups import ParamSplit
-from foam.registry import adam_settings, register
+from foam.registry import register, with_adamw_for_others
 
 MATCH_RMS = "match_rms_adamw"  # Moonlight's scale; lets Muon reuse AdamW's lr and decay
 MUON_OPTIONS: dict[str, Any] = {"alpha": 1.0, "momentum": 0.95, "nesterov": True, "ns_steps": 5}
@@ -133,17 +132,6 @@ class FoldedMuon(torch.optim.Muon):
         p.add_(update, alpha=-_adjust_lr(group["lr"], group["adjust_lr_fn"], p.shape))
 
 
-def _with_adamw(
-    split: ParamSplit, matrices: torch.optim.Optimizer, hp: dict[str, Any]
-) -> Composite:
-    """``matrices`` plus plain AdamW (FOAM's unfolded path: fp32 maths, param-dtype states)."""
-    parts = [matrices]
-    if split.others:
-        others = [{"params": [p for _, p in split.others], "name": "others", "level": None}]
-        parts.append(FOAM(others, **adam_settings(hp)))
-    return Composite(parts)
-
-
 def _matrix_group(split: ParamSplit, hp: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         {"params": [p for _, p in split.matrices], "name": "matrices", "lr": hp["lr"] * hp["alpha"]}
@@ -156,18 +144,18 @@ def _muon_settings(hp: dict[str, Any]) -> dict[str, Any]:
 
 
 @register("muon", **MUON_OPTIONS)
-def _muon(split: ParamSplit, hp: dict[str, Any]) -> Composite:
+def _muon(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """torch's Muon (Moonlight scale) on the matrices, AdamW on the rest at the base lr."""
     matrices = torch.optim.Muon(
         _matrix_group(split, hp), **_muon_settings(hp), adjust_lr_fn=MATCH_RMS
     )
-    return _with_adamw(split, matrices, hp)
+    return with_adamw_for_others(split, matrices, hp)
 
 
 @register(
     "foam_muon", level=2, fold_axis="larger", residual=True, semantics="paper", **MUON_OPTIONS
 )
-def _foam_muon(split: ParamSplit, hp: dict[str, Any]) -> Composite:
+def _foam_muon(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """Muon with the momentum stored folded; ``level=0`` is ``muon``."""
     require_paper_semantics("foam_muon", hp["semantics"])
     matrices = FoldedMuon(
@@ -177,4 +165,4 @@ def _foam_muon(split: ParamSplit, hp: dict[str, Any]) -> Composite:
         fold_axis=hp["fold_axis"],
         residual=hp["residual"],
     )
-    return _with_adamw(split, matrices, hp)
+    return with_adamw_for_others(split, matrices, hp)

@@ -54,6 +54,11 @@ FUSED_DEVICES = ("cpu", "cuda", "mps", "xpu")  # where torch ships a fused AdamW
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def fused_adamw_applies(p: torch.Tensor) -> bool:
+    """Whether torch's fused AdamW kernel can update ``p`` (its device and dtype have one)."""
+    return p.device.type in FUSED_DEVICES and p.dtype in FUSED_DTYPES
+
+
 def resolve_dtype(value: torch.dtype | str | None, fallback: torch.dtype) -> torch.dtype:
     """``None`` -> ``fallback``; ``"float32"``/``"bfloat16"``/... (config files) -> the torch dtype."""
     if value is None:
@@ -225,8 +230,7 @@ class FOAM(torch.optim.Optimizer):
             and self.plan_for(p, group) is None
             and group["bias_correction"] is True
             and group["decay"] == "before_update"
-            and p.device.type in FUSED_DEVICES
-            and p.dtype in FUSED_DTYPES
+            and fused_adamw_applies(p)
             and p.grad.dtype == p.dtype
             and resolve_dtype(group["state_dtype"], p.dtype) == p.dtype
         )

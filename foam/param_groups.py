@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from torch import nn
@@ -28,20 +29,49 @@ def _embedding_weights(model: nn.Module) -> set[int]:
     return ids
 
 
-def split_params(model: nn.Module) -> ParamSplit:
-    """Split by structure, not by a list of names.
+TargetModules = str | Sequence[str]
+"""Module names as transformers' ``optim_target_modules`` takes them (see :func:`is_target`)."""
 
-    A matrix is the weight of an ``nn.Linear`` that is not an embedding or output head (found
-    through ``nn.Embedding`` modules and the ``get_input/output_embeddings`` hooks of
+
+def is_target(target_modules: TargetModules, module_name: str) -> bool:
+    """Whether ``module_name`` is selected, with the rules of transformers' ``optim_target_modules``
+    (``transformers.trainer_utils.check_target_module_exists``): a single string is a regex the
+    whole name must match; a list selects a name equal to, containing, or fully matching (as a
+    regex) any of its entries."""
+    if isinstance(target_modules, str):
+        return re.fullmatch(target_modules, module_name) is not None
+    return any(t in module_name or re.fullmatch(t, module_name) for t in target_modules)
+
+
+def split_params(model: nn.Module, target_modules: TargetModules | None = None) -> ParamSplit:
+    r"""Split by structure, or by module names when ``target_modules`` is given.
+
+    By default a matrix is the weight of an ``nn.Linear`` that is not an embedding or output head
+    (found through ``nn.Embedding`` modules and the ``get_input/output_embeddings`` hooks of
     transformers models). This selects q/k/v/o and gate/up/down in LLaMA and Qwen whatever the
-    modules are called.
+    modules are called. With ``target_modules`` (e.g. ``[r".*\.self_attn\..*", "mlp"]``) the
+    matrices are the weights of the ``nn.Linear`` modules whose qualified name it selects
+    (:func:`is_target`), as with GaLore/APOLLO in ``transformers.Trainer``.
     """
-    vocab = _embedding_weights(model)
-    linear = {
-        id(m.weight)
-        for m in model.modules()
-        if isinstance(m, nn.Linear) and id(m.weight) not in vocab
-    }
+    if target_modules is None:
+        vocab = _embedding_weights(model)
+        linear = {
+            id(m.weight)
+            for m in model.modules()
+            if isinstance(m, nn.Linear) and id(m.weight) not in vocab
+        }
+    else:
+        linear = {
+            id(m.weight)
+            for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and is_target(target_modules, name)
+        }
+        if not linear:
+            raise ValueError(
+                f"target_modules {target_modules!r} selects no nn.Linear module of "
+                f"{type(model).__name__}; its linear modules are named like "
+                f"{[n for n, m in model.named_modules() if isinstance(m, nn.Linear)][:4]}"
+            )
     split = ParamSplit(matrices=[], others=[])
     for name, p in model.named_parameters():
         if p.requires_grad:

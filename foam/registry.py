@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from foam.param_groups import ParamSplit, check_covers, split_params
+from foam.param_groups import ParamSplit, TargetModules, check_covers, split_params
 
 COMMON_DEFAULTS: dict[str, Any] = {
     "lr": 1e-3,
@@ -52,8 +52,13 @@ def available_optimizers() -> dict[str, dict[str, Any]]:
     return {name: dict(m.defaults) for name, m in sorted(_METHODS.items())}
 
 
-def build_optimizer(name: str, model: nn.Module, **hparams: Any) -> torch.optim.Optimizer:
-    """The optimizer ``name`` over ``model``: the method on attention/MLP matrices, AdamW elsewhere."""
+def build_optimizer(
+    name: str, model: nn.Module, *, target_modules: TargetModules | None = None, **hparams: Any
+) -> torch.optim.Optimizer:
+    """The optimizer ``name`` over ``model``: the method on attention/MLP matrices, AdamW elsewhere.
+
+    ``target_modules`` chooses the method's matrices by module name instead of by structure
+    (``foam.param_groups.split_params``)."""
     method = _METHODS.get(name)
     if method is None:
         raise ValueError(f"unknown optimizer {name!r}; available: {', '.join(sorted(_METHODS))}")
@@ -65,7 +70,7 @@ def build_optimizer(name: str, model: nn.Module, **hparams: Any) -> torch.optim.
         )
     settings = {**method.defaults, **hparams}
     settings["betas"] = tuple(settings["betas"])
-    optimizer = method.build(split_params(model), settings)
+    optimizer = method.build(split_params(model, target_modules), settings)
     check_covers(model, optimizer.param_groups)
     return optimizer
 
@@ -84,3 +89,48 @@ def two_groups(
 def adam_settings(hparams: dict[str, Any]) -> dict[str, Any]:
     """The keywords every Adam-family group takes."""
     return {k: hparams[k] for k in ("lr", "betas", "eps", "weight_decay")}
+
+
+# How a method whose own class could also update the non-matrix parameters treats them:
+# "adamw" (default): the paper's recipe, the same plain AdamW (FOAM's unfolded path, i.e. torch's
+# fused AdamW kernel where the device has one, eps 1e-8) as every other method, so that a
+# comparison between methods compares what they do to the matrices; "reference": the method's
+# own class updates them as its reference package does (e.g. GaLore's HF-style AdamW, eps 1e-6
+# on the uncorrected sqrt(v)), which the reference-comparison tests need.
+OTHERS_CHOICES = ("adamw", "reference")
+OTHERS = {"others": "adamw"}
+
+
+def method_groups(
+    split: ParamSplit, matrices: dict[str, Any], others: dict[str, Any], hparams: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The groups a method's own class gets: the matrices, plus the rest when it keeps them."""
+    if hparams["others"] not in OTHERS_CHOICES:
+        raise ValueError(f"others must be one of {OTHERS_CHOICES}, got {hparams['others']!r}")
+    if hparams["others"] == "adamw":
+        split = ParamSplit(matrices=split.matrices, others=[])
+    return two_groups(split, matrices, others)
+
+
+def with_adamw_for_others(
+    split: ParamSplit,
+    method: torch.optim.Optimizer,
+    hparams: dict[str, Any],
+    eps: float | None = None,
+) -> torch.optim.Optimizer:
+    """``method`` (on the matrices) plus plain AdamW on the rest at the base lr, as one optimizer.
+
+    ``eps`` defaults to the method's own; the methods whose ``eps`` means something else (the
+    HF-style eps on the uncorrected sqrt(v) of GaLore, APOLLO and GWT) pass AdamW's 1e-8.
+    Nothing is added when the method keeps the rest itself (``others="reference"``).
+    """
+    from foam.composite import Composite
+    from foam.optimizer import FOAM
+
+    if hparams.get("others") == "reference" or not split.others:
+        return method
+    named = "param_names" in method.param_groups[0]  # torch wants all groups named or none
+    params = list(split.others) if named else [p for _, p in split.others]
+    rest = [{"params": params, "name": "others", "level": None}]
+    settings = {**adam_settings(hparams), "eps": hparams["eps"] if eps is None else eps}
+    return Composite([method, FOAM(rest, **settings)])

@@ -41,6 +41,12 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> int:
     return total
 
 
+def projections_computed(optimizer: torch.optim.Optimizer) -> int | None:
+    """Most projections any parameter computed (GaLore, APOLLO); ``None`` for other methods."""
+    counts = [s["projections"] for s in optimizer.state.values() if "projections" in s]
+    return max(counts) if counts else None
+
+
 def planned_state_numel(optimizer: torch.optim.Optimizer) -> int:
     """Elements of persistent state the optimizer will hold once every parameter has stepped.
 

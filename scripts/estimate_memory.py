@@ -66,7 +66,11 @@ GIB = 2**30
 BF16_BYTES = 2
 
 PAPER_MODELS = ("llama_60m", "llama_130m", "llama_350m", "llama_1b")
-ALL_MODELS = (*PAPER_MODELS, "llama_3b", "llama_7b", "qwen_60m", "qwen_130m", "qwen_350m")
+ALL_MODELS = (
+    *PAPER_MODELS,
+    *("llama_3b", "llama_7b"),
+    *("qwen_60m", "qwen_130m", "qwen_350m", "qwen_1b", "qwen_3b", "qwen_7b"),
+)
 MODEL_LABELS = {
     "llama_60m": "60M",
     "llama_130m": "130M",

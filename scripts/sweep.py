@@ -6,6 +6,11 @@ lr only; the low-rank methods and FOAM over lr x alpha. Each point gets its own 
 finished and skipped, and an interrupted one resumes from its last checkpoint
 (``trainer.resume=auto``). Hydra's ``-m`` is never used inside torchrun: the sweep lives out here.
 
+Results must be traceable to code: the sweep refuses to start from a tree with uncommitted
+changes to tracked files unless ``--allow-dirty`` (each summary's ``git_sha`` then ends in
+``-dirty``). ``--jobs N`` runs N points at a time locally (e.g. two single-thread CPU runs with
+``OMP_NUM_THREADS=1``).
+
     python scripts/sweep.py --model llama_60m --dry-run                  # the paper's full grid
     python scripts/sweep.py --model llama_tiny --methods adamw foam2 --lrs 1e-3 --seeds 0 \
         --root runs/demo -- trainer=cpu_debug trainer.max_steps=20
@@ -19,6 +24,7 @@ import itertools
 import shlex
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +97,33 @@ def train_command(point: Point, run_dir: Path, nproc: int, overrides: list[str])
     return args + overrides
 
 
+def uncommitted_changes(repo: Path = REPO) -> str:
+    """``git status`` of tracked files that differ from HEAD (empty when the tree is clean)."""
+    return subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+def run_local(commands: list[list[str]], jobs: int) -> int:
+    """Run the points, ``jobs`` at a time; a failed point is reported and the others go on."""
+
+    def run(indexed: tuple[int, list[str]]) -> bool:
+        index, cmd = indexed
+        print(f"[{index}/{len(commands)}] {shlex.join(cmd)}", flush=True)
+        ok = subprocess.run(cmd, cwd=REPO).returncode == 0
+        if not ok:
+            print(f"point failed (continuing): {shlex.join(cmd)}", file=sys.stderr, flush=True)
+        return ok
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        results = list(pool.map(run, enumerate(commands, 1)))
+    return 0 if all(results) else 1
+
+
 def submit_slurm(commands: list[list[str]], args: argparse.Namespace) -> None:
     """One SLURM job per point through submitit, the library behind Hydra's submitit launcher."""
     try:
@@ -130,12 +163,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--launcher", choices=["local", "slurm"], default="local")
     parser.add_argument("--slurm-partition", default=None)
     parser.add_argument("--slurm-minutes", type=int, default=24 * 60)
+    parser.add_argument("--jobs", type=int, default=1, help="local points run at a time")
+    parser.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="run from a tree with uncommitted changes (summaries record a -dirty sha)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every point (after --)")
     args = parser.parse_args(argv)
 
     if args.name and len(args.methods) != 1:
         parser.error("--name names a variant of exactly one method")
+    if args.jobs < 1:
+        parser.error("--jobs must be >= 1")
     todo = []
     alphas = [] if args.config_alpha else args.alphas
     for point in grid(args.model, args.methods, args.lrs, alphas, args.seeds, args.name):
@@ -149,16 +190,16 @@ def main(argv: list[str] | None = None) -> int:
         for cmd in todo:
             print(shlex.join(cmd))
         return 0
+    dirty = uncommitted_changes()
+    if dirty and todo and not args.allow_dirty:
+        parser.error(
+            "the tree has uncommitted changes, so the runs could not be traced to a commit; "
+            f"commit them or pass --allow-dirty:\n{dirty}"
+        )
     if args.launcher == "slurm":
         submit_slurm(todo, args)
         return 0
-    failed = 0
-    for index, cmd in enumerate(todo, 1):
-        print(f"[{index}/{len(todo)}] {shlex.join(cmd)}", flush=True)
-        if subprocess.run(cmd, cwd=REPO).returncode != 0:
-            failed += 1
-            print(f"point failed (continuing): {shlex.join(cmd)}", file=sys.stderr)
-    return 1 if failed else 0
+    return run_local(todo, args.jobs)
 
 
 if __name__ == "__main__":

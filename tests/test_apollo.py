@@ -7,7 +7,8 @@ import pytest
 import torch
 from optim_helpers import random_grads, random_params, step_with, tiny_llama
 
-import foam.apollo  # noqa: F401  (registers apollo, apollo_mini)
+import foam
+import foam.apollo
 from foam import build_optimizer, planned_state_numel, state_bytes
 from foam.apollo import APOLLO
 
@@ -56,6 +57,7 @@ def test_matches_reference_apollo_adamw(scale_type, rank, alpha, scale_front, dt
         step_with(ref, ref_p, [step_grads])
         for a, b in zip(ours_p, ref_p, strict=True):
             torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    assert foam.projections_computed(ours) == 4  # steps 1, 4, 7, 10
     for a, b in zip(ours_p[:2], ref_p[:2], strict=True):
         mine, theirs = ours.state[a], ref.state[b]
         for key in ("exp_avg", "exp_avg_sq"):

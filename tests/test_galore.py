@@ -62,6 +62,7 @@ def test_basis_refreshes_every_gap_steps_and_moments_carry_over():
         moments.append(opt.state[params[0]]["exp_avg"].clone())
     changed = [not torch.equal(a, b) for a, b in itertools.pairwise(bases)]
     assert changed == [False, False, True, False]  # new basis at step 4 only
+    assert foam.projections_computed(opt) == 2  # steps 1 and 4
     b1 = HP["betas"][0]
     low = grads[3][0] @ bases[3].T
     torch.testing.assert_close(moments[3], b1 * moments[2] + (1 - b1) * low)  # not reset
@@ -108,7 +109,10 @@ def test_registered_defaults_are_the_papers():
     assert (matrices["rank"], matrices["alpha"], matrices["update_proj_gap"]) == (16, 0.25, 200)
     assert matrices["eps"] == 1e-6 and matrices["proj_type"] == "std"
     others = next(g for g in opt.param_groups if g["name"] == "others")
-    assert others["rank"] is None and others["lr"] == matrices["lr"]
+    assert (others["level"], others["eps"], others["lr"]) == (None, 1e-8, matrices["lr"])
+    reference = build_optimizer("galore", tiny_llama(), others="reference")
+    others = next(g for g in reference.param_groups if g["name"] == "others")
+    assert (others["rank"], others["eps"]) == (None, 1e-6)
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,14 @@ PAPER_SIZES = (
 )
 DEBUG_SIZES = ("llama_tiny", "qwen_tiny")
 
+# Qwen above 350M (not in the paper): Qwen2.5-1.5B / 3B / 7B's published shapes, restated here as
+# hidden, intermediate, layers, heads, kv heads, tied embeddings; vocabulary the protocol's 32000.
+QWEN2_PUBLISHED_SHAPES = {
+    "qwen_1b": (1536, 8960, 28, 12, 2, True),
+    "qwen_3b": (2048, 11008, 36, 16, 2, True),
+    "qwen_7b": (3584, 18944, 28, 28, 4, False),
+}
+
 # Total parameters in millions, benchmark_protocol.md section 13 (rounded to 0.1M).
 PROTOCOL_TOTAL_M = {
     "llama_60m": 58.1,
@@ -62,7 +70,7 @@ def expected_counts(cfg: dict) -> tuple[int, int, int]:
     return folded + other, folded, other
 
 
-@pytest.mark.parametrize("name", PAPER_SIZES + DEBUG_SIZES)
+@pytest.mark.parametrize("name", PAPER_SIZES + DEBUG_SIZES + tuple(QWEN2_PUBLISHED_SHAPES))
 def test_builds_on_meta_with_counts_from_shapes(name: str) -> None:
     cfg = models.load_model_config(name)
     model = models.build_model(cfg, device="meta")
@@ -70,6 +78,15 @@ def test_builds_on_meta_with_counts_from_shapes(name: str) -> None:
     counts = models.count_params(model)
     assert (counts.total, counts.folded, counts.other) == expected_counts(cfg)
     assert counts.total == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", sorted(QWEN2_PUBLISHED_SHAPES))
+def test_large_qwen_sizes_have_qwen2_published_shapes(name: str) -> None:
+    cfg = models.load_model_config(name)
+    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    shape = (*(cfg[k] for k in keys), cfg["num_key_value_heads"], cfg["tie_word_embeddings"])
+    assert shape == QWEN2_PUBLISHED_SHAPES[name]
+    assert (cfg["family"], cfg["vocab_size"], cfg["rope_theta"]) == ("qwen", 32000, 1e6)
 
 
 @pytest.mark.parametrize("name", PAPER_SIZES)

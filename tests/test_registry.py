@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from optim_helpers import TINY_LLAMA, tiny_llama
+from optim_helpers import TINY_LLAMA, random_grads, step_with, tiny_llama
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -107,3 +107,34 @@ def test_meta_models_can_be_planned_without_allocating():
     per_layer = 4 * 2 * hidden * hidden // 4 + 3 * 2 * hidden * inter // 4
     others = 2 * (2 * vocab * hidden + hidden * 5)  # embed, head, 2 norms/layer + final norm
     assert foam.planned_state_numel(opt) == 2 * per_layer + others
+
+
+# Methods whose own class could update the embeddings, head and norms; by default (the paper's
+# recipe) they hand them to the same plain AdamW as every other method.
+SHARED_ADAMW_METHODS = ["galore", "apollo", "apollo_mini", "gwt", "gwt_mini", "ldadamw", "muon"]
+
+
+@pytest.mark.parametrize("name", SHARED_ADAMW_METHODS)
+def test_every_method_updates_the_rest_with_torch_adamw(name):
+    model, reference = tiny_llama(), tiny_llama()
+    hp = dict(lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    opt = build_optimizer(name, model, **hp)
+    rest = [q for _, q in split_params(reference).others]
+    ref_opt = torch.optim.AdamW(rest, **hp, eps=1e-8, foreach=False)
+    grads = random_grads(model, 3)
+    step_with(opt, model, grads)
+    names = {id(p): n for n, p in model.named_parameters()}
+    ref_names = {id(q): n for n, q in reference.named_parameters()}
+    ref_by_name = {ref_names[id(q)]: q for q in rest}
+    for step_grads in grads:
+        for q, g in zip(reference.parameters(), step_grads, strict=True):
+            q.grad = g.clone()
+        ref_opt.step()
+    for _, p in split_params(model).others:
+        torch.testing.assert_close(p, ref_by_name[names[id(p)]], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", [*SHARED_ADAMW_METHODS[:-1], "adam_mini"])  # not muon
+def test_others_option_is_checked(name):
+    with pytest.raises(ValueError, match="others must be one of"):
+        build_optimizer(name, tiny_llama(), others="sgd")

@@ -132,6 +132,18 @@ def test_semantics_table_compares_at_foam2s_best_lr(tmp_path):
     ]
 
 
+def test_a_dirty_tree_is_refused_unless_allowed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sweep, "uncommitted_changes", lambda: " M foam/optimizer.py")
+    monkeypatch.setattr(sweep, "run_local", lambda commands, jobs: 0)
+    args = ["--model", "llama_tiny", "--methods", "adamw", "--lrs", "1e-3", "--seeds", "0"]
+    args += ["--root", str(tmp_path)]
+    with pytest.raises(SystemExit):
+        sweep.main(args)
+    err = capsys.readouterr().err
+    assert "uncommitted changes" in err and "foam/optimizer.py" in err
+    assert sweep.main([*args, "--allow-dirty"]) == 0
+
+
 def test_no_runs_is_an_error(tmp_path):
     with pytest.raises(SystemExit, match="no finished runs"):
         make_tables.main([str(tmp_path)])
@@ -155,6 +167,9 @@ def test_a_real_two_point_sweep_is_picked_up_by_the_tables(tmp_path):
         "0",
         "--root",
         str(tmp_path),
+        "--jobs",
+        "2",
+        "--allow-dirty",  # the test must not depend on the developer's tree being committed
         "--",
         "trainer=cpu_debug",
         "logger=none",

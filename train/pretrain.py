@@ -8,7 +8,8 @@
 The file reads top to bottom as the training story; each step it calls lives in a small module
 of ``train/`` with its own tests. What a run writes into its run directory: ``config.yaml``
 (resolved), ``metrics.jsonl``, ``summary.json`` (schema in ``train/summary.py``),
-``checkpoints/step_*`` and, with ``logger=wandb``, ``wandb/``.
+``checkpoints/step_*``, the final model as a transformers checkpoint in ``hf/`` and, with
+``logger=wandb``, ``wandb/``.
 """
 
 from __future__ import annotations
@@ -42,10 +43,12 @@ from train.config import (
 )
 from train.data import build_tokenizer, build_train_loader, build_val_batches
 from train.evaluate import evaluate
+from train.export import HF_DIR, export_hf
 from train.loggers import JsonlWriter, WandbLogger, new_run_id
 from train.metrics import (
     bytes_by_dtype,
     format_bytes,
+    log_step_time_estimate,
     mfu,
     optimizer_state_tensors,
     peak_flops,
@@ -244,6 +247,10 @@ def train(cfg: DictConfig) -> dict:
     # 6. Train: exactly max_steps optimizer steps; lr is a function of the optimizer step.
     flops_per_token = models.flops_per_token(cfg.model, cfg.data.seq_len)
     peak = peak_flops(device)
+    if info.is_main:
+        matmul_dtype = torch.bfloat16 if t.precision.startswith("bf16") else torch.float32
+        slots = t.global_batch_size * cfg.data.seq_len // info.world_size
+        log_step_time_estimate(flops_per_token, slots, device, matmul_dtype, t.max_steps - step)
     last_mfu = None
     progress = tqdm(total=t.max_steps, initial=step, disable=not info.is_main, dynamic_ncols=True)
     while step < t.max_steps:
@@ -326,10 +333,12 @@ def train(cfg: DictConfig) -> dict:
         "params_total": counts.total,
         "params_folded": counts.folded,
         "data_skipped": skipped,
+        "projections": foam.projections_computed(optimizer),
         "eval_history": eval_history,
     }
     if info.is_main:
         write_summary(run_dir, summary)
+        export_hf(model, tokenizer, run_dir / HF_DIR)
         jsonl.close()
         if wandb:
             wandb.summary(summary)

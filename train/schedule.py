@@ -1,50 +1,6 @@
-"""Learning-rate schedule: linear warmup then cosine decay, as a function of the optimizer step.
+"""The trainer's learning-rate schedule is the optimizer library's (``foam/schedule.py``), so the
+trainer and ``transformers.Trainer`` users get the same warmup-cosine."""
 
-The reference harnesses (GaLore/APOLLO/FOAM) start the warmup at a multiplier of exactly 0, so their
-first update runs at lr 0, and they run N+1 updates. Here the k-th optimizer step (k = 0 .. N-1)
-uses ``(k + 1) / warmup`` during warmup, so the first update already moves the weights, the peak
-is reached on the last warmup step, and the cosine ends exactly at ``min_lr_ratio`` on step N-1.
-"""
+from foam.schedule import build_scheduler, lr_multiplier, multiplier_fn, warmup_steps
 
-from __future__ import annotations
-
-import math
-from collections.abc import Callable
-
-import torch
-from torch.optim.lr_scheduler import LambdaLR
-
-
-def warmup_steps(max_steps: int, warmup_ratio: float) -> int:
-    """Number of warmup steps: ``round(ratio * max_steps)``, kept below ``max_steps``."""
-    return min(max(round(warmup_ratio * max_steps), 0), max_steps - 1)
-
-
-def lr_multiplier(step: int, *, max_steps: int, warmup: int, min_lr_ratio: float) -> float:
-    """The factor applied to the peak lr for optimizer step ``step`` (0-based)."""
-    if step < warmup:
-        return (step + 1) / warmup
-    decay_steps = max(max_steps - warmup, 1)
-    progress = min((step - warmup + 1) / decay_steps, 1.0)
-    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def multiplier_fn(
-    max_steps: int, warmup_ratio: float, min_lr_ratio: float
-) -> Callable[[int], float]:
-    """``lr_multiplier`` bound to one run's settings (a plain function: LambdaLR then leaves it
-    out of its state dict, so a checkpoint holds only numbers)."""
-    warmup = warmup_steps(max_steps, warmup_ratio)
-
-    def fn(step: int) -> float:
-        return lr_multiplier(step, max_steps=max_steps, warmup=warmup, min_lr_ratio=min_lr_ratio)
-
-    return fn
-
-
-def build_scheduler(
-    optimizer: torch.optim.Optimizer, *, max_steps: int, warmup_ratio: float, min_lr_ratio: float
-) -> LambdaLR:
-    """A LambdaLR stepped once per optimizer step; every param group follows the same shape
-    relative to its own peak lr (so a group at ``lr * alpha`` keeps that ratio)."""
-    return LambdaLR(optimizer, multiplier_fn(max_steps, warmup_ratio, min_lr_ratio))
+__all__ = ["build_scheduler", "lr_multiplier", "multiplier_fn", "warmup_steps"]

@@ -28,6 +28,7 @@ seq_len                     data.seq_len
 params_total                parameters of the model
 params_folded               parameters in the attention/MLP matrices (the method's share)
 data_skipped                documents the data pipeline skipped as malformed (all ranks)
+projections                 projections computed per matrix (GaLore/APOLLO refreshes; null otherwise)
 eval_history                list of {step, tokens, val_loss, val_ppl}
 =========================== ================================================================
 """

@@ -1,0 +1,339 @@
+"""Build a local C4-format corpus from Debian's documentation packages (no Hugging Face hub needed).
+
+The CPU reproduction (``results/repro/PROTOCOL.md``) needs several million tokens of real English
+prose that no run sees twice. Debian's ``linux-doc-6.1`` and ``python3.11-doc`` packages ship the
+reStructuredText sources of the Linux kernel's and of Python's documentation (about 3,700 documents,
+4.4M words before cleaning; the kernel's alone are too few tokens); this script turns them into the layout of
+``allenai/c4`` (``en/c4-train.*.json.gz`` and ``en/c4-validation.*.json.gz``, one JSON record per
+document with ``text``, ``timestamp`` and ``url``), so training reads them through
+``data=local data.path=OUT`` exactly as it would read a C4 mirror.
+
+    python scripts/make_corpus.py --out data/docs-c4                      # apt-get download + dpkg -x
+    python scripts/make_corpus.py --out data/x --source-root DIR          # packages unpacked in DIR
+
+Cleaning follows the spirit of C4's filters on markup: paragraphs are re-joined from wrapped lines;
+directives, literal (code) blocks, tables, heading underlines and link targets are dropped; inline
+roles and hyperlinks keep their text; a paragraph is kept only when it ends in terminal punctuation
+and has at least three words; a document needs at least three kept paragraphs. Paragraphs that
+appeared earlier in the corpus are dropped (exact dedup after whitespace normalisation), and so
+are documents whose cleaned text is empty afterwards. Translations are left out. Documents are
+assigned to validation by a hash of their path, so the split is stable across rebuilds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import hashlib
+import json
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+SUFFIX = ".rst.txt"
+TERMINAL = (".", "!", "?", '"', "'", ":")  # C4 keeps lines ending in terminal punctuation
+MIN_WORDS = 3
+MIN_PARAGRAPHS = 3
+MAX_NON_ASCII = 0.1
+
+_UNDERLINE = re.compile(r"^([=\-~^\"'`#*+_.:])\1{2,}\s*$")
+_EXPLICIT = re.compile(r"^\.\.(\s|$)")  # .. note::, .. _label:, .. |subst| ..., comments
+_DIRECTIVE_NAME = re.compile(r"^\.\.\s+([\w:-]+)::")
+# Directives whose indented body is prose (API descriptions, admonitions); every other explicit
+# markup block (code, includes, tables, toctrees, comments, images, ...) has its body dropped.
+PROSE_DIRECTIVES = frozenset(
+    (
+        "note",
+        "warning",
+        "attention",
+        "caution",
+        "danger",
+        "error",
+        "hint",
+        "important",
+        "tip",
+        "seealso",
+        "admonition",
+        "versionadded",
+        "versionchanged",
+        "deprecated",
+        "deprecated-removed",
+        "impl-detail",
+        "glossary",
+        "function",
+        "method",
+        "class",
+        "attribute",
+        "data",
+        "exception",
+        "decorator",
+        "decoratormethod",
+        "classmethod",
+        "staticmethod",
+        "module",
+        "describe",
+        "option",
+        "envvar",
+        "cmdoption",
+        "opcode",
+        "abstractmethod",
+        "coroutinefunction",
+        "coroutinemethod",
+        "awaitablefunction",
+        "awaitablemethod",
+        "c:function",
+        "c:member",
+        "c:macro",
+        "c:type",
+        "c:var",
+        "c:struct",
+        "c:union",
+        "c:enum",
+        "c:enumerator",
+        "c:data",
+        "c:func",
+    )
+)
+_FIELD = re.compile(r"^:[\w -]+:")  # :maxdepth: 2, :Author: ...
+_TABLE = re.compile(r"^\s*[+|]")
+_ROLE = re.compile(r":[\w:+-]+:`([^`<]*?)\s*(?:<[^`>]*>)?`")  # :ref:`text <target>` -> text
+_LINK = re.compile(r"`([^`<]*?)\s*<[^`>]*>`_{1,2}")  # `text <url>`_ -> text
+_LITERAL = re.compile(r"``([^`]+)``")
+_EMPHASIS = re.compile(r"\*{1,2}([^*]+)\*{1,2}")
+_REFERENCE = re.compile(r"`([^`]+)`_{0,2}")
+_FOOTNOTE = re.compile(r"\s*\[[#*\d\w-]*\]_")
+_SPACE = re.compile(r"\s+")
+
+
+@dataclass(frozen=True)
+class Package:
+    """A Debian package that ships Sphinx ``_sources``, and where its pages live on the web."""
+
+    name: str
+    sources: str  # the _sources directory inside the unpacked package
+    url_root: str
+
+
+PACKAGES = (
+    Package(
+        "linux-doc-6.1",
+        "usr/share/doc/linux-doc-6.1/html/_sources",
+        "https://www.kernel.org/doc/html/v6.1/",
+    ),
+    Package(
+        "python3.11-doc", "usr/share/doc/python3.11/html/_sources", "https://docs.python.org/3.11/"
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Document:
+    package: Package
+    path: str  # relative to the package's _sources, without the .rst.txt suffix
+    text: str
+    timestamp: str
+
+    @property
+    def url(self) -> str:
+        return self.package.url_root + self.path + ".html"
+
+    def record(self) -> dict[str, str]:
+        return {"text": self.text, "timestamp": self.timestamp, "url": self.url}
+
+
+def blocks(source: str) -> Iterator[list[str]]:
+    """Blank-line separated blocks of lines, tabs expanded."""
+    block: list[str] = []
+    for line in source.expandtabs(8).splitlines():
+        if line.strip():
+            block.append(line.rstrip())
+        elif block:
+            yield block
+            block = []
+    if block:
+        yield block
+
+
+def prose_paragraphs(source: str) -> Iterator[str]:
+    """The paragraphs of an RST source that read as prose, inline markup reduced to its text."""
+    skip_indent: int | None = None  # inside a dropped body: lines indented deeper than this
+    for block in blocks(source):
+        indent = len(block[0]) - len(block[0].lstrip())
+        if skip_indent is not None:
+            if indent > skip_indent:
+                continue
+            skip_indent = None
+        first = block[0].lstrip()
+        if _EXPLICIT.match(first):
+            name = _DIRECTIVE_NAME.match(first)
+            if name is None or name.group(1).removeprefix("py:") not in PROSE_DIRECTIVES:
+                skip_indent = indent
+            continue
+        opens_literal = block[-1].endswith("::")
+        if opens_literal:
+            skip_indent = indent  # the literal block's indented lines follow
+        if _FIELD.match(first) or _TABLE.match(first):
+            continue
+        lines = [line for line in block if not _UNDERLINE.match(line.strip())]
+        if len(lines) < len(block):
+            continue  # a heading (title + underline), not a paragraph
+        text = " ".join(line.strip() for line in lines)
+        if opens_literal:
+            text = text[:-1].rstrip(":").rstrip() + ":" if text.endswith("::") else text
+        yield clean_inline(text)
+
+
+def clean_inline(text: str) -> str:
+    """Inline RST markup reduced to the words a reader sees."""
+    text = _ROLE.sub(r"\1", text)
+    text = _LINK.sub(r"\1", text)
+    text = _LITERAL.sub(r"\1", text)
+    text = _EMPHASIS.sub(r"\1", text)
+    text = _REFERENCE.sub(r"\1", text)
+    text = _FOOTNOTE.sub("", text)
+    text = text.replace("\\", "")
+    return _SPACE.sub(" ", text).strip()
+
+
+def keeps(paragraph: str) -> bool:
+    """C4's line rules, applied to re-joined paragraphs (plus English-only by character set)."""
+    if len(paragraph.split()) < MIN_WORDS or not paragraph.endswith(TERMINAL):
+        return False
+    non_ascii = sum(not c.isascii() for c in paragraph)
+    return non_ascii <= MAX_NON_ASCII * len(paragraph) and "{" not in paragraph
+
+
+def source_files(unpacked: Path) -> Iterator[tuple[Package, Path, Path]]:
+    """``(package, its _sources root, file)`` for every source file, in a stable order."""
+    for package in PACKAGES:
+        root = unpacked / package.sources
+        if not root.is_dir():
+            raise FileNotFoundError(f"{package.name}: no {root}; unpack it with dpkg -x")
+        for file in sorted(root.rglob("*" + SUFFIX)):
+            yield package, root, file
+
+
+def documents(unpacked: Path, timestamp: str) -> Iterator[Document]:
+    """Cleaned documents of every package, paragraphs deduplicated across the whole corpus."""
+    seen: set[str] = set()
+    for package, root, file in source_files(unpacked):
+        relative = file.relative_to(root).as_posix()[: -len(SUFFIX)]
+        if relative.startswith("translations/"):
+            continue
+        kept = []
+        for paragraph in prose_paragraphs(file.read_text(encoding="utf-8", errors="replace")):
+            key = paragraph.lower()
+            if keeps(paragraph) and key not in seen:
+                seen.add(key)
+                kept.append(paragraph)
+        if len(kept) >= MIN_PARAGRAPHS:
+            yield Document(package, relative, "\n".join(kept), timestamp)
+
+
+def is_validation(key: str, percent: int) -> bool:
+    """Stable split by a hash of the document's address (its package and path)."""
+    return int(hashlib.sha256(key.encode()).hexdigest(), 16) % 100 < percent
+
+
+def write_shards(docs: Iterable[Document], out: Path, split: str, shards: int) -> int:
+    """``out/en/c4-{split}.{i:05d}-of-{shards:05d}.json.gz``, documents dealt round-robin."""
+    (out / "en").mkdir(parents=True, exist_ok=True)
+    count = 0
+    with contextlib.ExitStack() as stack:
+        files = [
+            stack.enter_context(
+                gzip.open(out / "en" / f"c4-{split}.{i:05d}-of-{shards:05d}.json.gz", "wt")
+            )
+            for i in range(shards)
+        ]
+        for count, doc in enumerate(docs, 1):
+            files[(count - 1) % shards].write(json.dumps(doc.record()) + "\n")
+    return count
+
+
+def fetch_packages(workdir: Path) -> Path:
+    """``apt-get download`` every package and unpack it into one root; return that root."""
+    names = [package.name for package in PACKAGES]
+    subprocess.run(["apt-get", "download", *names], cwd=workdir, check=True)
+    for name in names:
+        (deb,) = workdir.glob(f"{name}_*.deb")
+        subprocess.run(["dpkg", "-x", str(deb), str(workdir / "root")], check=True)
+    return workdir / "root"
+
+
+def count_tokens(out: Path, vocab_size: int) -> dict[str, int]:
+    """Tokens per split with the SentencePiece tokenizer training would build on this mirror."""
+    from omegaconf import OmegaConf
+
+    from train.corpus import open_source
+    from train.data import build_tokenizer
+
+    cfg = OmegaConf.create(
+        {
+            "name": "local",
+            "path": str(out),
+            "tokenizer": "none-offline",
+            "tokenizer_fallback": True,
+            "tokenizer_cache_dir": None,
+            "spm_vocab_size": vocab_size,
+            "val_fraction": 0.0,
+            "seq_len": 256,
+        }
+    )
+    tokenizer = build_tokenizer(cfg, vocab_size)
+    counts = {}
+    for split in ("train", "validation"):
+        texts = [r["text"] for r in open_source(cfg, split) if r["text"]]
+        counts[split] = sum(len(ids) for ids in tokenizer.encode_batch(texts))
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="mirror root (gets en/)")
+    parser.add_argument(
+        "--source-root", type=Path, help="where the packages are unpacked (default: fetch them)"
+    )
+    parser.add_argument("--validation-percent", type=int, default=5)
+    parser.add_argument("--train-shards", type=int, default=8)
+    parser.add_argument(
+        "--count-tokens",
+        type=int,
+        metavar="VOCAB",
+        default=None,
+        help="also count tokens with the project's SentencePiece tokenizer of this vocabulary size",
+    )
+    args = parser.parse_args(argv)
+    if args.source_root is not None and not args.source_root.is_dir():
+        parser.error(f"--source-root {args.source_root} is not a directory")
+    if (args.out / "en").exists() and any((args.out / "en").iterdir()):
+        parser.error(f"--out {args.out}/en already has files; remove them or pick another --out")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.source_root or fetch_packages(Path(tmp))
+        try:
+            newest = max(file.stat().st_mtime for _, _, file in source_files(root))
+        except FileNotFoundError as error:
+            parser.error(str(error))
+        stamp = datetime.fromtimestamp(newest, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        docs = list(documents(root, stamp))
+    val = [d for d in docs if is_validation(d.url, args.validation_percent)]
+    train = [d for d in docs if not is_validation(d.url, args.validation_percent)]
+    write_shards(train, args.out, "train", args.train_shards)
+    write_shards(val, args.out, "validation", 1)
+    for name, split in (("train", train), ("validation", val)):
+        words = sum(len(d.text.split()) for d in split)
+        print(f"{name}: {len(split)} documents, {words} words")
+    if args.count_tokens:
+        for name, tokens in count_tokens(args.out, args.count_tokens).items():
+            print(f"{name}: {tokens} tokens (SentencePiece, vocabulary {args.count_tokens})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

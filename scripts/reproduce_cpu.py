@@ -1,0 +1,344 @@
+"""The scaled-down CPU reproduction of Table 2 and the FOAM ablations (results/repro/PROTOCOL.md).
+
+    python scripts/reproduce_cpu.py --data DIR --root runs/repro           # everything, resumable
+    python scripts/reproduce_cpu.py --data DIR --root runs/repro --plan    # what is done / to do
+    python scripts/reproduce_cpu.py ... --collect results/repro/runs       # copy finished summaries
+
+Three stages, each a pure function of the finished runs under ``--root``, so an interrupted study
+resumes where it stopped (finished points are skipped, an interrupted point resumes from its last
+checkpoint):
+
+1. **Search** (``search/``, seed 0, ``SEARCH_STEPS``): per method, a coordinate search over its
+   axes (lr on a factor-2 grid; alpha on the paper's grid; GaLore/APOLLO's refresh gap) that
+   stops when the best point's neighbours along every axis have all been run and are worse, so
+   the best lr is strictly inside its grid by construction.
+2. **Finals** (``final/``, seeds 0-2, ``FINAL_STEPS``): every method at its best point; FOAM-2 and
+   AdamW also at their neighbouring lrs (seed 0) to check that the search's optimum carries over
+   to the longer runs.
+3. **Ablations** (``final/``, seeds 0-2): FOAM-2's variants at FOAM-2's best lr and alpha.
+
+Points run ``--jobs`` at a time (two single-thread runs on the 2-core machine); a run that diverges
+(the trainer's exit status 3) counts as infinitely bad and is not retried.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sweep import REPO, Point, train_command, uncommitted_changes
+
+MODEL = "llama_2m"
+SEARCH_STEPS = 500
+FINAL_STEPS = 1000
+SEEDS = (0, 1, 2)
+DIVERGED = 3  # train/pretrain.py's exit status for a NaN/inf loss
+ALPHAS = (0.25, 0.5, 1.0)
+APOLLO_MINI_ALPHAS = (64.0, 128.0, 256.0)
+GAPS = (200, FINAL_STEPS // 50)  # the paper's interval, and the paper's ~50 refreshes per run
+
+
+def protocol(data: Path, steps: int, seed: int) -> list[str]:
+    """The Hydra overrides every run of the study shares (PROTOCOL.md explains each)."""
+    return [
+        "trainer=cpu_debug",
+        "logger=none",
+        f"trainer.max_steps={steps}",
+        "trainer.global_batch_size=16",
+        "trainer.micro_batch_size=16",
+        "trainer.precision=fp32",
+        "trainer.grad_clip=0.0",
+        "trainer.eval_every=100",
+        "trainer.eval_tokens=100000",
+        "trainer.log_every=10",
+        "trainer.save_every=100",
+        "trainer.keep_last=1",
+        "data=local",
+        f"data.path={data}",
+        "data.spm_vocab_size=4096",
+        "data.pack=true",
+        "data.seq_len=256",
+        "data.num_workers=1",
+        f"data.shuffle_seed={seed}",
+    ]
+
+
+@dataclass(frozen=True)
+class Method:
+    """One row of Table 2 (or the module-wise-lr control): an optim config and its search axes."""
+
+    name: str  # run directory and table key
+    optim: str
+    start_lr: float
+    alphas: tuple[float, ...] = ()  # () keeps the config's alpha
+    start_alpha: float | None = None
+    gaps: tuple[int, ...] = ()  # GaLore / APOLLO update_proj_gap candidates
+    overrides: tuple[str, ...] = ()
+
+
+METHODS = (
+    # AdamW is the module-wise-lr control at alpha 1: both read the same runs.
+    Method("adamw", "adamw", 2.5e-3, alphas=(1.0,), start_alpha=1.0),
+    Method("adamw", "adamw", 2.5e-3, alphas=ALPHAS, start_alpha=0.25),
+    Method("muon", "muon", 1e-2),
+    Method("adam_mini", "adam_mini", 2.5e-3),
+    Method("galore_1_4", "galore_1_4", 1e-2, alphas=ALPHAS, start_alpha=0.25, gaps=GAPS),
+    Method("apollo_1_4", "apollo_1_4", 1e-2, alphas=ALPHAS, start_alpha=1.0, gaps=GAPS),
+    Method("foam2", "foam2", 5e-3, alphas=ALPHAS, start_alpha=0.25),
+    Method("foam3", "foam3", 5e-3, alphas=ALPHAS, start_alpha=0.25),
+    Method(
+        "apollo_mini",
+        "apollo_mini",
+        5e-3,
+        alphas=APOLLO_MINI_ALPHAS,
+        start_alpha=128.0,
+        gaps=GAPS,
+    ),
+    Method("foam_mini", "foam_mini", 5e-3, alphas=ALPHAS, start_alpha=0.25),
+)
+CONTROL = METHODS[1]  # the module-wise-lr AdamW control
+
+# FOAM-2's variants (name, optim config, overrides), run at FOAM-2's best lr and alpha.
+ABLATIONS = (
+    ("foam1", "foam1", ()),
+    ("foam3", "foam3", ()),
+    ("foam4", "foam4", ()),
+    ("foam5", "foam5", ()),
+    ("foam_mini", "foam_mini", ()),
+    ("foam2_no_residual", "foam2", ("optim.residual=false",)),
+    ("foam2_no_residual_in_v", "foam2", ("optim.residual_in_second_moment=false",)),
+    ("foam2_mean_of_squares", "foam2", ("optim.second_moment=mean_of_squares",)),
+    ("foam2_fold_last", "foam2", ("optim.fold_axis=last",)),
+    ("foam2_release", "foam2_release", ()),  # the authors' release semantics as a whole
+)
+
+
+@dataclass(frozen=True, order=True)
+class Setting:
+    """A point of a method's search space."""
+
+    lr: float
+    alpha: float | None
+    gap: int | None
+
+    def neighbours(self, method: Method) -> list[Setting]:
+        around = [
+            Setting(self.lr / 2, self.alpha, self.gap),
+            Setting(self.lr * 2, self.alpha, self.gap),
+        ]
+        if self.alpha is not None and len(method.alphas) > 1:
+            i = method.alphas.index(self.alpha)
+            around += [
+                Setting(self.lr, method.alphas[j], self.gap)
+                for j in (i - 1, i + 1)
+                if 0 <= j < len(method.alphas)
+            ]
+        around += [Setting(self.lr, self.alpha, gap) for gap in method.gaps if gap != self.gap]
+        return around
+
+
+@dataclass
+class Study:
+    data: Path
+    root: Path
+    jobs: int
+    dry_run: bool = False
+    slots: threading.Semaphore = field(init=False)
+    planned: list[Path] = field(default_factory=list)
+    _locks: dict[Path, threading.Lock] = field(default_factory=dict)
+    _guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.slots = threading.Semaphore(self.jobs)
+
+    def lock(self, run_dir: Path) -> threading.Lock:
+        """One lock per run directory: AdamW and its control may ask for the same point."""
+        with self._guard:
+            return self._locks.setdefault(run_dir, threading.Lock())
+
+    # -- one run -----------------------------------------------------------------------------
+
+    def run_dir(self, stage: str, name: str, setting: Setting, seed: int) -> Path:
+        gap = "" if setting.gap is None else f"_gap{setting.gap}"
+        point = Point(MODEL, name, setting.lr, setting.alpha, seed, name)
+        base = point.run_dir(self.root / stage)
+        return base.with_name(base.name.replace("_seed", f"{gap}_seed"))
+
+    def result(self, run_dir: Path) -> float | None:
+        """Final validation perplexity; inf if it diverged; None if not run yet."""
+        if (run_dir / "summary.json").exists():
+            return json.loads((run_dir / "summary.json").read_text())["final_val_ppl"]
+        if (run_dir / "diverged.json").exists():
+            return math.inf
+        return None
+
+    def run(
+        self,
+        stage: str,
+        name: str,
+        optim: str,
+        setting: Setting,
+        seed: int,
+        overrides: tuple[str, ...] = (),
+    ) -> float | None:
+        run_dir = self.run_dir(stage, name, setting, seed)
+        with self.lock(run_dir):
+            return self._run(run_dir, stage, name, optim, setting, seed, overrides)
+
+    def _run(
+        self,
+        run_dir: Path,
+        stage: str,
+        name: str,
+        optim: str,
+        setting: Setting,
+        seed: int,
+        overrides: tuple[str, ...],
+    ) -> float | None:
+        done = self.result(run_dir)
+        if done is not None:
+            return done
+        steps = SEARCH_STEPS if stage == "search" else FINAL_STEPS
+        extra = [*protocol(self.data, steps, seed), *overrides]
+        if setting.gap is not None:
+            extra.append(f"optim.update_proj_gap={setting.gap}")
+        cmd = train_command(
+            Point(MODEL, optim, setting.lr, setting.alpha, seed, name), run_dir, 1, extra
+        )
+        if self.dry_run:
+            if run_dir not in self.planned:
+                self.planned.append(run_dir)
+            return None
+        with self.slots:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            with open(run_dir / "train.log", "a") as log:
+                code = subprocess.run(
+                    cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT
+                ).returncode
+        if code == DIVERGED:
+            (run_dir / "diverged.json").write_text(json.dumps({"returncode": code}) + "\n")
+            return math.inf
+        if code != 0:
+            raise RuntimeError(f"{run_dir}: exit status {code}, see {run_dir / 'train.log'}")
+        return self.result(run_dir)
+
+    # -- the stages --------------------------------------------------------------------------
+
+    def search(self, method: Method) -> Setting | None:
+        """Coordinate search from the method's start until the best point is a local optimum."""
+        start = Setting(
+            method.start_lr, method.start_alpha, method.gaps[0] if method.gaps else None
+        )
+        seen: dict[Setting, float] = {}
+        best = start
+        while True:
+            todo = [s for s in (best, *best.neighbours(method)) if s not in seen]
+            if not todo:
+                return best
+            with ThreadPoolExecutor(max_workers=len(todo)) as pool:
+                results = pool.map(
+                    lambda s: self.run("search", method.name, method.optim, s, 0, method.overrides),
+                    todo,
+                )
+                for setting, ppl in zip(todo, results, strict=True):
+                    if ppl is None:  # dry run: the rest depends on this result
+                        return None
+                    seen[setting] = ppl
+            best = min(seen, key=lambda s: (seen[s], s))
+
+    def finals(self, name: str, optim: str, best: Setting, overrides: tuple[str, ...] = ()) -> None:
+        with ThreadPoolExecutor(max_workers=len(SEEDS)) as pool:
+            list(
+                pool.map(lambda seed: self.run("final", name, optim, best, seed, overrides), SEEDS)
+            )
+
+    def method_pipeline(self, method: Method, on_best: Callable[[Setting], None] | None) -> None:
+        best = self.search(method)
+        if best is None:
+            return
+        self.finals(method.name, method.optim, best, method.overrides)
+        if on_best is not None:
+            on_best(best)
+
+    def carry_over(self, method: Method, best: Setting) -> None:
+        """The best lr's neighbours at full length (seed 0): does the optimum move?"""
+        for setting in best.neighbours(method)[:2]:
+            self.run("final", method.name, method.optim, setting, 0, method.overrides)
+
+    def ablations(self, best: Setting) -> None:
+        def one(ablation: tuple[str, str, tuple[str, ...]]) -> None:
+            name, optim, overrides = ablation
+            self.finals(f"ablation_{name}", optim, best, overrides)
+
+        with ThreadPoolExecutor(max_workers=len(ABLATIONS)) as pool:
+            list(pool.map(one, ABLATIONS))
+
+    def all(self) -> None:
+        foam2 = next(m for m in METHODS if m.name == "foam2")
+        adamw = METHODS[0]
+
+        def after(method: Method) -> Callable[[Setting], None] | None:
+            if method is foam2:
+                return lambda best: (self.ablations(best), self.carry_over(method, best))
+            if method is adamw:
+                return lambda best: self.carry_over(method, best)
+            return None
+
+        with ThreadPoolExecutor(max_workers=len(METHODS)) as pool:
+            futures = [pool.submit(self.method_pipeline, m, after(m)) for m in METHODS]
+            for future in futures:
+                future.result()
+
+
+def collect(root: Path, dest: Path) -> int:
+    """Copy each finished run's ``summary.json`` and ``config.yaml`` to ``dest`` (same layout)."""
+    copied = 0
+    for summary in sorted(root.rglob("summary.json")):
+        target = dest / summary.parent.relative_to(root)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in ("summary.json", "config.yaml"):
+            if (summary.parent / name).exists():
+                shutil.copy2(summary.parent / name, target / name)
+        copied += 1
+    return copied
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--data", type=Path, required=True, help="the scripts/make_corpus.py mirror"
+    )
+    parser.add_argument("--root", type=Path, default=REPO / "runs" / "repro")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--plan", action="store_true", help="list the runs that can start now")
+    parser.add_argument("--collect", type=Path, help="copy finished summaries here, run nothing")
+    parser.add_argument("--allow-dirty", action="store_true")
+    args = parser.parse_args(argv)
+    if args.collect:
+        print(f"copied {collect(args.root, args.collect)} finished runs to {args.collect}")
+        return 0
+    if not (args.data / "en").is_dir():
+        parser.error(f"--data {args.data}: no en/ directory; build it with scripts/make_corpus.py")
+    dirty = uncommitted_changes()
+    if dirty and not (args.plan or args.allow_dirty):
+        parser.error(f"uncommitted changes; commit them or pass --allow-dirty:\n{dirty}")
+    study = Study(args.data.resolve(), args.root.resolve(), args.jobs, dry_run=args.plan)
+    study.all()
+    if args.plan:
+        for run_dir in study.planned:
+            print(run_dir)
+        print(f"{len(study.planned)} runs can start now")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""scripts/make_corpus.py: a C4-format mirror from Sphinx sources (record format, cleaning, split, dedup)."""
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import make_corpus  # noqa: E402
+
+GUIDE = """\
+.. _howto:
+
+A Guide
+=======
+
+This guide explains how the scheduler picks the next task to run.
+Lines wrap inside a paragraph, as reStructuredText does.
+
+See :ref:`the locking rules <locking>` and ``struct task`` for the details.
+
+Run it like this::
+
+    $ make menuconfig
+    echo "this is code, not prose."
+
+.. code-block:: c
+
+   int main(void) { return 0; }
+
+.. note::
+
+   Notes are prose and their text is kept in the corpus.
+
++-------+-------+
+| table | cells |
++-------+-------+
+
+Too short.
+
+A sentence without a terminal punctuation mark
+"""
+
+SHARED = """\
+Shared
+======
+
+This paragraph is shared between two documents verbatim.
+
+The second document has its own words in this paragraph too.
+
+And a third paragraph makes the document long enough to keep.
+"""
+
+
+def write_packages(root: Path, docs: dict[str, str]) -> None:
+    """``docs`` by ``package/relative/path`` (the .rst.txt suffix is added)."""
+    by_name = {package.name: package for package in make_corpus.PACKAGES}
+    for key, text in docs.items():
+        name, relative = key.split("/", 1)
+        path = root / by_name[name].sources / (relative + make_corpus.SUFFIX)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def read_split(out: Path, split: str) -> list[dict]:
+    records = []
+    for file in sorted((out / "en").glob(f"c4-{split}.*.json.gz")):
+        with gzip.open(file, "rt") as f:
+            records.extend(json.loads(line) for line in f)
+    return records
+
+
+@pytest.fixture
+def packages(tmp_path):
+    root = tmp_path / "unpacked"
+    docs = {
+        "linux-doc-6.1/scheduler/guide": GUIDE,
+        "linux-doc-6.1/a/shared": SHARED,
+        "linux-doc-6.1/translations/it_IT/guide": GUIDE.replace("guide", "guida"),
+        "python3.11-doc/library/shared": SHARED,  # a later exact duplicate: dropped
+    }
+    docs.update({f"python3.11-doc/many/doc{i}": SHARED.replace("too", f"{i}") for i in range(40)})
+    write_packages(root, docs)
+    return root
+
+
+def test_documents_are_cleaned_prose(packages):
+    docs = {d.url: d for d in make_corpus.documents(packages, "2024-01-01T00:00:00Z")}
+    guide = docs["https://www.kernel.org/doc/html/v6.1/scheduler/guide.html"].text.split("\n")
+    assert guide == [
+        "This guide explains how the scheduler picks the next task to run. Lines wrap inside a "
+        "paragraph, as reStructuredText does.",
+        "See the locking rules and struct task for the details.",
+        "Run it like this:",
+        "Notes are prose and their text is kept in the corpus.",
+    ]
+    assert not any("translations" in url for url in docs)
+
+
+def test_repeated_paragraphs_are_kept_once(packages):
+    docs = list(make_corpus.documents(packages, "2024-01-01T00:00:00Z"))
+    shared = "This paragraph is shared between two documents verbatim."
+    assert sum(d.text.count(shared) for d in docs) == 1
+    # the python copy lost every paragraph to dedup, so the whole document is gone
+    assert "https://docs.python.org/3.11/library/shared.html" not in {d.url for d in docs}
+
+
+def test_mirror_layout_records_and_split(packages, tmp_path):
+    out = tmp_path / "mirror"
+    args = ["--out", str(out), "--source-root", str(packages), "--validation-percent", "30"]
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "make_corpus.py"), *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    train, val = read_split(out, "train"), read_split(out, "validation")
+    assert f"train: {len(train)} documents" in result.stdout
+    assert f"validation: {len(val)} documents" in result.stdout
+    assert train and val  # 30% of 41 documents, by hash
+    for record in train + val:
+        assert set(record) == {"text", "timestamp", "url"}
+        assert record["text"] and record["url"].endswith(".html")
+    assert all(make_corpus.is_validation(r["url"], 30) for r in val)
+    assert not any(make_corpus.is_validation(r["url"], 30) for r in train)
+    assert len({r["url"] for r in train + val}) == len(train) + len(val)
+    # the same sources give the same split: it depends on the address only
+    again = tmp_path / "again"
+    make_corpus.main(["--out", str(again), "--source-root", str(packages)])
+    make_corpus.main(["--out", str(tmp_path / "other"), "--source-root", str(packages)])
+    assert read_split(again, "validation") == read_split(tmp_path / "other", "validation")
+
+
+def test_refuses_to_overwrite_and_a_missing_package(packages, tmp_path, capsys):
+    out = tmp_path / "mirror"
+    make_corpus.main(["--out", str(out), "--source-root", str(packages)])
+    with pytest.raises(SystemExit):
+        make_corpus.main(["--out", str(out), "--source-root", str(packages)])
+    assert "already has files" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SystemExit):
+        make_corpus.main(["--out", str(tmp_path / "x"), "--source-root", str(empty)])
+    assert "linux-doc-6.1: no " in capsys.readouterr().err
