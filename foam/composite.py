@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from foam.state import load_state_dict_keeping_dtypes, planned_state_numel
+from foam.state import DtypeFaithfulOptimizer, planned_state_numel
 
 
-class Composite(torch.optim.Optimizer):
+class Composite(DtypeFaithfulOptimizer):
     """Routes each group to the optimizer that owns it; looks like one optimizer from outside.
 
     ``param_groups`` are the parts' own group dicts (so an LR scheduler writing ``group["lr"]``
@@ -62,5 +62,5 @@ class Composite(torch.optim.Optimizer):
         return sum(planned_state_numel(part) for part in self.parts)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        load_state_dict_keeping_dtypes(self, super().load_state_dict, state_dict)
+        super().load_state_dict(state_dict)
         self._share()  # torch's loader replaces the group dicts and the state dict

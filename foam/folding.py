@@ -1,4 +1,5 @@
-"""Block folding: the fold A (block means) and unfold E (block repeat) of FOAM_SPEC section 1.
+"""Block folding: the fold A (block means along one axis) and the unfold E (each block's value
+repeated over the block), and the plan that says how a parameter is folded.
 
 Everything here works on *views*: a matrix is split into its full blocks, shaped so that a block is
 one axis of a 3-d view, plus an optional shorter tail block. Broadcasting a per-block value over
@@ -7,18 +8,21 @@ these views is how the optimizer applies E without materialising E(y) as a full-
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-Level = int | str | None  # an int >= 0, "mini", or None (no folding)
 FOLD_AXES = ("larger", "last")
 # How a block shorter than 2**level (the last one of a non-divisible axis) is averaged: over its
 # real entries ("mean", FOAM_SPEC section 1), or zero-padded to the full block and divided by
 # 2**level ("zero_pad", the authors' release; also when 2**level exceeds the whole axis).
 TAIL_BLOCKS = ("mean", "zero_pad")
+log = logging.getLogger("foam")
 
 
 @dataclass(frozen=True)
@@ -70,13 +74,21 @@ def matrix_shape(shape: torch.Size | tuple[int, ...]) -> tuple[int, int]:
     return shape[0], math.prod(shape[1:])
 
 
-def block_size(level: int | str, length: int) -> int:
-    """Entries per block: ``2**level``, or the whole axis for ``"mini"``."""
-    if level == "mini":
-        return length
+def check_level(level: Any) -> None:
+    """The fold-level rule: an int >= 0 (blocks of ``2**level``), ``"mini"`` or ``None``."""
+    if level is None or level == "mini":
+        return
     if not isinstance(level, int) or isinstance(level, bool) or level < 0:
-        raise ValueError(f"level must be an int >= 0 or 'mini', got {level!r}")
-    return 2**level
+        raise ValueError(f"level must be an int >= 0, 'mini' or None, got {level!r}")
+
+
+def validate_fold_settings(group: Mapping[str, Any]) -> None:
+    """Check the folding keywords of a param group: ``level``, ``fold_axis`` and ``residual``."""
+    check_level(group["level"])
+    if group["fold_axis"] not in FOLD_AXES:
+        raise ValueError(f"fold_axis must be one of {FOLD_AXES}, got {group['fold_axis']!r}")
+    if not float(group["residual"]) >= 0:
+        raise ValueError(f"residual must be a bool or a scale >= 0, got {group['residual']!r}")
 
 
 def make_plan(
@@ -89,24 +101,47 @@ def make_plan(
 
     ``fold_axis="larger"`` folds the larger dim (ties: the last), the paper's convention that makes
     FOAM-Mini keep one value per row of the smaller dim; ``"last"`` always folds the last dim of
-    the 2-d view, as the authors' release does. With ``tail_block="mean"`` a block larger than the
-    axis is an error rather than a silent "mini": the caller asked for a level that does not exist
-    for this matrix. With ``"zero_pad"`` it is the release's one padded block per row.
+    the 2-d view, as the authors' release does. ``level="mini"`` is one block over the whole fold
+    axis. With ``tail_block="mean"`` a level whose blocks are longer than a small matrix's fold
+    axis is clamped to that (the matrix gets its FOAM-Mini), with one warning per shape; with
+    ``"zero_pad"`` it keeps the release's one zero-padded block per row (sum / 2**level). Plans are
+    cached by their arguments, so the optimizers can ask for a parameter's plan at every step.
     """
+    check_level(level)
+    if level is None:
+        raise ValueError("level None means no folding: there is no plan to make")
     if fold_axis not in FOLD_AXES:
         raise ValueError(f"fold_axis must be one of {FOLD_AXES}, got {fold_axis!r}")
     if tail_block not in TAIL_BLOCKS:
         raise ValueError(f"tail_block must be one of {TAIL_BLOCKS}, got {tail_block!r}")
+    return _plan(tuple(shape), level, fold_axis, tail_block)
+
+
+@functools.cache
+def _plan(shape: tuple[int, ...], level: int | str, fold_axis: str, tail_block: str) -> FoldPlan:
     rows, cols = matrix_shape(shape)
     axis = 1 if fold_axis == "last" or cols >= rows else 0
     length = cols if axis == 1 else rows
-    block = block_size(level, length)
+    block = length if level == "mini" else 2**level
     if block > length and tail_block == "mean":
-        raise ValueError(
-            f"fold level {level} makes blocks of {block} entries, but a parameter of shape "
-            f"{tuple(shape)} has only {length} along its fold axis; use a smaller level or 'mini'"
+        log.warning(
+            "fold level %s makes blocks of %d entries, but a parameter of shape %s has only %d "
+            "along its fold axis: folding it as one block over that axis (its FOAM-Mini)",
+            level,
+            block,
+            shape,
+            length,
         )
+        block = length
     return FoldPlan(rows=rows, cols=cols, axis=axis, block=block, tail_block=tail_block)
+
+
+def fold_plan(p: torch.Tensor, group: Mapping[str, Any]) -> FoldPlan | None:
+    """How ``p`` is folded in ``group``; ``None`` (stored in full) for ``level=None`` or 1-d ``p``."""
+    if group["level"] is None or p.dim() < 2:
+        return None
+    # optimizers without a tail_block option (Muon, Adam-mini) average tails over real entries
+    return make_plan(p.shape, group["level"], group["fold_axis"], group.get("tail_block", "mean"))
 
 
 def blocks_of(x: torch.Tensor, plan: FoldPlan) -> list[torch.Tensor]:
@@ -193,7 +228,8 @@ def add_unfolded_(x: torch.Tensor, y: torch.Tensor, plan: FoldPlan) -> torch.Ten
 def unfold_with_residual(
     g: torch.Tensor, g_folded: torch.Tensor, folded: torch.Tensor, plan: FoldPlan, rho: float
 ) -> torch.Tensor:
-    """``E(folded) + rho * R``: a folded moment restored to full size (FOAM_SPEC section 2).
+    """``E(folded) + rho * R``: a folded moment restored to full size, with the residual
+    ``R = g - E(A(g))`` (the detail the fold loses) re-added at scale ``rho``.
 
     ``g`` is the 2-d gradient view, ``g_folded = A(g)`` and ``folded`` a folded state of the same
     plan; the result is a new tensor and the only full-size temporary.

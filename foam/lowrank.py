@@ -4,6 +4,8 @@ GaLore, APOLLO and GWT are the same HF-style AdamW skeleton around a method-spec
 coordinates: compress the gradient, keep Adam's moments in the compressed space, normalise there,
 expand the normalised direction back to the parameter's shape. ``CompressedAdamW`` is that
 skeleton once; each method supplies the compression, the expansion and the extra state they need.
+``ProjectedAdamW`` adds what the projection methods (GaLore, APOLLO, LDAdamW) share: a stored
+basis per matrix, its plan, and the rules of ``rank``, ``update_proj_gap`` and ``proj_type``.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from typing import Any
 
 import torch
 
-from foam.optimizer import compute_dtype, ema_, resolve_dtype
+from foam.hparams import validate_adam_hparams
+from foam.numerics import compute_dtype, ema_, resolve_dtype
 from foam.param_groups import ParamSplit
-from foam.state import load_state_dict_keeping_dtypes
+from foam.state import DtypeFaithfulOptimizer
 
 PROJ_TYPES = ("std", "reverse_std", "left", "right")
 
@@ -120,18 +123,52 @@ def limit_norm_growth(
     return x / divisor, divisor
 
 
-def validate_adam_group(group: dict[str, Any]) -> None:
-    """Reject settings that would produce silent garbage mid-training."""
-    for key in ("lr", "eps", "weight_decay"):
-        if not group[key] >= 0:
-            raise ValueError(f"{key} must be >= 0, got {group[key]!r}")
-    betas = group["betas"]
-    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
-    resolve_dtype(group["state_dtype"], torch.float32)
+def svd_basis(g: torch.Tensor, plan: Projection) -> torch.Tensor:
+    """The top-``rank`` singular vectors of ``g`` on the projected side.
+
+    Always a float32 ``torch.linalg.svd`` whatever ``g``'s dtype, as GaLore's reference: another
+    SVD routine or precision may flip singular-vector signs, and since the moments are carried
+    across refreshes a flip changes the trajectory, not just the rounding.
+    """
+    u, _, vh = torch.linalg.svd(g.float(), full_matrices=False)
+    return vh[: plan.rank] if plan.side == "right" else u[:, : plan.rank]
 
 
-class CompressedAdamW(torch.optim.Optimizer):
+def validate_projection_group(group: dict[str, Any]) -> None:
+    """The rules of the projection keywords (GaLore, APOLLO; LDAdamW has no gap nor alpha)."""
+    rank = group["rank"]
+    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 1):
+        raise ValueError(f"rank must be an int >= 1 or None, got {rank!r}")
+    gap = group.get("update_proj_gap", 1)
+    if not isinstance(gap, int) or isinstance(gap, bool) or gap < 1:
+        raise ValueError(f"update_proj_gap must be an int >= 1, got {gap!r}")
+    if group["proj_type"] not in PROJ_TYPES:
+        raise ValueError(f"proj_type must be one of {PROJ_TYPES}, got {group['proj_type']!r}")
+    if not group.get("alpha", 1.0) >= 0:
+        raise ValueError(f"alpha must be >= 0, got {group['alpha']!r}")
+
+
+@dataclass(frozen=True)
+class CompressedStep:
+    """What ``CompressedAdamW.expand`` gets of one parameter's step."""
+
+    g: torch.Tensor
+    """The full gradient, in the wide compute dtype."""
+    low: torch.Tensor
+    """The compressed gradient."""
+    normalized: torch.Tensor
+    """``m / (sqrt(v) + eps)`` in the compressed space."""
+    denom: torch.Tensor
+    """``sqrt(v) + eps``."""
+    context: Any
+    """What ``compress`` returned besides the compressed gradient."""
+    state: dict[str, Any]
+    group: dict[str, Any]
+    t: int
+    """The parameter's step, from 1."""
+
+
+class CompressedAdamW(DtypeFaithfulOptimizer):
     """HF-style AdamW (the GaLore/APOLLO/GWT references' fork of transformers' AdamW).
 
     For every parameter: ``m, v`` EMAs of the (compressed) gradient, ``N = m / (sqrt(v) + eps)``
@@ -146,7 +183,7 @@ class CompressedAdamW(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        validate_adam_group(group)
+        validate_adam_hparams(group)
         self.validate_group(group)
 
     def validate_group(self, group: dict[str, Any]) -> None:
@@ -166,17 +203,7 @@ class CompressedAdamW(torch.optim.Optimizer):
         """``(compressed gradient, context for expand)`` of the wide gradient ``g``."""
         raise NotImplementedError
 
-    def expand(
-        self,
-        g: torch.Tensor,
-        low: torch.Tensor,
-        normalized: torch.Tensor,
-        denom: torch.Tensor,
-        context: Any,
-        state: dict[str, Any],
-        group: dict[str, Any],
-        t: int,
-    ) -> torch.Tensor:
+    def expand(self, step: CompressedStep) -> torch.Tensor:
         """The full-size update direction from the normalised compressed one."""
         raise NotImplementedError
 
@@ -196,9 +223,6 @@ class CompressedAdamW(torch.optim.Optimizer):
                 if shape is not None:
                     total += sum(math.prod(s) for s in self.extra_state_shapes(p, group).values())
         return total
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        load_state_dict_keeping_dtypes(self, super().load_state_dict, state_dict)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -247,7 +271,9 @@ class CompressedAdamW(torch.optim.Optimizer):
         denom = v.sqrt().add_(group["eps"])
         normalized = m / denom
         if compressed:
-            update = self.expand(g, low, normalized, denom, context, state, group, t)
+            update = self.expand(
+                CompressedStep(g, low, normalized, denom, context, state, group, t)
+            )
         else:
             update = normalized
 
@@ -255,3 +281,42 @@ class CompressedAdamW(torch.optim.Optimizer):
         p.add_(update, alpha=-lr * math.sqrt(1 - beta2**t) / (1 - beta1**t))
         if group["weight_decay"]:
             p.add_(p, alpha=-lr * group["weight_decay"])
+
+
+class ProjectedAdamW(CompressedAdamW):
+    """A ``CompressedAdamW`` whose 2-d parameters are projected on a stored ``basis``.
+
+    Groups take ``rank`` (``None``: uncompressed AdamW) and ``proj_type``; the basis is
+    ``plan.basis_shape`` and the moments ``plan.low_shape``.
+    """
+
+    def validate_group(self, group: dict[str, Any]) -> None:
+        validate_projection_group(group)
+
+    def new_basis(self, g: torch.Tensor, plan: Projection, state: dict[str, Any]) -> torch.Tensor:
+        """The basis for the next ``update_proj_gap`` steps, from the wide gradient ``g``."""
+        raise NotImplementedError
+
+    def compress(
+        self, g: torch.Tensor, state: dict[str, Any], group: dict[str, Any], t: int
+    ) -> tuple[torch.Tensor, Projection]:
+        """Refresh the basis at steps 1, T+1, 2T+1, ... (``T = update_proj_gap``), project."""
+        plan = self.plan_for(g, group)
+        if refresh_due(state, group, t):
+            state["basis"].copy_(self.new_basis(g, plan, state))
+        return project(g, state["basis"].to(g.dtype), plan.side), plan
+
+    @staticmethod
+    def plan_for(p: torch.Tensor, group: dict[str, Any]) -> Projection | None:
+        """The projection of ``p``; ``None`` when it takes uncompressed AdamW."""
+        if group["rank"] is None or p.dim() != 2:
+            return None
+        return plan_projection(p.shape, group["rank"], group["proj_type"])
+
+    def compressed_shape(self, p: torch.Tensor, group: dict[str, Any]) -> tuple[int, ...] | None:
+        plan = self.plan_for(p, group)
+        return None if plan is None else plan.low_shape
+
+    def extra_state_shapes(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, tuple]:
+        plan = self.plan_for(p, group)
+        return {} if plan is None else {"basis": plan.basis_shape}

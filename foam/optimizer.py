@@ -1,4 +1,4 @@
-"""FOAM: Adam with block-folded moments plus a per-step residual (FOAM_SPEC sections 1-3)."""
+"""FOAM: Adam with block-folded moments plus a per-step residual (the paper's Algorithm 1)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,22 @@ import torch
 from torch.optim.adamw import adamw as functional_adamw
 
 from foam.folding import (
-    FOLD_AXES,
     TAIL_BLOCKS,
     FoldPlan,
     add_unfolded_,
     block_views,
     blocks_of,
     fold,
+    fold_plan,
     folded_numel,
-    make_plan,
     residual,
     unfold,
+    validate_fold_settings,
     values_of,
 )
-from foam.state import load_state_dict_keeping_dtypes
+from foam.hparams import group_defaults, validate_adam_hparams
+from foam.numerics import compute_dtype, ema_, resolve_dtype
+from foam.state import DtypeFaithfulOptimizer
 
 SECOND_MOMENTS = ("square_of_mean", "mean_of_squares")
 # True: the folded EMAs are corrected before unfolding (FOAM_SPEC section 2); False: none
@@ -59,47 +61,19 @@ def fused_adamw_applies(p: torch.Tensor) -> bool:
     return p.device.type in FUSED_DEVICES and p.dtype in FUSED_DTYPES
 
 
-def resolve_dtype(value: torch.dtype | str | None, fallback: torch.dtype) -> torch.dtype:
-    """``None`` -> ``fallback``; ``"float32"``/``"bfloat16"``/... (config files) -> the torch dtype."""
-    if value is None:
-        return fallback
-    dtype = getattr(torch, value, None) if isinstance(value, str) else value
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"state_dtype must be a floating torch dtype or its name, got {value!r}")
-    return dtype
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float32, or the parameter's dtype when it is wider (float64 parameters stay float64)."""
-    return torch.promote_types(dtype, torch.float32)
-
-
-def ema_(state: torch.Tensor, value: torch.Tensor, beta: float, *, square: bool) -> torch.Tensor:
-    """Update an EMA state in place in wide arithmetic; return the wide updated value.
-
-    ``square=True`` accumulates ``value**2``. The lerp / mul-addcmul forms are the ones
-    ``torch.optim.AdamW`` uses, so level 0 reproduces it to rounding.
-    """
-    wide = state.to(value.dtype)
-    if square:
-        wide.mul_(beta).addcmul_(value, value, value=1 - beta)
-    else:
-        wide.lerp_(value, 1 - beta)
-    if wide is not state:
-        state.copy_(wide)
-    return wide
-
-
-class FOAM(torch.optim.Optimizer):
+class FOAM(DtypeFaithfulOptimizer):
     """Adam whose moments are stored as block means along one axis, plus a residual.
 
     A parameter with at least two dims in a group whose ``level`` is not ``None`` keeps its first
     and second moments folded to blocks of ``2**level`` entries along ``fold_axis``
     (``level="mini"``: one block spanning the axis, so with the paper's ``fold_axis="larger"`` one
-    value per row of the smaller dim). Each step re-adds the detail the fold loses, the residual
-    ``R = G - E(A(G))``, to both moments (FOAM_SPEC section 2). Everything else, and every group
-    with ``level=None``, takes the plain Adam update without ``alpha`` (AdamW's, or in release
-    semantics the release's step-size-corrected one).
+    value per row of the smaller dim). A level whose blocks are longer than a small matrix's fold
+    axis folds that matrix as one block over the axis (its FOAM-Mini) and says so once in the
+    ``foam`` log, except with ``tail_block="zero_pad"``, which keeps the release's one padded
+    block. Each step re-adds the detail the fold loses, the residual ``R = G - E(A(G))``, to both
+    moments (the first as ``E(m) + rho R``, the second as ``E(v) + rho^2 R^2``). Everything else,
+    and every group with ``level=None``, takes the plain Adam update without ``alpha`` (AdamW's,
+    or in release semantics the release's step-size-corrected one).
 
     ``semantics="paper"`` (default) follows FOAM_SPEC; ``semantics="release"`` follows the
     authors' released class (README, "Paper and release semantics"): fold along the last dim,
@@ -107,6 +81,11 @@ class FOAM(torch.optim.Optimizer):
     (the plain-AdamW ones too), zero-padded tail blocks and weight decay after the update. A
     semantics only fills the options :data:`SEMANTICS` lists that are left at ``None``; options
     passed explicitly override it. Betas are not part of it.
+
+    The constructor's signature is the one home of FOAM's defaults (the registry and the
+    trainer's configs read them from it); the hyperparameter rules are
+    :func:`foam.hparams.validate_adam_hparams`, :func:`foam.folding.validate_fold_settings` and
+    this module's ``_validate_group``.
 
     Parameters are processed one at a time, so the transient memory of a step is a few
     temporaries the size of one parameter, never the whole model's.
@@ -132,25 +111,7 @@ class FOAM(torch.optim.Optimizer):
         tail_block: str | None = None,
         decay: str | None = None,
     ) -> None:
-        defaults = dict(
-            lr=lr,
-            betas=tuple(betas),
-            eps=eps,
-            weight_decay=weight_decay,
-            level=level,
-            alpha=alpha,
-            residual=residual,
-            residual_in_second_moment=residual_in_second_moment,
-            second_moment=second_moment,
-            bias_correction=bias_correction,
-            fold_axis=fold_axis,
-            state_dtype=state_dtype,
-            fused_adamw=fused_adamw,
-            semantics=semantics,
-            tail_block=tail_block,
-            decay=decay,
-        )
-        super().__init__(params, defaults)
+        super().__init__(params, group_defaults(locals()))
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -161,14 +122,9 @@ class FOAM(torch.optim.Optimizer):
         _apply_semantics(group)
         _validate_group(group)
         for p in group["params"]:
-            self.plan_for(p, group)  # raises for a level beyond the matrix
+            self.plan_for(p, group)  # plans (and logs a clamped level) before any compute
 
-    @staticmethod
-    def plan_for(p: torch.Tensor, group: dict[str, Any]) -> FoldPlan | None:
-        """How ``p`` is folded in ``group``; ``None`` when it takes plain AdamW."""
-        if group["level"] is None or p.dim() < 2:
-            return None
-        return make_plan(p.shape, group["level"], group["fold_axis"], group["tail_block"])
+    plan_for = staticmethod(fold_plan)
 
     def planned_state_numel(self) -> int:
         """Elements of moment state this optimizer holds once every parameter has stepped.
@@ -182,9 +138,6 @@ class FOAM(torch.optim.Optimizer):
                 plan = self.plan_for(p, group)
                 total += 2 * folded_numel(plan, p.numel())
         return total
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        load_state_dict_keeping_dtypes(self, super().load_state_dict, state_dict)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """torch's hook for loaded groups: ones saved before ``semantics`` existed are paper's."""
@@ -398,30 +351,12 @@ def _apply_semantics(group: dict[str, Any]) -> None:
 
 def _validate_group(group: dict[str, Any]) -> None:
     """Reject settings that would otherwise produce silent garbage mid-training."""
-    level = group["level"]
-    if (
-        level is not None
-        and level != "mini"
-        and (not isinstance(level, int) or isinstance(level, bool) or level < 0)
-    ):
-        raise ValueError(f"level must be an int >= 0, 'mini' or None, got {level!r}")
-    if not group["lr"] >= 0:
-        raise ValueError(f"lr must be >= 0, got {group['lr']!r}")
-    if not group["eps"] >= 0:
-        raise ValueError(f"eps must be >= 0, got {group['eps']!r}")
-    if not group["weight_decay"] >= 0:
-        raise ValueError(f"weight_decay must be >= 0, got {group['weight_decay']!r}")
-    betas = group["betas"]
-    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
-    if not float(group["residual"]) >= 0:
-        raise ValueError(f"residual must be a bool or a scale >= 0, got {group['residual']!r}")
+    validate_adam_hparams(group)
+    validate_fold_settings(group)
     if group["second_moment"] not in SECOND_MOMENTS:
         raise ValueError(
             f"second_moment must be one of {SECOND_MOMENTS}, got {group['second_moment']!r}"
         )
-    if group["fold_axis"] not in FOLD_AXES:
-        raise ValueError(f"fold_axis must be one of {FOLD_AXES}, got {group['fold_axis']!r}")
     if group["bias_correction"] not in BIAS_CORRECTIONS:
         raise ValueError(
             f"bias_correction must be one of {BIAS_CORRECTIONS}, got {group['bias_correction']!r}"
@@ -430,4 +365,3 @@ def _validate_group(group: dict[str, Any]) -> None:
         raise ValueError(f"tail_block must be one of {TAIL_BLOCKS}, got {group['tail_block']!r}")
     if group["decay"] not in DECAYS:
         raise ValueError(f"decay must be one of {DECAYS}, got {group['decay']!r}")
-    resolve_dtype(group["state_dtype"], torch.float32)

@@ -1,4 +1,5 @@
-"""The paper's parameter split (FOAM_SPEC section 4): attention/MLP matrices vs everything else."""
+"""The paper's parameter split: attention/MLP weight matrices vs everything else (embeddings, head,
+norms, biases), which every method trains with AdamW at the base lr."""
 
 from __future__ import annotations
 

@@ -1,52 +1,30 @@
-"""Registered recipes for AdamW and FOAM (the baselines register theirs in their own modules)."""
+"""Registered recipes for FOAM and FOAM-Mini (the baselines register theirs in their own modules).
+
+Their defaults are ``FOAM.__init__``'s, read off its signature.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from foam.optimizer import FOAM, fused_adamw_applies
+from foam.hparams import signature_defaults
+from foam.optimizer import FOAM
 from foam.param_groups import ParamSplit
-from foam.registry import adam_settings, register, two_groups
+from foam.registry import COMMON_DEFAULTS, register, two_groups
 
-# None: the value FOAM's ``semantics`` gives it (foam.optimizer.SEMANTICS).
-FOAM_OPTIONS: dict[str, Any] = {
-    "alpha": 0.25,
-    "residual": True,
-    "residual_in_second_moment": True,
-    "semantics": "paper",
-    "second_moment": None,
-    "bias_correction": None,
-    "fold_axis": None,
-    "tail_block": None,
-    "decay": None,
-    "state_dtype": None,
-    "fused_adamw": True,
+FOAM_DEFAULTS: dict[str, Any] = {
+    k: v for k, v in signature_defaults(FOAM).items() if k not in COMMON_DEFAULTS
 }
+"""FOAM's keywords beyond the Adam ones every method takes, with FOAM's defaults (level 2)."""
 
 
-@register("adamw", alpha=1.0)
-def _adamw(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
-    """torch AdamW; ``alpha != 1`` is the paper's module-wise-lr control (matrices at lr*alpha).
-
-    Fused where the device has the kernel: the same kernel FOAM and the other methods use for
-    their unfolded parameters, so speed and memory comparisons measure the methods.
-    """
-    base = adam_settings(hp)
-    groups = two_groups(split, {**base, "lr": hp["lr"] * hp["alpha"]}, base)
-    fused = all(fused_adamw_applies(p) for _, p in [*split.matrices, *split.others])
-    return torch.optim.AdamW(groups, **base, fused=fused or None)
-
-
+@register("foam", **FOAM_DEFAULTS)
 def _foam(split: ParamSplit, hp: dict[str, Any]) -> FOAM:
-    groups = two_groups(split, {}, {"level": None})
-    return FOAM(groups, **hp)
+    """FOAM-l on the attention/MLP matrices, plain AdamW (``level=None``) on the rest."""
+    return FOAM(two_groups(split, {}, {"level": None}), **hp)
 
 
-register("foam", level=2, **FOAM_OPTIONS)(_foam)
-
-
-@register("foam_mini", **FOAM_OPTIONS)
+@register("foam_mini", **{k: v for k, v in FOAM_DEFAULTS.items() if k != "level"})
 def _foam_mini(split: ParamSplit, hp: dict[str, Any]) -> FOAM:
+    """FOAM-Mini: one block over each matrix's larger axis."""
     return _foam(split, {**hp, "level": "mini"})

@@ -1,8 +1,9 @@
 """``build_optimizer``: any optimizer of the project from a model, with the paper's split.
 
-Each method registers a builder with the keywords it accepts and their defaults; the registry
-checks names and keywords once, for all of them, and checks that the groups it built cover every
-trainable parameter exactly once.
+Each method registers a builder with the keywords it accepts and their defaults (read off its
+optimizer's constructor signature); the registry checks names and keywords once, for all of them,
+and checks that the groups it built cover every trainable parameter exactly once. The rules of the
+values are the optimizers' own: a bad value raises their ``ValueError``.
 """
 
 from __future__ import annotations
@@ -14,34 +15,45 @@ from typing import Any
 import torch
 from torch import nn
 
+from foam.composite import Composite
+from foam.hparams import signature_defaults
+from foam.optimizer import FOAM
 from foam.param_groups import ParamSplit, TargetModules, check_covers, split_params
 
-COMMON_DEFAULTS: dict[str, Any] = {
-    "lr": 1e-3,
-    "betas": (0.9, 0.95),
-    "eps": 1e-8,
-    "weight_decay": 0.0,
-}
+COMMON_DEFAULTS: dict[str, Any] = signature_defaults(FOAM, "lr", "betas", "eps", "weight_decay")
+"""The Adam keywords every method takes, with FOAM's defaults (a method may override them)."""
 
 Builder = Callable[[ParamSplit, dict[str, Any]], torch.optim.Optimizer]
+FromModel = Callable[[nn.Module], dict[str, Any]]
+
+
+def _nothing_from_model(model: nn.Module) -> dict[str, Any]:
+    return {}
 
 
 @dataclass(frozen=True)
 class Method:
     build: Builder
     defaults: dict[str, Any]
+    from_model: FromModel
+    """Values of keywords left ``None`` that the method reads off the model (e.g. its config)."""
 
 
 _METHODS: dict[str, Method] = {}
 
 
-def register(name: str, **defaults: Any) -> Callable[[Builder], Builder]:
-    """Register ``build(split, hparams)`` under ``name``; ``defaults`` are its extra keywords."""
+def register(
+    name: str, from_model: FromModel = _nothing_from_model, **defaults: Any
+) -> Callable[[Builder], Builder]:
+    """Register ``build(split, hparams)`` under ``name``; ``defaults`` are its extra keywords.
+
+    ``from_model(model)`` gives values for keywords whose setting is ``None`` (not given).
+    """
 
     def decorate(build: Builder) -> Builder:
         if name in _METHODS:
             raise ValueError(f"optimizer {name!r} is registered twice")
-        _METHODS[name] = Method(build, {**COMMON_DEFAULTS, **defaults})
+        _METHODS[name] = Method(build, {**COMMON_DEFAULTS, **defaults}, from_model)
         return build
 
     return decorate
@@ -69,6 +81,9 @@ def build_optimizer(
             f"it accepts {sorted(method.defaults)}"
         )
     settings = {**method.defaults, **hparams}
+    for key, value in method.from_model(model).items():
+        if settings[key] is None:
+            settings[key] = value
     settings["betas"] = tuple(settings["betas"])
     optimizer = method.build(split_params(model, target_modules), settings)
     check_covers(model, optimizer.param_groups)
@@ -101,15 +116,20 @@ OTHERS_CHOICES = ("adamw", "reference")
 OTHERS = {"others": "adamw"}
 
 
-def method_groups(
-    split: ParamSplit, matrices: dict[str, Any], others: dict[str, Any], hparams: dict[str, Any]
-) -> list[dict[str, Any]]:
-    """The groups a method's own class gets: the matrices, plus the rest when it keeps them."""
+def kept_by_method(split: ParamSplit, hparams: dict[str, Any]) -> ParamSplit:
+    """The parameters a method's own class gets: the matrices, plus the rest when it keeps them."""
     if hparams["others"] not in OTHERS_CHOICES:
         raise ValueError(f"others must be one of {OTHERS_CHOICES}, got {hparams['others']!r}")
     if hparams["others"] == "adamw":
-        split = ParamSplit(matrices=split.matrices, others=[])
-    return two_groups(split, matrices, others)
+        return ParamSplit(matrices=split.matrices, others=[])
+    return split
+
+
+def method_groups(
+    split: ParamSplit, matrices: dict[str, Any], others: dict[str, Any], hparams: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """``two_groups`` of what the method's own class gets (``kept_by_method``)."""
+    return two_groups(kept_by_method(split, hparams), matrices, others)
 
 
 def with_adamw_for_others(
@@ -124,9 +144,6 @@ def with_adamw_for_others(
     HF-style eps on the uncorrected sqrt(v) of GaLore, APOLLO and GWT) pass AdamW's 1e-8.
     Nothing is added when the method keeps the rest itself (``others="reference"``).
     """
-    from foam.composite import Composite
-    from foam.optimizer import FOAM
-
     if hparams.get("others") == "reference" or not split.others:
         return method
     named = "param_names" in method.param_groups[0]  # torch wants all groups named or none

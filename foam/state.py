@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from foam.numerics import resolve_dtype
+
 # Planned state elements per parameter for optimizers we do not own (ours define
 # ``planned_state_numel()`` themselves, from the same shapes that size their states).
 _FOREIGN_STATE_NUMEL: dict[type, Callable[[torch.Tensor], int]] = {
@@ -63,23 +65,33 @@ def planned_state_numel(optimizer: torch.optim.Optimizer) -> int:
     raise TypeError(f"no state accounting for {type(optimizer).__name__}")
 
 
-def load_state_dict_keeping_dtypes(
-    optimizer: torch.optim.Optimizer,
-    load: Callable[[dict[str, Any]], None],
-    state_dict: dict[str, Any],
-) -> None:
-    """Load with ``load`` (torch's loader), then restore each state tensor's saved dtype.
+class DtypeFaithfulOptimizer(torch.optim.Optimizer):
+    """A ``torch.optim.Optimizer`` whose loaded states have the dtypes it would create them in.
 
-    torch casts every floating state tensor to its parameter's dtype on load. That is wrong for
-    states deliberately kept in another dtype (float32 moments of bf16 parameters, int8
-    quantised moments' float scales), and the cast is lossy, so the saved tensors are re-read.
+    torch casts every floating state tensor to its parameter's dtype on load, which is right for
+    states that follow the parameter (so a run saved in fp32 resumes in bf16, and back) but wrong
+    for states deliberately kept in another dtype: a group's ``state_dtype`` (float32 moments of
+    bf16 parameters) and the keys an optimizer lists in ``float32_states`` (int8 moments' scales).
+    The saved tensors are re-read, so no state goes through a lossy intermediate cast. Integer
+    states (8-bit codes) and step counters keep their saved dtype.
     """
-    load(state_dict)
-    saved_ids = itertools.chain.from_iterable(g["params"] for g in state_dict["param_groups"])
-    params = itertools.chain.from_iterable(g["params"] for g in optimizer.param_groups)
-    id_to_param = dict(zip(saved_ids, params, strict=True))
-    for param_id, saved in state_dict["state"].items():
-        param = id_to_param[param_id]
-        for key, value in saved.items():
-            if isinstance(value, torch.Tensor) and key != "step":
-                optimizer.state[param][key] = value.to(device=param.device, copy=True)
+
+    float32_states: tuple[str, ...] = ()
+    """State keys kept in float32 whatever the parameter's dtype."""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        saved_ids = itertools.chain.from_iterable(g["params"] for g in state_dict["param_groups"])
+        owners = ((p, g) for g in self.param_groups for p in g["params"])
+        id_to_owner = dict(zip(saved_ids, owners, strict=True))
+        for param_id, saved in state_dict["state"].items():
+            param, group = id_to_owner[param_id]
+            for key, value in saved.items():
+                if not isinstance(value, torch.Tensor) or key == "step":
+                    continue
+                dtype = value.dtype
+                if key in self.float32_states:
+                    dtype = torch.float32
+                elif value.is_floating_point():
+                    dtype = resolve_dtype(group.get("state_dtype"), param.dtype)
+                self.state[param][key] = value.to(device=param.device, dtype=dtype, copy=True)

@@ -15,12 +15,9 @@ import gzip
 import json
 import logging
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from train.corpus import embedded_documents
 from train.data import build_tokenizer, build_train_loader

@@ -23,8 +23,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import foam
 from foam.profiling import peak_transient_bytes
 from models import build_model, load_model_config

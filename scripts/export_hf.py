@@ -13,8 +13,6 @@ import logging
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from train.export import EXPORT_DTYPES, export_checkpoint
 
 

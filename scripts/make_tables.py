@@ -24,48 +24,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory_estimator import estimate, table2_gb
+from methods import ABLATIONS, SEMANTICS_VARIANTS, TABLE2, TABLE2_BLOCKS, label
 
-# Method directory -> (label, estimator method). Table 2's order; None separates its blocks.
-METHODS: list[tuple[str, str, str] | None] = [
-    ("adamw", "Full-Adam", "adam"),
-    ("muon", "Muon", "muon"),
-    ("adam_mini", "Adam-Mini", "adam_mini"),
-    ("ldadamw", "LDAdamW", "ldadamw"),
-    None,
-    ("galore_1_4", "GaLore-1/4", "galore_1_4"),
-    ("apollo_1_4", "APOLLO-1/4", "apollo_1_4"),
-    ("foam2", "FOAM-2", "foam2"),
-    None,
-    ("galore_1_8", "GaLore-1/8", "galore_1_8"),
-    ("apollo_1_8", "APOLLO-1/8", "apollo_1_8"),
-    ("foam3", "FOAM-3", "foam3"),
-    None,
-    ("apollo_mini", "APOLLO-Mini", "apollo_mini"),
-    ("gwt_mini", "GWT-Mini", "gwt_mini"),
-    ("foam_mini", "FOAM-Mini", "foam_mini"),
-]
-KNOWN = {m[0]: m for m in METHODS if m}
-# The FOAM ablations (the paper's fold-level and residual figures) and the module-wise-lr AdamW
-# control (its Appendix), as method directories.
-ABLATIONS: list[tuple[str, str]] = [
-    ("foam1", "FOAM-1"),
-    ("foam2", "FOAM-2"),
-    ("foam3", "FOAM-3"),
-    ("foam4", "FOAM-4"),
-    ("foam5", "FOAM-5"),
-    ("foam_mini", "FOAM-Mini"),
-    ("foam2_no_residual", "FOAM-2 without the residual (rho = 0)"),
-    ("foam2_no_residual_in_v", "FOAM-2 without R^2 in the second moment"),
-    ("foam2_mean_of_squares", "FOAM-2, second moment from the mean of squares"),
-    ("adamw_module_wise_lr", "AdamW, matrices at lr x 0.25 (the control for alpha)"),
-]
-# FOAM-2 in the paper's and the authors' release semantics (foam.optimizer.SEMANTICS), compared at
-# FOAM-2's best lr, as method directories (the paper's has its own, with more seeds than foam2).
-SEMANTICS_VARIANTS: list[tuple[str, str]] = [
-    ("foam2_paper_semantics", "FOAM-2, paper semantics"),
-    ("foam2_release", "FOAM-2, release semantics"),
-]
+TABLE2_NAMES = {m.name for m in TABLE2}
 
 
 @dataclass
@@ -119,13 +81,11 @@ def best_points(points: list[Point]) -> dict[tuple[str, str], Point]:
 def method_rows(methods_seen: set[str]) -> list[str | None]:
     """Table 2's rows present in the data, in the paper's order (None: a block separator)."""
     rows: list[str | None] = []
-    for entry in METHODS:
-        if entry is None:
-            if rows and rows[-1] is not None:
-                rows.append(None)
-        elif entry[0] in methods_seen:
-            rows.append(entry[0])
-    return rows[:-1] if rows and rows[-1] is None else rows
+    for block in TABLE2_BLOCKS:
+        present = [m.name for m in block if m.name in methods_seen]
+        if present:
+            rows += [None, *present] if rows else present
+    return rows
 
 
 def model_order(name: str) -> tuple[str, float]:
@@ -140,18 +100,10 @@ def model_order(name: str) -> tuple[str, float]:
 
 def estimated_gb(model: str, method: str) -> float | None:
     """Table 2's memory convention, from the estimator (None where it has no such size/method)."""
-    if method not in KNOWN:
-        return None
-    import estimate_memory
-
     try:
-        return estimate_memory.table2_gb(estimate_memory.estimate(model, KNOWN[method][2]))
+        return table2_gb(estimate(model, method))
     except (LookupError, ValueError, FileNotFoundError):
         return None
-
-
-def label(method: str) -> str:
-    return KNOWN[method][1] if method in KNOWN else method
 
 
 def fmt_ppl(point: Point | None, latex: bool) -> str:
@@ -245,7 +197,7 @@ def ablation_table(points: list[Point], lr: float) -> str:
         "|---|---|---:|---:|---:|",
     ]
     for model in sorted({p.model for p in points}, key=model_order):
-        for method, name in ABLATIONS:
+        for method, name in ((m.name, m.label) for m in ABLATIONS):
             point = at_lr.get((model, method))
             if point is not None:
                 lines.append(f"| {model} | {name} | {variant_cells(point)} |")
@@ -261,7 +213,7 @@ def semantics_table(points: list[Point], best: dict[tuple[str, str], Point]) -> 
     for (model, method), foam2 in sorted(best.items(), key=lambda kv: model_order(kv[0][0])):
         if method != "foam2":
             continue
-        for variant, name in SEMANTICS_VARIANTS:
+        for variant, name in ((m.name, m.label) for m in SEMANTICS_VARIANTS):
             for point in points:
                 if (point.model, point.method) == (model, variant) and math.isclose(
                     point.lr, foam2.lr
@@ -335,9 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(
             f"no finished runs (summary.json with a finite final_val_ppl) under {args.root}"
         )
-    best = {k: v for k, v in best_points(points).items() if k[1] in KNOWN}
+    best = {k: v for k, v in best_points(points).items() if k[1] in TABLE2_NAMES}
     if not best:
-        raise SystemExit(f"no runs of the paper's methods ({', '.join(KNOWN)}) under {args.root}")
+        names = ", ".join(m.name for m in TABLE2)
+        raise SystemExit(f"no runs of the paper's methods ({names}) under {args.root}")
     steps = args.table3_steps or sorted(
         {e["step"] for p in best.values() for r in p.runs for e in r.get("eval_history", [])}
     )

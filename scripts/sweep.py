@@ -28,22 +28,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from methods import PAPER_SWEEP, sweeps_alpha
+
 REPO = Path(__file__).resolve().parents[1]
 
 LR_ONLY = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2)
 LR_WITH_ALPHA = (1e-3, 2.5e-3, 5e-3, 1e-2)
 ALPHAS = (0.25, 0.5, 1.0)
-
-# Optim config -> does the paper sweep alpha for it?
-PAPER_METHODS: dict[str, bool] = {
-    "adamw": False,
-    "muon": False,
-    "adam_mini": False,
-    "galore_1_4": True,
-    "apollo_1_4": True,
-    "foam2": True,
-    "foam_mini": True,
-}
 
 
 @dataclass(frozen=True)
@@ -71,9 +62,9 @@ def grid(
     """The points to run: per method its lr grid, times alphas where the method sweeps alpha."""
     points = []
     for optim in methods:
-        sweeps_alpha = PAPER_METHODS.get(optim, True)
-        method_lrs = lrs or (LR_WITH_ALPHA if sweeps_alpha else LR_ONLY)
-        method_alphas = (alphas or ALPHAS) if sweeps_alpha and alphas != [] else [None]
+        with_alpha = sweeps_alpha(optim)
+        method_lrs = lrs or (LR_WITH_ALPHA if with_alpha else LR_ONLY)
+        method_alphas = (alphas or ALPHAS) if with_alpha and alphas != [] else [None]
         for lr, alpha, seed in itertools.product(method_lrs, method_alphas, seeds):
             points.append(Point(model, optim, lr, alpha, seed, name or optim))
     return points
@@ -146,7 +137,7 @@ def submit_slurm(commands: list[list[str]], args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
-    parser.add_argument("--methods", nargs="+", default=list(PAPER_METHODS))
+    parser.add_argument("--methods", nargs="+", default=list(PAPER_SWEEP))
     parser.add_argument("--lrs", nargs="+", type=float, default=None, help="default: paper grid")
     parser.add_argument("--alphas", nargs="+", type=float, default=None)
     parser.add_argument(

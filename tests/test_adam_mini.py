@@ -5,8 +5,9 @@ import copy
 import pytest
 import torch
 from optim_helpers import TINY_LLAMA, random_grads, step_with, tiny_llama
+from torch import nn
 
-from foam.adam_mini import AdamMini, second_moment_blocks
+from foam.baselines.adam_mini import AdamMini, second_moment_blocks
 from foam.folding import fold, make_plan, unfold
 from foam.registry import build_optimizer
 from foam.state import planned_state_numel, state_bytes
@@ -23,14 +24,16 @@ def moment_bytes(opt):
     return state_bytes(opt) - steps
 
 
+@pytest.mark.parametrize("heads_given", [True, False], ids=["heads-given", "heads-from-config"])
 @pytest.mark.parametrize("config", [TINY_LLAMA, GQA], ids=["mha", "gqa"])
-def test_adam_mini_matches_reference(config):
-    """Params and both moments within 1e-6 after 10 fp32 steps, with weight decay."""
+def test_adam_mini_matches_reference(config, heads_given):
+    """Params and both moments within 1e-6 after 10 fp32 steps, with weight decay; ``dim`` and
+    ``n_heads`` given, or read from the transformers model's config."""
     model = tiny_llama(**config)
     ref = copy.deepcopy(model)
     heads = dict(dim=64, n_heads=config["num_attention_heads"])
     hp = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
-    opt = build_optimizer("adam_mini", model, **hp, **heads)
+    opt = build_optimizer("adam_mini", model, **hp, **(heads if heads_given else {}))
     ref_opt = adam_mini.Adam_mini(
         ref.named_parameters(),
         **hp,
@@ -70,8 +73,11 @@ def test_partition_follows_adam_mini_names():
 
 
 def test_heads_are_required_for_queries_and_keys():
+    """A model without a transformers config must be told its heads."""
+    without_config = nn.ModuleDict({"q_proj": nn.Linear(8, 8), "norm": nn.LayerNorm(8)})
     with pytest.raises(ValueError, match="n_heads="):
-        build_optimizer("adam_mini", tiny_llama())
+        build_optimizer("adam_mini", without_config)
+    assert build_optimizer("adam_mini", without_config, dim=8, n_heads=2).head_numel == 32
     with pytest.raises(ValueError, match="named_parameters"):
         AdamMini(list(tiny_llama().parameters()))
 

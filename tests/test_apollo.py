@@ -1,4 +1,4 @@
-"""foam.apollo.APOLLO against the reference apollo_torch.APOLLOAdamW, and its library contracts."""
+"""foam.baselines.apollo.APOLLO against the reference apollo_torch.APOLLOAdamW, and its library contracts."""
 
 import itertools
 import math
@@ -8,9 +8,8 @@ import torch
 from optim_helpers import random_grads, random_params, step_with, tiny_llama
 
 import foam
-import foam.apollo
 from foam import build_optimizer, planned_state_numel, state_bytes
-from foam.apollo import APOLLO
+from foam.baselines.apollo import APOLLO
 
 SHAPES = [(48, 32), (32, 48), (32,)]  # tall (right basis), wide (left basis), a vector
 HP = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.1)

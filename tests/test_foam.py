@@ -1,6 +1,7 @@
 """foam.FOAM against torch's AdamW, a naive restatement of FOAM_SPEC section 2, and exact cases."""
 
 import copy
+import logging
 import math
 from functools import partial
 
@@ -269,7 +270,7 @@ def test_converges_on_least_squares():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"level": 6}, "blocks of 64"),
+        ({"level": -1}, "level must be"),
         ({"level": "max"}, "level must be"),
         ({"fold_axis": "first"}, "fold_axis"),
         ({"second_moment": "max"}, "second_moment"),
@@ -281,6 +282,26 @@ def test_converges_on_least_squares():
 def test_bad_settings_fail_at_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
         FOAM([torch.zeros(4, 32, requires_grad=True)], **kwargs)
+
+
+def test_a_level_beyond_a_small_matrix_folds_it_as_its_mini(caplog):
+    """Level 6 (blocks of 64) on a 6 x 36 matrix: one block over its 36 columns, logged once."""
+    shapes = [(6, 36), (3, 128)]  # the second has room for level 6: it stays at blocks of 64
+    clamped = random_params(shapes)
+    mini, ref = ([p.detach().clone().requires_grad_()] for p in clamped)
+    with caplog.at_level(logging.WARNING, logger="foam"):
+        foam = FOAM(clamped, lr=1e-2, level=6)
+        assert foam.planned_state_numel() == 2 * (6 * 1 + 3 * 2)
+        grads = random_grads(shapes, 3)
+        run(foam, clamped, grads)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "foam"]
+    assert len(warnings) == 1 and "(6, 36)" in warnings[0] and "FOAM-Mini" in warnings[0]
+    assert foam.state[clamped[0]]["exp_avg"].shape == (6, 1)
+    assert foam.state[clamped[1]]["exp_avg"].shape == (3, 2)
+    # the same trajectories as FOAM-Mini on the small matrix and level 6 on the large one
+    run(FOAM(mini, lr=1e-2, level="mini"), mini, [g[:1] for g in grads])
+    run(FOAM(ref, lr=1e-2, level=6), ref, [g[1:] for g in grads])
+    assert torch.equal(clamped[0], mini[0]) and torch.equal(clamped[1], ref[0])
 
 
 def test_transient_memory_of_a_step_is_a_few_copies_of_the_largest_parameter():

@@ -62,7 +62,7 @@ def test_level_zero_is_the_identity():
 
 @pytest.mark.parametrize(
     ("shape", "level", "message"),
-    [((4, 8), 4, "blocks of 16"), ((4, 8), -1, "int >= 0"), ((8,), 1, "two dims")],
+    [((4, 8), "foo", "int >= 0"), ((4, 8), -1, "int >= 0"), ((8,), 1, "two dims")],
 )
 def test_bad_plans_raise(shape, level, message):
     with pytest.raises(ValueError, match=message):

@@ -1,4 +1,4 @@
-"""foam.galore.GaLore against the reference galore_torch.GaLoreAdamW, and its library contracts."""
+"""foam.baselines.galore.GaLore against the reference galore_torch.GaLoreAdamW, and its library contracts."""
 
 import itertools
 import warnings
@@ -7,9 +7,9 @@ import pytest
 import torch
 from optim_helpers import random_grads, random_params, step_with, tiny_llama
 
-import foam.galore
+import foam.baselines.galore
 from foam import build_optimizer, planned_state_numel, state_bytes
-from foam.galore import GaLore
+from foam.baselines.galore import GaLore
 
 SHAPES = [(48, 32), (32, 48), (32,)]  # tall (right basis), wide (left basis), a vector
 HP = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.1)
@@ -103,7 +103,7 @@ def test_state_bytes_equal_the_plan_on_a_llama(dtype):
 
 
 def test_registered_defaults_are_the_papers():
-    assert foam.galore.GaLore is GaLore
+    assert foam.baselines.galore.GaLore is GaLore
     opt = build_optimizer("galore", tiny_llama())
     matrices = next(g for g in opt.param_groups if g["name"] == "matrices")
     assert (matrices["rank"], matrices["alpha"], matrices["update_proj_gap"]) == (16, 0.25, 200)

@@ -1,4 +1,5 @@
-"""Imports flow one way (DESIGN.md): scripts -> train -> {foam, models} -> torch."""
+"""Imports flow one way (DESIGN.md): scripts -> train -> {foam, models} -> torch; inside foam/
+the baselines do not import each other."""
 
 import ast
 import sys
@@ -12,7 +13,7 @@ STDLIB = set(sys.stdlib_module_names)
 # Third-party and project packages each package may import at module level.
 ALLOWED = {
     "foam": {"torch", "foam"},
-    "models": {"torch", "transformers", "yaml", "omegaconf", "foam", "models"},
+    "models": {"torch", "transformers", "yaml", "omegaconf", "models"},
     "train": {
         "torch",
         "transformers",
@@ -35,8 +36,9 @@ ALLOWED = {
 LAZY_OPTIONAL = {"foam": {"bitsandbytes"}}
 
 
-def imports(path: Path) -> list[tuple[str, bool]]:
-    """(top-level module, imported at module level?) for every import in a file."""
+def imported_modules(path: Path) -> list[tuple[str, bool]]:
+    """(full module name, imported at module level?) for every absolute import in a file;
+    ``from a.b import c`` gives ``a.b.c`` (``c`` may be a module or a name in ``a.b``)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     top_level_nodes = {id(node) for node in tree.body}
     found = []
@@ -44,11 +46,16 @@ def imports(path: Path) -> list[tuple[str, bool]]:
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
         else:
             continue
-        found += [(name.split(".")[0], id(node) in top_level_nodes) for name in names]
+        found += [(name, id(node) in top_level_nodes) for name in names]
     return found
+
+
+def imports(path: Path) -> list[tuple[str, bool]]:
+    """(top-level module, imported at module level?) for every import in a file."""
+    return [(name.split(".")[0], at_top) for name, at_top in imported_modules(path)]
 
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))
@@ -62,6 +69,20 @@ def test_packages_import_only_what_the_design_allows(package):
                 continue
             bad.append(f"{path.relative_to(ROOT)}: {module}")
     assert not bad, f"{package}/ imports outside its layer: {bad}"
+
+
+def test_baselines_do_not_import_each_other():
+    """What two baselines share lives in a module they both import (foam.lowrank, ...)."""
+    baselines = ROOT / "foam" / "baselines"
+    bad = []
+    for path in sorted(baselines.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        for name, _ in imported_modules(path):
+            parts = name.split(".")
+            if parts[:2] == ["foam", "baselines"] or parts[:2] == ["foam", "combinations"]:
+                bad.append(f"{path.name}: {name}")
+    assert not bad, f"baselines import other baselines: {bad}"
 
 
 def test_foam_imports_without_optional_packages():

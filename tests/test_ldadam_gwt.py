@@ -1,4 +1,4 @@
-"""foam.ldadam.LDAdamW and foam.gwt.GWT against golden trajectories of their GitHub-only references.
+"""foam.baselines.ldadam.LDAdamW and foam.baselines.gwt.GWT against golden trajectories of their GitHub-only references.
 
 The references are not on PyPI, so (baselines.md section 13) they were run once outside the
 project and their trajectories stored in ``tests/data/`` (float64; 10 steps; ``init`` params,
@@ -27,11 +27,11 @@ import pytest
 import torch
 from optim_helpers import random_grads, step_with, tiny_llama
 
-import foam.gwt
-import foam.ldadam
+import foam.baselines.gwt
+import foam.baselines.ldadam
 from foam import build_optimizer, planned_state_numel, state_bytes
-from foam.gwt import GWT, haar_dwt, haar_idwt
-from foam.ldadam import LDAdamW
+from foam.baselines.gwt import GWT, haar_dwt, haar_idwt
+from foam.baselines.ldadam import LDAdamW
 
 DATA = Path(__file__).parent / "data"
 
@@ -121,11 +121,13 @@ def test_haar_transform_exact_cases():
     torch.testing.assert_close(approx, torch.tensor([[3 * r, 3 * r]], dtype=torch.float64))
     torch.testing.assert_close(detail, torch.tensor([[-r, 3 * r]], dtype=torch.float64))
     y = torch.randn(3, 37, dtype=torch.float64)
-    for level in (1, 2, 3, foam.gwt.mini_level(37)):
+    for level in (1, 2, 3, foam.baselines.gwt.mini_level(37)):
         approx, details = haar_dwt(y, level)
-        assert approx.shape == (3, foam.gwt.approx_width(37, level))
+        assert approx.shape == (3, foam.baselines.gwt.approx_width(37, level))
         torch.testing.assert_close(haar_idwt(approx, details)[:, :37], y)
-    approx, _ = haar_dwt(y, foam.gwt.mini_level(37))  # 6 levels: 37 -> 19 -> 10 -> 5 -> 3 -> 2 -> 1
+    approx, _ = haar_dwt(
+        y, foam.baselines.gwt.mini_level(37)
+    )  # 6 levels: 37 -> 19 -> 10 -> 5 -> 3 -> 2 -> 1
     torch.testing.assert_close(approx[:, 0], y.sum(1) / 8.0)  # one coefficient, sum / 2**(6/2)
 
 
@@ -168,8 +170,8 @@ def expected_numel(name, model):
         if name == "ldadamw":  # rank 16 = hidden/4: moments 2*max*r, basis min*r
             total += 16 * min(rows, cols) + 2 * 16 * max(rows, cols)
         else:  # rows x ceil(cols / 2**level) per moment, plus one stored norm
-            level = foam.gwt.mini_level(cols) if name == "gwt_mini" else 2
-            total += 2 * rows * foam.gwt.approx_width(cols, level) + 1
+            level = foam.baselines.gwt.mini_level(cols) if name == "gwt_mini" else 2
+            total += 2 * rows * foam.baselines.gwt.approx_width(cols, level) + 1
     return total
 
 

@@ -6,12 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import make_corpus
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import make_corpus  # noqa: E402
 
 GUIDE = """\
 .. _howto:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import foam
 import models
 
 PAPER_SIZES = (
@@ -111,6 +112,15 @@ def test_protocol_shapes_and_totals(name: str) -> None:
     assert config.tie_word_embeddings is qwen
     assert config.rope_parameters["rope_theta"] == (1e6 if qwen else 1e4)
     assert type(config).__name__ == ("Qwen2Config" if qwen else "LlamaConfig")
+
+
+@pytest.mark.parametrize("name", DEBUG_SIZES)
+def test_counts_agree_with_the_optimizers_split(name: str) -> None:
+    model = models.build_model(models.load_model_config(name), device="meta")
+    split = foam.split_params(model)
+    counts = models.count_params(model)
+    assert counts.folded == sum(p.numel() for _, p in split.matrices)
+    assert counts.other == sum(p.numel() for _, p in split.others)
 
 
 def test_llama_60m_matches_the_papers_split() -> None:

@@ -6,9 +6,9 @@ import pytest
 import torch
 from optim_helpers import random_grads, step_with, tiny_llama
 
-import foam.muon
+import foam.combinations.foam_muon
+from foam.combinations.foam_muon import FoldedMuon
 from foam.folding import fold, make_plan, unfold
-from foam.muon import FoldedMuon
 from foam.param_groups import split_params
 from foam.registry import build_optimizer
 from foam.state import planned_state_numel, state_bytes
@@ -33,7 +33,7 @@ def ns_fp64(grad, ns_coefficients, ns_steps, eps):
 @pytest.fixture
 def fp64_ns(monkeypatch):
     monkeypatch.setattr(torch.optim._muon, "_zeropower_via_newtonschulz", ns_fp64)
-    monkeypatch.setattr(foam.muon, "_zeropower_via_newtonschulz", ns_fp64)
+    monkeypatch.setattr(foam.combinations.foam_muon, "_zeropower_via_newtonschulz", ns_fp64)
 
 
 def moment_bytes(opt):
@@ -96,7 +96,7 @@ def test_foam_muon_hands_unfolded_momentum_plus_residual_to_newton_schulz(monkey
         seen.append(grad.clone())
         return ns_fp64(grad, coefficients, steps, eps)
 
-    monkeypatch.setattr(foam.muon, "_zeropower_via_newtonschulz", capture)
+    monkeypatch.setattr(foam.combinations.foam_muon, "_zeropower_via_newtonschulz", capture)
     w = torch.zeros(3, 4, dtype=torch.float64, requires_grad=True)
     mu = 0.5
     opt = FoldedMuon([w], lr=0.1, momentum=mu, nesterov=nesterov, level=1)
@@ -154,4 +154,4 @@ def test_lambda_lr_drives_every_part(name):
 
 def test_bad_level_fails_at_construction():
     with pytest.raises(ValueError, match="level"):
-        build_optimizer("foam_muon", tiny_llama(), level=9)
+        build_optimizer("foam_muon", tiny_llama(), level=-1)

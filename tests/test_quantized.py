@@ -8,7 +8,8 @@ import pytest
 import torch
 from optim_helpers import random_grads, step_with, tiny_llama
 
-from foam.quantized import BLOCK, FOAM8bit, quantized_bytes
+from foam.baselines.quantized import BLOCK, quantized_bytes
+from foam.combinations.foam8bit import FOAM8bit
 from foam.registry import build_optimizer
 from foam.state import planned_state_numel, state_bytes
 
@@ -147,9 +148,9 @@ def test_foam_imports_without_bitsandbytes():
     """bitsandbytes is optional: foam imports, and building an 8-bit optimizer says what to do."""
     code = (
         "import sys; sys.modules['bitsandbytes'] = None\n"
-        "import foam, foam.quantized, torch\n"
+        "import foam, foam.combinations.foam8bit, torch\n"
         "try:\n"
-        "    foam.quantized.FOAM8bit([torch.zeros(2, 2, requires_grad=True)])\n"
+        "    foam.combinations.foam8bit.FOAM8bit([torch.zeros(2, 2, requires_grad=True)])\n"
         "except ImportError as err:\n"
         "    assert 'pip install bitsandbytes' in str(err), err\n"
         "else:\n"
@@ -157,4 +158,4 @@ def test_foam_imports_without_bitsandbytes():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert FOAM8bit.__module__ == "foam.quantized"
+    assert FOAM8bit.__module__ == "foam.combinations.foam8bit"

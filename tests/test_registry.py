@@ -1,5 +1,7 @@
 """The paper's parameter split and ``build_optimizer`` on real transformers models."""
 
+import logging
+
 import pytest
 import torch
 from optim_helpers import TINY_LLAMA, random_grads, step_with, tiny_llama
@@ -80,13 +82,19 @@ def test_unknown_names_and_keywords_list_what_is_accepted(llama):
         build_optimizer("foam", llama, rank=4)
 
 
-def test_level_beyond_a_matrix_fails_at_build_time(llama):
-    with pytest.raises(ValueError, match="fold level 9"):
-        build_optimizer("foam", llama, level=9)  # 2**9 > 172, the largest dim
+def test_level_beyond_the_matrices_folds_each_as_its_mini_and_says_so_once(llama, caplog):
+    with caplog.at_level(logging.WARNING, logger="foam"):
+        opt = build_optimizer("foam", llama, level=8)  # 2**8 > 172, the largest dim
+        opt.step()  # nothing new to say: plans are made once
+    said = sorted(r.getMessage().split("shape ")[1].split(" has")[0] for r in caplog.records)
+    assert said == ["(172, 64)", "(64, 172)", "(64, 64)"]  # one line per shape, not per matrix
+    mini = build_optimizer("foam_mini", llama)
+    assert foam.planned_state_numel(opt) == foam.planned_state_numel(mini)
 
 
 @pytest.mark.parametrize(
-    ("name", "hparams"), [("foam", {"level": 2}), ("foam_mini", {}), ("adamw", {})]
+    ("name", "hparams"),
+    [("foam", {"level": 2}), ("foam", {"level": 7}), ("foam_mini", {}), ("adamw", {})],
 )
 def test_planned_state_matches_allocated_state(llama, name, hparams):
     opt = build_optimizer(name, llama, **hparams)

@@ -1,13 +1,11 @@
 """Committed results regenerate byte for byte from what is committed beside them."""
 
-import sys
 from pathlib import Path
+
+import make_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 REPRO = ROOT / "results" / "repro"
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import make_tables  # noqa: E402
 
 
 def test_repro_tables_regenerate_byte_for_byte_from_the_committed_summaries(tmp_path):

@@ -6,13 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import make_tables
 import pytest
+import sweep
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import make_tables  # noqa: E402
-import sweep  # noqa: E402
 
 
 def test_dry_run_prints_the_papers_full_grid(capsys):

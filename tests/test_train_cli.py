@@ -128,9 +128,9 @@ def test_batch_that_does_not_divide_fails_before_compute(tmp_path):
 
 
 @pytest.mark.slow
-def test_fold_level_beyond_a_matrix_fails_before_compute(tmp_path):
-    proc = run(command(tmp_path / "run", optim="foam7"), expect_rc=2)  # 128-blocks, 64-wide model
-    assert "optim.level=7" in proc.stderr
+def test_invalid_fold_level_fails_before_compute(tmp_path):
+    proc = run(command(tmp_path / "run", "optim.level=-1", optim="foam2"), expect_rc=2)
+    assert "optim.level=-1" in proc.stderr
 
 
 @pytest.mark.slow

@@ -193,12 +193,12 @@ def test_batch_sizes_must_divide():
     expect_error(ok, "world size 3", world_size=3)
 
 
-def test_fold_level_beyond_a_matrix(tiny_model):
+def test_invalid_fold_level(tiny_model):
     cfg = cfg_for("+model=llama_tiny", "+optim=foam2")
     build_optimizer(cfg.optim, tiny_model)
     with open_dict(cfg):
-        cfg.optim.level = 12
-    with pytest.raises(ConfigError, match=r"optim\.level=12.*fold level 12 makes blocks"):
+        cfg.optim.level = -1
+    with pytest.raises(ConfigError, match=r"optim\.level=-1.*level must be an int >= 0"):
         build_optimizer(cfg.optim, tiny_model)
 
 

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from foam.lowrank import CompressedAdamW, limit_norm_growth
+from foam.hparams import group_defaults, signature_defaults
+from foam.lowrank import CompressedAdamW, CompressedStep, limit_norm_growth
 from foam.param_groups import ParamSplit
 from foam.registry import (
     COMMON_DEFAULTS,
@@ -115,17 +116,7 @@ class GWT(CompressedAdamW):
         norm_growth_limit: float | None = 1.01,
         state_dtype: torch.dtype | str | None = None,
     ) -> None:
-        defaults = dict(
-            lr=lr,
-            betas=tuple(betas),
-            eps=eps,
-            weight_decay=weight_decay,
-            level=level,
-            alpha=alpha,
-            norm_growth_limit=norm_growth_limit,
-            state_dtype=state_dtype,
-        )
-        super().__init__(params, defaults)
+        super().__init__(params, group_defaults(locals()))
 
     def validate_group(self, group: dict[str, Any]) -> None:
         limit = group["norm_growth_limit"]
@@ -157,53 +148,38 @@ class GWT(CompressedAdamW):
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         return haar_dwt(g, resolve_level(group["level"], g.shape[-1]))
 
-    def expand(
-        self,
-        g: torch.Tensor,
-        low: torch.Tensor,
-        normalized: torch.Tensor,
-        denom: torch.Tensor,
-        context: list[torch.Tensor],
-        state: dict[str, Any],
-        group: dict[str, Any],
-        t: int,
-    ) -> torch.Tensor:
+    def expand(self, step: CompressedStep) -> torch.Tensor:
+        normalized, denom, group = step.normalized, step.denom, step.group
         limiter: torch.Tensor | float = 1.0
         if group["norm_growth_limit"] is not None:
             normalized, limiter = limit_norm_growth(
-                normalized, state["grad_norm"], t == 1, group["norm_growth_limit"]
+                normalized, step.state["grad_norm"], step.t == 1, group["norm_growth_limit"]
             )
         details = []
-        for detail in context:
+        for detail in step.context:
             details.append(detail / (denom[..., : detail.shape[-1]] * limiter))
             denom = denom.repeat_interleave(2, dim=-1)
-        update = haar_idwt(normalized, details)[..., : g.shape[-1]]
+        update = haar_idwt(normalized, details)[..., : step.g.shape[-1]]
         return update.mul_(group["alpha"])
 
 
-_GWT_OPTIONS: dict[str, Any] = {
-    "alpha": 0.25,
-    "norm_growth_limit": 1.01,
-    "eps": 1e-6,
-    "state_dtype": None,
-    **OTHERS,
-}
+OPTIONS = ("alpha", "norm_growth_limit", "state_dtype")
+_DEFAULTS = {**signature_defaults(GWT, "eps", *OPTIONS), **OTHERS}
 
 
 def _build(split: ParamSplit, hp: dict[str, Any], level: int | str) -> torch.optim.Optimizer:
     groups = method_groups(split, {"level": level}, {"level": None}, hp)
-    options = {k: hp[k] for k in _GWT_OPTIONS if k not in ("eps", *OTHERS)}
-    gwt = GWT(groups, **adam_settings(hp), **options)
+    gwt = GWT(groups, **adam_settings(hp), **{k: hp[k] for k in OPTIONS})
     return with_adamw_for_others(split, gwt, hp, eps=COMMON_DEFAULTS["eps"])
 
 
-@register("gwt", level=2, **_GWT_OPTIONS)
+@register("gwt", **signature_defaults(GWT, "level"), **_DEFAULTS)
 def _gwt(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """GWT on the attention/MLP matrices (level 2, alpha 0.25: the paper's and the GWT scripts')."""
     return _build(split, hp, hp["level"])
 
 
-@register("gwt_mini", **_GWT_OPTIONS)
+@register("gwt_mini", **_DEFAULTS)
 def _gwt_mini(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """GWT-Mini: GWT at the level that leaves one state per row (an assumption, see ``GWT``)."""
     return _build(split, hp, "mini")

@@ -12,14 +12,12 @@ from typing import Any
 
 import torch
 
-from foam.galore import validate_projection_group
+from foam.hparams import group_defaults, signature_defaults
 from foam.lowrank import (
-    CompressedAdamW,
+    CompressedStep,
+    ProjectedAdamW,
     Projection,
     limit_norm_growth,
-    plan_projection,
-    project,
-    refresh_due,
     resolve_rank,
 )
 from foam.param_groups import ParamSplit
@@ -54,7 +52,7 @@ def next_seed(seed: int) -> int:
     return int(torch.randint(0, high, (_SEED_ADVANCE,), generator=generator)[-1])
 
 
-class APOLLO(CompressedAdamW):
+class APOLLO(ProjectedAdamW):
     """The raw gradient rescaled by how Adam rescales its random projection, then SGD-stepped.
 
     For a 2-d parameter ``G`` (``m x n``) in a group whose ``rank`` is not ``None``:
@@ -98,24 +96,10 @@ class APOLLO(CompressedAdamW):
         norm_growth_limit: float | None = 1.01,
         state_dtype: torch.dtype | str | None = None,
     ) -> None:
-        defaults = dict(
-            lr=lr,
-            betas=tuple(betas),
-            eps=eps,
-            weight_decay=weight_decay,
-            rank=rank,
-            update_proj_gap=update_proj_gap,
-            alpha=alpha,
-            proj_type=proj_type,
-            scale_type=scale_type,
-            scale_front=scale_front,
-            norm_growth_limit=norm_growth_limit,
-            state_dtype=state_dtype,
-        )
-        super().__init__(params, defaults)
+        super().__init__(params, group_defaults(locals()))
 
     def validate_group(self, group: dict[str, Any]) -> None:
-        validate_projection_group(group)
+        super().validate_group(group)
         if group["scale_type"] not in SCALE_TYPES:
             raise ValueError(
                 f"scale_type must be one of {SCALE_TYPES}, got {group['scale_type']!r}"
@@ -124,51 +108,24 @@ class APOLLO(CompressedAdamW):
         if limit is not None and not limit >= 1.0:
             raise ValueError(f"norm_growth_limit must be >= 1 or None, got {limit!r}")
 
-    @staticmethod
-    def plan_for(p: torch.Tensor, group: dict[str, Any]) -> Projection | None:
-        """The projection of ``p``; ``None`` when it takes uncompressed AdamW."""
-        if group["rank"] is None or p.dim() != 2:
-            return None
-        return plan_projection(p.shape, group["rank"], group["proj_type"])
-
-    def compressed_shape(self, p: torch.Tensor, group: dict[str, Any]) -> tuple[int, ...] | None:
-        plan = self.plan_for(p, group)
-        return None if plan is None else plan.low_shape
-
     def extra_state_shapes(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, tuple]:
-        plan = self.plan_for(p, group)
-        if plan is None:
-            return {}
-        shapes: dict[str, tuple] = {"basis": plan.basis_shape}
-        if group["norm_growth_limit"] is not None:
+        shapes = super().extra_state_shapes(p, group)
+        if shapes and group["norm_growth_limit"] is not None:
             shapes["grad_norm"] = ()
         return shapes
 
     def init_extra_state(self, p: torch.Tensor, state: dict[str, Any], index: int) -> None:
         state["seed"] = index
 
-    def compress(
-        self, g: torch.Tensor, state: dict[str, Any], group: dict[str, Any], t: int
-    ) -> tuple[torch.Tensor, Projection]:
-        plan = plan_projection(g.shape, group["rank"], group["proj_type"])
-        if refresh_due(state, group, t):
-            state["basis"].copy_(gaussian_basis(plan, state["seed"], g.device, plan.rank))
-            state["seed"] = next_seed(state["seed"])
-        return project(g, state["basis"].to(g.dtype), plan.side), plan
+    def new_basis(self, g: torch.Tensor, plan: Projection, state: dict[str, Any]) -> torch.Tensor:
+        basis = gaussian_basis(plan, state["seed"], g.device, plan.rank)
+        state["seed"] = next_seed(state["seed"])
+        return basis
 
-    def expand(
-        self,
-        g: torch.Tensor,
-        low: torch.Tensor,
-        normalized: torch.Tensor,
-        denom: torch.Tensor,
-        context: Projection,
-        state: dict[str, Any],
-        group: dict[str, Any],
-        t: int,
-    ) -> torch.Tensor:
+    def expand(self, step: CompressedStep) -> torch.Tensor:
+        g, low, normalized, group = step.g, step.low, step.normalized, step.group
         if group["scale_type"] == "channel":
-            axis = context.rank_axis
+            axis = step.context.rank_axis
             scaling = torch.linalg.vector_norm(normalized, dim=axis, keepdim=True) / (
                 torch.linalg.vector_norm(low, dim=axis, keepdim=True) + 1e-8
             )
@@ -180,42 +137,39 @@ class APOLLO(CompressedAdamW):
             update.mul_(root_alpha)
         if group["norm_growth_limit"] is not None:
             update, _ = limit_norm_growth(
-                update, state["grad_norm"], t == 1, group["norm_growth_limit"]
+                update, step.state["grad_norm"], step.t == 1, group["norm_growth_limit"]
             )
         if not group["scale_front"]:
             update.mul_(root_alpha)
         return update
 
 
-_APOLLO_OPTIONS: dict[str, Any] = {
-    "update_proj_gap": 200,
-    "proj_type": "std",
-    "scale_front": False,
-    "norm_growth_limit": 1.01,
-    "eps": 1e-6,
-    "state_dtype": None,
-    **OTHERS,
-}
+OPTIONS = ("update_proj_gap", "proj_type", "scale_front", "norm_growth_limit", "state_dtype")
 
 
 def _build(
     split: ParamSplit, hp: dict[str, Any], rank: int, scale_type: str
 ) -> torch.optim.Optimizer:
     groups = method_groups(split, {"rank": rank}, {"rank": None}, hp)
-    options = {k: hp[k] for k in _APOLLO_OPTIONS if k not in ("eps", *OTHERS)}
+    options = {k: hp[k] for k in OPTIONS}
     apollo = APOLLO(
         groups, **adam_settings(hp), alpha=hp["alpha"], scale_type=scale_type, **options
     )
     return with_adamw_for_others(split, apollo, hp, eps=COMMON_DEFAULTS["eps"])
 
 
-@register("apollo", rank=None, rank_fraction=0.25, alpha=1.0, **_APOLLO_OPTIONS)
+_DEFAULTS = {**signature_defaults(APOLLO, "eps", *OPTIONS), **OTHERS}
+
+
+@register(
+    "apollo", rank=None, rank_fraction=0.25, **signature_defaults(APOLLO, "alpha"), **_DEFAULTS
+)
 def _apollo(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """APOLLO: channel-wise scaling; ``rank`` overrides ``rank_fraction`` of the hidden size."""
     return _build(split, hp, resolve_rank(split, hp["rank"], hp["rank_fraction"]), "channel")
 
 
-@register("apollo_mini", alpha=128.0, **_APOLLO_OPTIONS)
+@register("apollo_mini", alpha=128.0, **_DEFAULTS)
 def _apollo_mini(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """APOLLO-Mini: rank 1, tensor-wise scaling, ``alpha`` 128 (the step times sqrt(128))."""
     return _build(split, hp, 1, "tensor")

@@ -11,16 +11,16 @@ from typing import Any
 
 import torch
 
-from foam.galore import svd_basis, validate_projection_group
+from foam.hparams import group_defaults, signature_defaults
 from foam.lowrank import (
-    CompressedAdamW,
+    ProjectedAdamW,
     Projection,
-    plan_projection,
     project,
     project_back,
     resolve_rank,
+    svd_basis,
 )
-from foam.optimizer import compute_dtype
+from foam.numerics import compute_dtype
 from foam.param_groups import ParamSplit
 from foam.registry import (
     OTHERS,
@@ -45,7 +45,7 @@ def power_iteration(b: torch.Tensor, previous: torch.Tensor, side: str) -> torch
     return orthonormalize(b.T @ (b @ previous.T)).T
 
 
-class LDAdamW(CompressedAdamW):
+class LDAdamW(ProjectedAdamW):
     """Adam in a slowly rotating low-rank subspace, with the compression error fed back.
 
     For a 2-d parameter in a group whose ``rank`` is not ``None``, at step ``t = 1, 2, ...``:
@@ -66,9 +66,9 @@ class LDAdamW(CompressedAdamW):
 
     The state layout, accounting and loading are ``CompressedAdamW``'s; the update is not (it is
     torch-style, not HF-style). Other parameters take torch-style AdamW (eps after bias
-    correction, decay first), as the reference's full-rank groups. Differences from the reference: the step counter is per
-    parameter (the reference counts optimizer steps; equal when every parameter has a gradient at
-    every step); for ``proj_type="std"`` square matrices are projected on the left, as the
+    correction, decay first), as the reference's full-rank groups. Differences from the
+    reference: the step counter is per parameter (the reference counts optimizer steps; equal
+    when every parameter has a gradient at every step); for ``proj_type="std"`` square matrices are projected on the left, as the
     reference; the rank is capped at the projected dim where the reference raises;
     ``svd_lowrank`` (randomised) is not offered. Defaults: betas (0.9, 0.95) (paper; the
     reference's are (0.908, 0.99)), eps 1e-8, rho 0.908.
@@ -93,22 +93,10 @@ class LDAdamW(CompressedAdamW):
         error_feedback: bool = True,
         state_dtype: torch.dtype | str | None = None,
     ) -> None:
-        defaults = dict(
-            lr=lr,
-            betas=tuple(betas),
-            eps=eps,
-            weight_decay=weight_decay,
-            rank=rank,
-            rho=rho,
-            proj_type=proj_type,
-            proj_method=proj_method,
-            error_feedback=error_feedback,
-            state_dtype=state_dtype,
-        )
-        super().__init__(params, defaults)
+        super().__init__(params, group_defaults(locals()))
 
     def validate_group(self, group: dict[str, Any]) -> None:
-        validate_projection_group({**group, "update_proj_gap": 1, "alpha": 1.0})
+        super().validate_group(group)
         if not 0.0 <= group["rho"] < 1.0:
             raise ValueError(f"rho must be in [0, 1), got {group['rho']!r}")
         if group["proj_method"] not in PROJ_METHODS:
@@ -118,21 +106,11 @@ class LDAdamW(CompressedAdamW):
 
     @staticmethod
     def plan_for(p: torch.Tensor, group: dict[str, Any]) -> Projection | None:
-        """The projection of ``p``; ``None`` when it takes uncompressed AdamW."""
-        if group["rank"] is None or p.dim() != 2:
-            return None
-        proj_type = group["proj_type"]
-        if p.shape[0] == p.shape[1] and proj_type in ("std", "reverse_std"):
-            proj_type = "left"
-        return plan_projection(p.shape, group["rank"], proj_type)
-
-    def compressed_shape(self, p: torch.Tensor, group: dict[str, Any]) -> tuple[int, ...] | None:
-        plan = self.plan_for(p, group)
-        return None if plan is None else plan.low_shape
-
-    def extra_state_shapes(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, tuple]:
-        plan = self.plan_for(p, group)
-        return {} if plan is None else {"basis": plan.basis_shape}
+        """As GaLore's, but square matrices are projected on the left (as the reference)."""
+        square = p.dim() == 2 and p.shape[0] == p.shape[1]
+        if square and group["proj_type"] in ("std", "reverse_std"):
+            group = {**group, "proj_type": "left"}
+        return ProjectedAdamW.plan_for(p, group)
 
     def carries_error(self, p: torch.Tensor, group: dict[str, Any]) -> bool:
         """Whether ``p.grad`` holds an error-feedback buffer between steps."""
@@ -248,16 +226,11 @@ class LDAdamW(CompressedAdamW):
         return m, v, low
 
 
+OPTIONS = ("rho", "proj_type", "proj_method", "error_feedback", "state_dtype")
+
+
 @register(
-    "ldadamw",
-    rank=None,
-    rank_fraction=0.25,
-    rho=0.908,
-    proj_type="std",
-    proj_method="power_iteration",
-    error_feedback=True,
-    state_dtype=None,
-    **OTHERS,
+    "ldadamw", rank=None, rank_fraction=0.25, **signature_defaults(LDAdamW, *OPTIONS), **OTHERS
 )
 def _ldadamw(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """LDAdamW on the attention/MLP matrices, torch-style AdamW at the base lr on the rest.
@@ -267,6 +240,5 @@ def _ldadamw(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """
     rank = resolve_rank(split, hp["rank"], hp["rank_fraction"])
     groups = method_groups(split, {"rank": rank}, {"rank": None}, hp)
-    options = ("rho", "proj_type", "proj_method", "error_feedback", "state_dtype")
-    ldadamw = LDAdamW(groups, **adam_settings(hp), **{k: hp[k] for k in options})
+    ldadamw = LDAdamW(groups, **adam_settings(hp), **{k: hp[k] for k in OPTIONS})
     return with_adamw_for_others(split, ldadamw, hp)

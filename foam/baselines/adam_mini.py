@@ -1,17 +1,19 @@
-"""Adam-mini 1.1.1 and FOAM with Adam-mini (FOAM_SPEC section 5).
+"""Adam-mini 1.1.1 (Zhang et al., 2025): Adam with one second-moment value per parameter block.
 
 Adam-mini keeps Adam's full first moment but one second-moment value per block: a block is an
 attention head for queries and keys, an output row for values, attention outputs, MLPs,
 embeddings and the output head, a single element for biases and the whole tensor for anything
-else (norm gains). The blocks come from parameter *names*, exactly as in adam-mini 1.1.1
-(``baselines.md`` section 7.2), so this optimizer needs named parameters, plus the model's
-``dim`` and ``n_heads`` when it has queries or keys (a head block spans ``dim * dim / n_heads``
-entries, adam-mini's convention).
+else (norm gains). The blocks come from parameter *names*, exactly as in adam-mini 1.1.1 (its
+``Adam_mini`` partitions by the substrings below), so this optimizer needs named parameters, plus
+the model's ``dim`` and ``n_heads`` when it has queries or keys (a head block spans
+``dim * dim / n_heads`` entries, adam-mini's convention); ``build_optimizer`` reads them from a
+transformers model's config when they are not given.
 
-FOAM with Adam-mini stores the first moment of the matrices folded and re-adds the residual each
-step, ``E(M~ / bc1) + rho * R``, over Adam-mini's block second moment. Level 0 is Adam-mini.
-``alpha`` is the paper's module-wise lr: the matrix group runs at ``lr * alpha`` (default 1, as the
-paper runs Adam-mini).
+The optimizer also runs FOAM with Adam-mini (``foam.combinations.foam_adam_mini``): a group with a
+``level`` stores the first moment of its matrices folded and re-adds the residual each step,
+``E(M~ / bc1) + rho * R``, over Adam-mini's block second moment. Level 0 is Adam-mini. ``alpha``
+is the paper's module-wise lr: the matrix group runs at ``lr * alpha`` (default 1, as the paper
+runs Adam-mini).
 """
 
 from __future__ import annotations
@@ -21,12 +23,21 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch import nn
 
-from foam.folding import FOLD_AXES, FoldPlan, fold, folded_numel, make_plan, unfold_with_residual
-from foam.optimizer import compute_dtype, ema_, require_paper_semantics
+from foam.folding import (
+    FoldPlan,
+    fold,
+    fold_plan,
+    folded_numel,
+    unfold_with_residual,
+    validate_fold_settings,
+)
+from foam.hparams import group_defaults, signature_defaults, validate_adam_hparams
+from foam.numerics import compute_dtype, ema_
 from foam.param_groups import ParamSplit
-from foam.registry import OTHERS_CHOICES, register, with_adamw_for_others
-from foam.state import load_state_dict_keeping_dtypes
+from foam.registry import kept_by_method, register, with_adamw_for_others
+from foam.state import DtypeFaithfulOptimizer
 
 # adam-mini 1.1.1's name rules (case-insensitive substrings), in priority order.
 ELEMENT_NAMES = ("bias",)
@@ -39,6 +50,7 @@ ROW_NAMES = (
     *("o_proj", "wo", "attn.proj"),
 )
 NO_DECAY_NAMES = ("norm", "ln", "bias")
+HEAD_KEYS = ("dim", "n_heads")  # constructor keywords that describe the model, not a group
 
 
 def _matches(name: str, keys: tuple[str, ...]) -> bool:
@@ -72,12 +84,12 @@ def decays(name: str) -> bool:
     return not _matches(name.lower(), NO_DECAY_NAMES)
 
 
-class AdamMini(torch.optim.Optimizer):
+class AdamMini(DtypeFaithfulOptimizer):
     """Adam with one second moment per Adam-mini block; optionally a folded first moment.
 
     ``params``: ``(name, tensor)`` pairs or groups of them (``model.named_parameters()``); torch
     keeps the names in ``group["param_names"]``. A group whose ``level`` is not ``None`` stores the
-    first moment of its matrices folded (FOAM_SPEC sections 1-2) and adds the residual back.
+    first moment of its matrices folded (as ``FOAM`` does) and adds the residual back.
     States are in the parameter's dtype; arithmetic in float32 or wider.
     """
 
@@ -95,19 +107,11 @@ class AdamMini(torch.optim.Optimizer):
         fold_axis: str = "larger",
         residual: bool | float = True,
     ) -> None:
+        defaults = group_defaults(locals())
         if (dim is None) != (n_heads is None):
             raise ValueError("pass both dim= and n_heads= (or neither, for a model without heads)")
         self.head_numel = None if dim is None else dim * dim // n_heads
-        defaults = dict(
-            lr=lr,
-            betas=tuple(betas),
-            eps=eps,
-            weight_decay=weight_decay,
-            level=level,
-            fold_axis=fold_axis,
-            residual=residual,
-        )
-        super().__init__(params, defaults)
+        super().__init__(params, {k: v for k, v in defaults.items() if k not in HEAD_KEYS})
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Check names and plans when a group is added, so errors come before any compute."""
@@ -118,10 +122,8 @@ class AdamMini(torch.optim.Optimizer):
                 "AdamMini partitions by parameter name: pass (name, param) pairs, "
                 "e.g. model.named_parameters()"
             )
-        if group["fold_axis"] not in FOLD_AXES:
-            raise ValueError(f"fold_axis must be one of {FOLD_AXES}, got {group['fold_axis']!r}")
-        if not float(group["residual"]) >= 0:
-            raise ValueError(f"residual must be a bool or a scale >= 0, got {group['residual']!r}")
+        validate_adam_hparams(group)
+        validate_fold_settings(group)
         for name, p in zip(group["param_names"], group["params"], strict=True):
             self.layout(name, p, group)
 
@@ -129,9 +131,7 @@ class AdamMini(torch.optim.Optimizer):
         self, name: str, p: torch.Tensor, group: dict[str, Any]
     ) -> tuple[FoldPlan | None, int]:
         """The first moment's fold plan (``None``: full) and the number of second-moment blocks."""
-        folds = group["level"] is not None and p.dim() >= 2
-        plan = make_plan(p.shape, group["level"], group["fold_axis"]) if folds else None
-        return plan, second_moment_blocks(name, p.shape, self.head_numel)
+        return fold_plan(p, group), second_moment_blocks(name, p.shape, self.head_numel)
 
     def planned_state_numel(self) -> int:
         """Moment elements once every parameter has stepped, from the layouts that size them."""
@@ -141,9 +141,6 @@ class AdamMini(torch.optim.Optimizer):
                 plan, blocks = self.layout(name, p, group)
                 total += folded_numel(plan, p.numel()) + blocks
         return total
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        load_state_dict_keeping_dtypes(self, super().load_state_dict, state_dict)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -194,17 +191,26 @@ class AdamMini(torch.optim.Optimizer):
         p.add_(update.view(p.shape), alpha=-lr)
 
 
-def _groups(split: ParamSplit, hp: dict[str, Any], level: int | str | None) -> list[dict]:
+def heads_from_config(model: nn.Module) -> dict[str, Any]:
+    """``dim`` and ``n_heads`` from a transformers model's config (none for other models).
+
+    A head block spans ``dim * dim / n_heads`` entries for queries and keys alike, so grouped-query
+    models need no key/value head count: their keys hold ``num_key_value_heads`` such blocks.
+    """
+    config = getattr(model, "config", None)
+    dim = getattr(config, "hidden_size", None)
+    n_heads = getattr(config, "num_attention_heads", None)
+    return {} if dim is None or n_heads is None else {"dim": dim, "n_heads": n_heads}
+
+
+def groups(split: ParamSplit, hp: dict[str, Any], level: int | str | None) -> list[dict]:
     """The paper's split, named: matrices at ``lr * alpha`` (folded when ``level`` is set).
 
     The rest is Adam-mini's too only with ``others="reference"`` (the package's whole-model
-    partition); by default it goes to the plain AdamW every method shares.
+    partition); with ``others="adamw"`` it goes to the plain AdamW every method shares.
     """
-    if hp["others"] not in OTHERS_CHOICES:
-        raise ValueError(f"others must be one of {OTHERS_CHOICES}, got {hp['others']!r}")
-    if hp["others"] == "adamw":
-        split = ParamSplit(matrices=split.matrices, others=[])
-    groups = [
+    split = kept_by_method(split, hp)
+    named = [
         {
             "params": split.matrices,
             "name": "matrices",
@@ -213,34 +219,29 @@ def _groups(split: ParamSplit, hp: dict[str, Any], level: int | str | None) -> l
         },
         {"params": split.others, "name": "others", "level": None},
     ]
-    return [g for g in groups if g["params"]]
+    return [g for g in named if g["params"]]
 
 
-def _build(
-    split: ParamSplit, hp: dict[str, Any], level: int | str | None, **fold_options: Any
+def build(
+    split: ParamSplit, hp: dict[str, Any], level: int | str | None, **fold: Any
 ) -> torch.optim.Optimizer:
-    adam_mini = AdamMini(
-        _groups(split, hp, level),
-        **{k: hp[k] for k in ("lr", "betas", "eps", "weight_decay", "dim", "n_heads")},
-        **fold_options,
-    )
+    """Adam-mini over the split; ``level`` and ``fold`` (fold_axis, residual) for FOAM's variant."""
+    settings = {k: hp[k] for k in ("lr", "betas", "eps", "weight_decay", *HEAD_KEYS)}
+    adam_mini = AdamMini(groups(split, hp, level), **settings, **fold)
     return with_adamw_for_others(split, adam_mini, hp)
 
 
 # Adam-mini is defined on the whole model: its per-row second moment of the embeddings and head
 # is part of its memory saving (the paper's memory column counts it), and its eps is torch's, so
 # the rest stays Adam-mini's by default; others="adamw" gives the shared-AdamW variant.
-HEADS: dict[str, Any] = {"alpha": 1.0, "dim": None, "n_heads": None, "others": "reference"}
+HEADS: dict[str, Any] = {
+    "alpha": 1.0,
+    **signature_defaults(AdamMini, *HEAD_KEYS),
+    "others": "reference",
+}
 
 
-@register("adam_mini", **HEADS)
+@register("adam_mini", from_model=heads_from_config, **HEADS)
 def _adam_mini(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """Adam-mini on the whole model, matrices at ``lr * alpha`` (``others="adamw"``: matrices only)."""
-    return _build(split, hp, None)
-
-
-@register("foam_adam_mini", level=2, fold_axis="larger", residual=True, semantics="paper", **HEADS)
-def _foam_adam_mini(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
-    """Adam-mini with the matrices' first moment folded plus residual; ``level=0`` is adam_mini."""
-    require_paper_semantics("foam_adam_mini", hp["semantics"])
-    return _build(split, hp, hp["level"], fold_axis=hp["fold_axis"], residual=hp["residual"])
+    return build(split, hp, None)

@@ -1,0 +1,48 @@
+"""How the optimizers take, default and check their keyword arguments.
+
+Each optimizer's constructor signature is the one home of its defaults: torch's group defaults
+are read off the constructor's arguments (:func:`group_defaults`), and the registry reads the
+defaults it offers off the signatures (:func:`signature_defaults`), so no value is written twice.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from foam.numerics import resolve_dtype
+
+_NOT_HPARAMS = ("self", "params", "__class__")
+
+
+def group_defaults(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """A constructor's arguments (its ``locals()`` on entry) as torch's param-group defaults."""
+    defaults = {k: v for k, v in arguments.items() if k not in _NOT_HPARAMS}
+    if "betas" in defaults:
+        defaults["betas"] = tuple(defaults["betas"])
+    return defaults
+
+
+def signature_defaults(cls: type, *names: str) -> dict[str, Any]:
+    """The defaults of the keywords ``names`` of ``cls``'s constructor (all of them if none)."""
+    parameters = inspect.signature(cls).parameters
+    names = names or tuple(k for k, v in parameters.items() if v.default is not v.empty)
+    return {name: parameters[name].default for name in names}
+
+
+def validate_adam_hparams(group: Mapping[str, Any]) -> None:
+    """The rules of the Adam keywords, for every optimizer that takes them.
+
+    ``lr >= 0`` as in torch (``lr=0`` is a valid frozen step), ``eps >= 0``, ``weight_decay >= 0``,
+    betas in ``[0, 1)``, and a floating ``state_dtype`` where the optimizer has one.
+    """
+    for key in ("lr", "eps", "weight_decay"):
+        if not group[key] >= 0:
+            raise ValueError(f"{key} must be >= 0, got {group[key]!r}")
+    betas = group["betas"]
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+    resolve_dtype(group.get("state_dtype"), torch.float32)

@@ -1,0 +1,134 @@
+"""Estimated pre-training memory of a method on a model: bf16 weights + persistent optimizer state.
+
+What is estimated (FOAM paper, Appendix "Memory Estimation", after GaLore Appendix C.2): the bf16
+weights (2 bytes x parameters) plus the persistent optimizer state (2 bytes x state elements: the
+paper trains in pure bf16, so every state is bf16). No gradients, activations or allocator
+overhead: that is what "estimated" means in Table 2 and the Appendix estimate table.
+
+Nothing here knows a method's state formula. Each method is built with
+``foam.build_optimizer(optimizer, model, **hparams)`` over the model constructed on the meta device
+(nothing allocated, so 7B costs nothing), and ``foam.planned_state_numel(optimizer)`` says how many
+state elements it will hold (step counters excluded). The paper's conventions are encoded only as
+the hparams in ``SPECS``:
+
+* GaLore / APOLLO / LDAdamW ``-1/4`` and ``-1/8``: rank = hidden_size/4 or /8 on every attention
+  and MLP matrix (the paper's "r = d_model/4", Table 2's r/d_model = 512/2048 at 1B; the APOLLO
+  scripts' 1B rank 256 is *not* what the paper's memory column counts).
+* The paper's GaLore/APOLLO formula is ``m*r + 2*n*r`` for an m x n matrix with m <= n, i.e. the
+  stored projection (m x r) *is* counted, for APOLLO too. The optimizers' own accounting decides
+  whether a projection is held; it is reported as it is.
+* FOAM-l: ``level=l``; FOAM-Mini: one block over the whole larger axis.
+* Everything outside the attention/MLP matrices (embeddings, lm_head, norms) keeps full AdamW
+  moments in every method (the paper's split, ``foam.split_params``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import foam
+import models
+
+GB = 1e9
+GIB = 2**30
+BF16_BYTES = 2
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How the paper sizes a method: which registered optimizer, with which hparams."""
+
+    optimizer: str
+    hparams: Callable[[Mapping[str, Any]], dict[str, Any]]
+    bytes_per_state: int = BF16_BYTES
+    """2 for the paper's bf16 states; 1 for 8-bit optimizers (quantisation scales not counted,
+    as the paper's 8-bit Adam entries)."""
+
+
+def _rank(divisor: int) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+    return lambda cfg: {"rank": int(cfg["hidden_size"]) // divisor}
+
+
+def _fixed(**hparams: Any) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+    return lambda cfg: dict(hparams)
+
+
+SPECS: dict[str, Spec] = {
+    "adamw": Spec("adamw", _fixed()),
+    "muon": Spec("muon", _fixed()),
+    # dim and n_heads come from the model's config, as the FOAM repo passes them to adam-mini.
+    "adam_mini": Spec("adam_mini", _fixed()),
+    "ldadamw": Spec("ldadamw", _rank(4)),
+    "galore_1_4": Spec("galore", _rank(4)),
+    "apollo_1_4": Spec("apollo", _rank(4)),
+    "foam2": Spec("foam", _fixed(level=2)),
+    "galore_1_8": Spec("galore", _rank(8)),
+    "apollo_1_8": Spec("apollo", _rank(8)),
+    "foam3": Spec("foam", _fixed(level=3)),
+    "apollo_mini": Spec("apollo_mini", _fixed()),
+    "gwt_mini": Spec("gwt_mini", _fixed()),
+    "foam_mini": Spec("foam_mini", _fixed()),
+    "adamw8bit": Spec("adamw8bit", _fixed(), bytes_per_state=1),
+}
+"""By method name (``scripts/methods.py``)."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    model: str
+    method: str
+    weights_bytes: int
+    optimizer_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.optimizer_bytes
+
+    def as_json(self) -> dict[str, Any]:
+        """Decimal GB (1e9 bytes), unrounded: the physical numbers, not the paper's mixed units."""
+        return {
+            "model": self.model,
+            "method": self.method,
+            "weights_gb": self.weights_bytes / GB,
+            "optimizer_gb": self.optimizer_bytes / GB,
+            "total_gb": self.total_bytes / GB,
+        }
+
+
+def spec(method: str) -> Spec:
+    if method not in SPECS:
+        raise ValueError(f"unknown method {method!r}; known: {list(SPECS)}")
+    return SPECS[method]
+
+
+@functools.cache
+def _meta_model(model: str) -> torch.nn.Module:
+    return models.build_model(models.load_model_config(model), device="meta", dtype=torch.bfloat16)
+
+
+@functools.cache
+def estimate(model: str, method: str) -> Estimate:
+    """Weights and planned optimizer-state bytes of ``method`` on ``model`` (nothing allocated)."""
+    how = spec(method)
+    net = _meta_model(model)
+    hparams = how.hparams(models.load_model_config(model))
+    optimizer = foam.build_optimizer(how.optimizer, net, **hparams)
+    weights = sum(p.numel() for p in net.parameters()) * BF16_BYTES
+    states = foam.planned_state_numel(optimizer) * how.bytes_per_state
+    return Estimate(model, method, weights, states)
+
+
+def table2_gb(e: Estimate) -> float:
+    """Table 2's memory column: weights + states, decimal GB."""
+    return e.total_bytes / GB
+
+
+def appendix_pair(e: Estimate) -> tuple[float, float]:
+    """The Appendix table's "weights/states": weights in GiB, states = GB total - GiB weights."""
+    weights = e.weights_bytes / GIB
+    return weights, table2_gb(e) - weights

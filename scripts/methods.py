@@ -1,0 +1,97 @@
+"""The paper's methods, named once for every script: the name of each and its printed label.
+
+A method's name is its optim config (``configs/optim/NAME.yaml``), the method directory of
+``scripts/sweep.py``'s runs, and its row in ``scripts/estimate_memory.py``. Scripts run as
+``python scripts/x.py`` import this module directly (their own directory is on the path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    label: str
+    """As the paper prints it."""
+    sweeps_alpha: bool = True
+    """Whether the paper's grid (Appendix, Hyperparameters) sweeps alpha besides the lr."""
+
+
+TABLE2_BLOCKS: tuple[tuple[Method, ...], ...] = (
+    (
+        Method("adamw", "Full-Adam", sweeps_alpha=False),
+        Method("muon", "Muon", sweeps_alpha=False),
+        Method("adam_mini", "Adam-Mini", sweeps_alpha=False),
+        Method("ldadamw", "LDAdamW"),
+    ),
+    (
+        Method("galore_1_4", "GaLore-1/4"),
+        Method("apollo_1_4", "APOLLO-1/4"),
+        Method("foam2", "FOAM-2"),
+    ),
+    (
+        Method("galore_1_8", "GaLore-1/8"),
+        Method("apollo_1_8", "APOLLO-1/8"),
+        Method("foam3", "FOAM-3"),
+    ),
+    (
+        Method("apollo_mini", "APOLLO-Mini"),
+        Method("gwt_mini", "GWT-Mini"),
+        Method("foam_mini", "FOAM-Mini"),
+    ),
+)
+"""Table 2's rows in the paper's order, in its blocks (similar memory per block)."""
+
+TABLE2: tuple[Method, ...] = tuple(m for block in TABLE2_BLOCKS for m in block)
+
+TABLE3_ONLY: tuple[Method, ...] = (Method("adamw8bit", "8-bit Adam"),)
+
+TABLE3: tuple[str, ...] = ("adamw8bit", "muon", "galore_1_4", "apollo_1_4", "foam2")
+"""Table 3's rows (3B and 7B)."""
+
+PAPER_SWEEP: tuple[str, ...] = (
+    "adamw",
+    "muon",
+    "adam_mini",
+    "galore_1_4",
+    "apollo_1_4",
+    "foam2",
+    "foam_mini",
+)
+"""The methods whose grids the paper gives (Appendix, Hyperparameters): the default sweep."""
+
+ABLATIONS: tuple[Method, ...] = (
+    Method("foam1", "FOAM-1"),
+    Method("foam2", "FOAM-2"),
+    Method("foam3", "FOAM-3"),
+    Method("foam4", "FOAM-4"),
+    Method("foam5", "FOAM-5"),
+    Method("foam_mini", "FOAM-Mini"),
+    Method("foam2_no_residual", "FOAM-2 without the residual (rho = 0)"),
+    Method("foam2_no_residual_in_v", "FOAM-2 without R^2 in the second moment"),
+    Method("foam2_mean_of_squares", "FOAM-2, second moment from the mean of squares"),
+    Method("adamw_module_wise_lr", "AdamW, matrices at lr x 0.25 (the control for alpha)"),
+)
+"""The FOAM ablations (the paper's fold-level and residual figures) and the module-wise-lr AdamW
+control (its Appendix), by method directory, each with a description for the ablation table."""
+
+SEMANTICS_VARIANTS: tuple[Method, ...] = (
+    Method("foam2_paper_semantics", "FOAM-2, paper semantics"),
+    Method("foam2_release", "FOAM-2, release semantics"),
+)
+"""FOAM-2 in the paper's and the authors' release semantics (``foam.optimizer.SEMANTICS``),
+compared at FOAM-2's best lr; the paper's has its own directory, with more seeds than foam2's."""
+
+BY_NAME: dict[str, Method] = {m.name: m for m in (*TABLE2, *TABLE3_ONLY)}
+
+
+def label(name: str) -> str:
+    """The label of a method in Tables 2 and 3 (its name for the others)."""
+    return BY_NAME[name].label if name in BY_NAME else name
+
+
+def sweeps_alpha(name: str) -> bool:
+    """Whether the sweep crosses ``name``'s lrs with alphas (methods the paper does not list do)."""
+    return BY_NAME[name].sweeps_alpha if name in BY_NAME else True
