@@ -8,7 +8,7 @@ PY         := $(VENV)/bin/python
 STAMP      := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-all bench lint format clean
+.PHONY: install demo test test-all test-gpu bench lint format clean
 
 install: $(STAMP)
 
@@ -27,6 +27,9 @@ test: install
 
 test-all: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-gpu: install
+	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
 
 bench: install
 	$(PY) scripts/bench_optim.py

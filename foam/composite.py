@@ -57,6 +57,11 @@ class Composite(DtypeFaithfulOptimizer):
             part.step()
         return loss
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Each part clears its own gradients: some keep state there (LDAdamW's error feedback)."""
+        for part in self.parts:
+            part.zero_grad(set_to_none)
+
     def planned_state_numel(self) -> int:
         """The parts' planned state elements (each part's own accounting)."""
         return sum(planned_state_numel(part) for part in self.parts)

@@ -2,10 +2,10 @@
 
 Public API: :func:`load_model_config`, :func:`build_model`, :func:`count_params`
 (:class:`ParamCounts`), :func:`flops_per_token`, :func:`available_models`,
-:func:`enable_gradient_checkpointing`.
+:func:`enable_gradient_checkpointing`, :func:`materialize`.
 """
 
-from .build import build_model, enable_gradient_checkpointing, hf_config
+from .build import build_model, enable_gradient_checkpointing, hf_config, materialize
 from .config import CONFIG_DIR, available_models, head_dim, load_model_config
 from .counting import ParamCounts, count_params, flops_per_token, matmul_params
 
@@ -20,5 +20,6 @@ __all__ = [
     "head_dim",
     "hf_config",
     "load_model_config",
+    "materialize",
     "matmul_params",
 ]

@@ -65,17 +65,47 @@ def build_model(
     """A freshly initialised ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` for ``cfg``.
 
     Init is transformers' own: N(0, ``initializer_range``) for every Linear and Embedding, ones
-    for RMSNorm, zero biases, as the protocol's models. Weights are created in float32 on
-    ``device`` and then cast to ``dtype``, exactly as the reference scripts do
-    (``model.to(device, dtype=bfloat16)`` after an fp32 init), so a seed gives the same bf16
-    weights as theirs. ``device="meta"`` allocates nothing: use it to count parameters or size
-    optimizer states of 7B models on a laptop.
+    for RMSNorm, zero biases, as the protocol's models. ``device="meta"`` allocates nothing: use
+    it to count parameters or size optimizer states of 7B models on a laptop, and
+    :func:`materialize` it later. Any other device gets :func:`materialize`'s weights, which are
+    the same on every device for a given global seed (see there).
     """
     config = hf_config(cfg)
     _, model_cls = _FAMILIES[_plain(cfg)["family"]]
-    with torch.device(device):
+    with torch.device("meta"):
         model = model_cls(config)
-    return model.to(dtype=dtype)
+    if torch.device(device).type == "meta":
+        return model.to(dtype=dtype)
+    return materialize(model, device=device, dtype=dtype)
+
+
+def materialize(
+    model: PreTrainedModel,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> PreTrainedModel:
+    """Allocate a model built on ``"meta"`` and initialise it, bit for bit, as constructing it on
+    the CPU would have: the weights for the current global seed are those of the reference
+    scripts (``torch.manual_seed(s); LlamaForCausalLM(config)`` in float32 on the CPU, then
+    ``.to(device, dtype=bfloat16)``), whatever ``device`` is. Initialising on the GPU instead
+    would draw from the CUDA generator and start every run elsewhere.
+
+    Construction draws, in this order: torch's default init of every module of the base model
+    (in registration order), transformers' init of the base model, the default init of the
+    head, transformers' init of what is left (the head; tying). This replays that order;
+    ``tests/test_models.py`` checks it against plain construction.
+    """
+    model.to_empty(device="cpu")
+    model.to(dtype=torch.float32)
+    with torch.no_grad():
+        for module in model.base_model.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+        model.base_model.init_weights()
+        model.get_output_embeddings().reset_parameters()
+        model.init_weights()
+    return model.to(device=device, dtype=dtype)
 
 
 def enable_gradient_checkpointing(model: PreTrainedModel) -> None:

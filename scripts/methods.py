@@ -64,7 +64,6 @@ PAPER_SWEEP: tuple[str, ...] = (
 
 ABLATIONS: tuple[Method, ...] = (
     Method("foam1", "FOAM-1"),
-    Method("foam2", "FOAM-2"),
     Method("foam3", "FOAM-3"),
     Method("foam4", "FOAM-4"),
     Method("foam5", "FOAM-5"),
@@ -72,17 +71,15 @@ ABLATIONS: tuple[Method, ...] = (
     Method("foam2_no_residual", "FOAM-2 without the residual (rho = 0)"),
     Method("foam2_no_residual_in_v", "FOAM-2 without R^2 in the second moment"),
     Method("foam2_mean_of_squares", "FOAM-2, second moment from the mean of squares"),
-    Method("adamw_module_wise_lr", "AdamW, matrices at lr x 0.25 (the control for alpha)"),
+    Method("foam2_fold_last", "FOAM-2 folding the last dim (the release's axis)"),
+    Method("foam2_release", "FOAM-2 with the authors' release semantics"),
 )
-"""The FOAM ablations (the paper's fold-level and residual figures) and the module-wise-lr AdamW
-control (its Appendix), by method directory, each with a description for the ablation table."""
+"""FOAM-2's variants (the paper's fold-level and residual figures, the release's choices), each run
+at FOAM-2's best lr and alpha in the method directory ``ablation_NAME``."""
+ABLATION_PREFIX = "ablation_"
 
-SEMANTICS_VARIANTS: tuple[Method, ...] = (
-    Method("foam2_paper_semantics", "FOAM-2, paper semantics"),
-    Method("foam2_release", "FOAM-2, release semantics"),
-)
-"""FOAM-2 in the paper's and the authors' release semantics (``foam.optimizer.SEMANTICS``),
-compared at FOAM-2's best lr; the paper's has its own directory, with more seeds than foam2's."""
+CONTROL_LABEL = "AdamW, matrices at lr x alpha (module-wise lr)"
+"""The paper's control for FOAM's alpha (Appendix): the ``adamw`` runs with ``alpha`` below 1."""
 
 BY_NAME: dict[str, Method] = {m.name: m for m in (*TABLE2, *TABLE3_ONLY)}
 

@@ -15,13 +15,22 @@ changes to tracked files unless ``--allow-dirty`` (each summary's ``git_sha`` th
     python scripts/sweep.py --model llama_tiny --methods adamw foam2 --lrs 1e-3 --seeds 0 \
         --root runs/demo -- trainer=cpu_debug trainer.max_steps=20
     python scripts/sweep.py --model llama_350m --nproc 4 --launcher slurm --slurm-partition gpu
+
+On SLURM each point is a job that asks for SIGUSR2 ``--slurm-signal-seconds`` before its time
+limit; on it the trainer checkpoints and stops (``train/preemption.py``) and the job requeues
+itself (``SlurmPoint``), so the requeued job resumes from the checkpoint. A preemption's SIGTERM
+also checkpoints; SLURM requeues a preempted job itself (the jobs are submitted with
+``--requeue``), while one cancelled with ``scancel`` stays cancelled. Any point left unfinished
+resumes from its checkpoint when the sweep is run again.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import shlex
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +40,17 @@ from pathlib import Path
 from methods import PAPER_SWEEP, sweeps_alpha
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # `python scripts/sweep.py` from anywhere
+
+from train.preemption import STOP_SIGNALS, install_stop_signals, received_signal  # noqa: E402
+
+# The early warnings a SLURM job asks for with --signal; a job stopped by one requeues itself.
+# SIGTERM is not among them: it is scancel's (stay stopped) or a preemption's, which SLURM
+# requeues by itself under --requeue.
+REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+# torchrun's own defaults plus the stop signals, which it then forwards to every worker.
+TORCHRUN_SIGNALS = ",".join(["SIGINT", "SIGHUP", "SIGQUIT", *(sig.name for sig in STOP_SIGNALS)])
 
 LR_ONLY = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2)
 LR_WITH_ALPHA = (1e-3, 2.5e-3, 5e-3, 1e-2)
@@ -71,7 +91,13 @@ def grid(
 
 
 def train_command(point: Point, run_dir: Path, nproc: int, overrides: list[str]) -> list[str]:
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--signals-to-handle={TORCHRUN_SIGNALS}",
+    ]
     args = [
         *launcher,
         f"--nproc_per_node={nproc}",
@@ -115,22 +141,55 @@ def run_local(commands: list[list[str]], jobs: int) -> int:
     return 0 if all(results) else 1
 
 
-def submit_slurm(commands: list[list[str]], args: argparse.Namespace) -> None:
+class SlurmPoint:
+    """One grid point as a SLURM job that requeues itself when the time limit draws near.
+
+    SLURM sends SIGUSR2 to every process of the job ahead of the time limit (the ``--signal`` that
+    ``submit_slurm`` asks for), and torchrun forwards it to the trainer, which finishes its step,
+    checkpoints and exits. This process only records the signal, replacing submitit's own handler,
+    which would requeue and exit at once and so kill torchrun in the middle of the save. Once
+    torchrun is gone the job is requeued (``scontrol requeue $SLURM_JOB_ID``) unless the run
+    finished; the requeued job calls this object again and ``trainer.resume=auto`` continues from
+    the checkpoint. A run that fails without such a signal fails the job.
+    """
+
+    def __init__(self, command: list[str], run_dir: Path, grace_s: int) -> None:
+        self.command = command
+        self.run_dir = run_dir
+        self.grace_s = grace_s  # how long torchrun lets the workers save before it SIGKILLs them
+
+    def __call__(self) -> None:
+        install_stop_signals(REQUEUE_SIGNALS)
+        env = {**os.environ, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(self.grace_s)}
+        returncode = subprocess.run(self.command, cwd=REPO, env=env).returncode
+        stopped_by = received_signal()
+        if (self.run_dir / "summary.json").exists():
+            return
+        if stopped_by is None:
+            raise subprocess.CalledProcessError(returncode, self.command)
+        job_id = os.environ["SLURM_JOB_ID"]
+        print(f"{stopped_by.name}: requeueing job {job_id} to resume {self.run_dir}", flush=True)
+        subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=60)
+
+
+def submit_slurm(points: list[tuple[list[str], Path]], args: argparse.Namespace) -> None:
     """One SLURM job per point through submitit, the library behind Hydra's submitit launcher."""
     try:
         import submitit
     except ImportError as error:
         raise SystemExit("--launcher slurm needs submitit: pip install submitit") from error
-    executor = submitit.AutoExecutor(folder=str(args.root / "slurm"))
+    executor = submitit.AutoExecutor(folder=str(args.root / "slurm"), cluster="slurm")
     executor.update_parameters(
         slurm_partition=args.slurm_partition,
         gpus_per_node=args.nproc,
         tasks_per_node=1,
         cpus_per_task=8 * args.nproc,
         timeout_min=args.slurm_minutes,
+        slurm_signal_delay_s=args.slurm_signal_seconds,  # sbatch --signal=USR2@seconds
+        slurm_additional_parameters={"requeue": True},
     )
-    jobs = [executor.submit(subprocess.run, cmd, check=True) for cmd in commands]
-    for cmd, job in zip(commands, jobs, strict=True):
+    for cmd, run_dir in points:
+        job = executor.submit(SlurmPoint(cmd, run_dir, grace_s=args.slurm_signal_seconds))
         print(f"submitted {job.job_id}: {shlex.join(cmd)}")
 
 
@@ -154,6 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--launcher", choices=["local", "slurm"], default="local")
     parser.add_argument("--slurm-partition", default=None)
     parser.add_argument("--slurm-minutes", type=int, default=24 * 60)
+    parser.add_argument(
+        "--slurm-signal-seconds",
+        type=int,
+        default=180,
+        help="SIGUSR2 this long before the time limit: time to finish a step, save and requeue",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="local points run at a time")
     parser.add_argument(
         "--allow-dirty",
@@ -175,10 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         if (run_dir / "summary.json").exists():
             print(f"done, skipped: {run_dir}")
             continue
-        todo.append(train_command(point, run_dir, args.nproc, args.overrides))
+        todo.append((train_command(point, run_dir, args.nproc, args.overrides), run_dir))
 
     if args.dry_run:
-        for cmd in todo:
+        for cmd, _ in todo:
             print(shlex.join(cmd))
         return 0
     dirty = uncommitted_changes()
@@ -190,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.launcher == "slurm":
         submit_slurm(todo, args)
         return 0
-    return run_local(todo, args.jobs)
+    return run_local([cmd for cmd, _ in todo], args.jobs)
 
 
 if __name__ == "__main__":

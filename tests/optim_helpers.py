@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import foam
+
 TINY_LLAMA = dict(
     hidden_size=64,
     intermediate_size=172,
@@ -38,6 +40,18 @@ def tiny_llama(
     if seed is not None:
         torch.manual_seed(seed)
     return LlamaForCausalLM(LlamaConfig(**{**TINY_LLAMA, **config_overrides})).to(dtype)
+
+
+def build(name: str, model: nn.Module, **hparams) -> torch.optim.Optimizer:
+    """``foam.build_optimizer(name, model)`` with the tiny LLaMA's head layout where the method
+    takes one (Adam-mini; the trainer passes the model's config the same way)."""
+    model_keywords = {
+        "dim": TINY_LLAMA["hidden_size"],
+        "n_heads": TINY_LLAMA["num_attention_heads"],
+    }
+    accepted = foam.available_optimizers()[name]
+    extra = {k: v for k, v in model_keywords.items() if k in accepted}
+    return foam.build_optimizer(name, model, **extra, **hparams)
 
 
 def _entries(like):

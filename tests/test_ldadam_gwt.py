@@ -111,6 +111,20 @@ def test_ldadamw_error_feedback_keeps_what_the_projection_lost():
     assert p.grad is None
 
 
+@pytest.mark.parametrize("others", ["adamw", "reference"])  # inside a Composite, and alone
+@pytest.mark.parametrize("set_to_none", [True, False])  # False: the trainer's choice under DDP
+def test_the_registry_ldadamw_keeps_its_error_feedback_across_zero_grad(others, set_to_none):
+    model = tiny_llama()
+    opt = build_optimizer("ldadamw", model, lr=1e-2, others=others)
+    step_with(opt, model, random_grads(model, 1))
+    matrix, embedding = model.model.layers[0].self_attn.q_proj.weight, model.lm_head.weight
+    error = matrix.grad.clone()
+    assert error.abs().sum() > 0
+    opt.zero_grad(set_to_none=set_to_none)
+    assert torch.equal(matrix.grad, error)  # kept for the next step
+    assert embedding.grad is None if set_to_none else not embedding.grad.any()
+
+
 # -- GWT ----------------------------------------------------------------------------------------
 
 

@@ -184,6 +184,35 @@ def test_dtype_and_init() -> None:
     assert torch.equal(layer.input_layernorm.weight, torch.ones(64))
 
 
+def _tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters and buffers (RoPE's are not in the state dict), by name."""
+    return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+
+@pytest.mark.parametrize("name", ["llama_60m", "qwen_tiny"])  # untied and tied embeddings
+def test_every_build_path_gives_the_reference_weights_for_a_seed(name: str) -> None:
+    """The reference scripts' init (transformers' plain construction on the CPU after
+    torch.manual_seed) is what build_model gives, and what a meta model materialises to."""
+    cfg = models.load_model_config(name)
+    family_cls = type(models.build_model(cfg, device="meta"))
+    torch.manual_seed(7)
+    reference = _tensors(family_cls(models.hf_config(cfg)))
+    torch.manual_seed(7)
+    built = _tensors(models.build_model(cfg))
+    meta = models.build_model(cfg, device="meta", dtype=torch.bfloat16)
+    assert all(t.is_meta for t in _tensors(meta).values())
+    torch.manual_seed(7)
+    materialised = _tensors(models.materialize(meta, dtype=torch.bfloat16))
+    assert built.keys() == reference.keys() == materialised.keys()
+    for key, expected in reference.items():
+        assert torch.equal(built[key], expected), key
+        assert torch.equal(materialised[key], expected.to(materialised[key].dtype)), key
+    torch.manual_seed(8)
+    other = _tensors(models.build_model(cfg))
+    key = "model.embed_tokens.weight"
+    assert not torch.equal(other[key], built[key])
+
+
 def _batch(vocab: int = 32000, b: int = 2, t: int = 16) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(2, vocab, (b, t), generator=g)

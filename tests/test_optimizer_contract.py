@@ -10,22 +10,14 @@ import copy
 
 import pytest
 import torch
-from optim_helpers import TINY_LLAMA, random_grads, step_with, tiny_llama
+from optim_helpers import TINY_LLAMA, build, random_grads, step_with, tiny_llama
 
 import foam
-from foam import build_optimizer, planned_state_numel
+from foam import planned_state_numel
 
 NAMES = sorted(foam.available_optimizers())
-# Adam-mini's head layout comes from the model's config (the trainer passes it the same way).
-MODEL_KEYWORDS = {"dim": TINY_LLAMA["hidden_size"], "n_heads": TINY_LLAMA["num_attention_heads"]}
 # Block-wise int8 states: uint8 codes and float32 scales (their own tests check dtypes).
 QUANTISED = {"adamw8bit", "foam8bit"}
-
-
-def build(name: str, model: torch.nn.Module, **hparams) -> torch.optim.Optimizer:
-    accepted = foam.available_optimizers()[name]
-    extra = {k: v for k, v in MODEL_KEYWORDS.items() if k in accepted}
-    return build_optimizer(name, model, **extra, **hparams)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -85,14 +85,22 @@ def summary(model, lr, alpha, seed, ppl, steps=(10, 20)):
     }
 
 
-def write_runs(root, method, model, points):
+def write_runs(root, method, model, points, gap=None, steps=20):
+    """``points``: (lr, alpha, seed, ppl); ppl None writes a diverged run as the study does."""
     for lr, alpha, seed, ppl in points:
-        run = root / model / method / f"lr{lr}_alpha{alpha}_seed{seed}"
+        name = f"lr{lr:g}" + ("" if alpha is None else f"_alpha{alpha:g}")
+        name += ("" if gap is None else f"_gap{gap}") + f"_seed{seed}"
+        run = root / model / method / name
         run.mkdir(parents=True)
-        (run / "summary.json").write_text(json.dumps(summary(model, lr, alpha, seed, ppl)))
+        if ppl is None:
+            (run / "diverged.json").write_text('{"returncode": 3}')
+            continue
+        record = summary(model, lr, alpha, seed, ppl)
+        record.update(steps=steps, git_sha="abc123", projections=None if gap is None else 3)
+        (run / "summary.json").write_text(json.dumps(record))
 
 
-def test_tables_take_the_best_point_and_average_seeds(tmp_path):
+def test_tables_take_the_best_point_with_sample_std(tmp_path):
     write_runs(
         tmp_path,
         "adamw",
@@ -103,31 +111,71 @@ def test_tables_take_the_best_point_and_average_seeds(tmp_path):
         tmp_path,
         "foam2",
         "llama_60m",
-        [(1e-2, 0.25, 0, 28.5), (1e-2, 0.25, 1, 28.5), (1e-2, 1.0, 0, 29.0)],
+        [(5e-3, 0.25, 0, 29.5), (1e-2, 0.25, 0, 28.5), (1e-2, 0.25, 1, 28.5)],
     )
+    write_runs(tmp_path, "foam2", "llama_60m", [(2e-2, 0.25, 0, None), (1e-2, 1.0, 0, 29.0)])
     out = tmp_path / "tables"
     assert make_tables.main([str(tmp_path), "--out", str(out), "--table3-steps", "10", "20"]) == 0
     table2 = (out / "table2.md").read_text().splitlines()
     assert table2[0] == "| Method | llama_60m PPL | llama_60m memory |"
-    assert table2[2] == "| Full-Adam | 31.00 ± 1.00 | 0.35G |"  # mean +- std of the two seeds
-    assert table2[4] == "| FOAM-2 | 28.50 ± 0.00 | 0.27G |"  # block separator between them
+    # sample std of 30 and 32 is sqrt(2); AdamW's best lr has no lower neighbour: flagged
+    assert table2[2] == "| Full-Adam | 31.00 ± 1.41 (n=2)† | 0.35G |"
+    # FOAM-2's best has both lr neighbours (2e-2 diverged) and alpha 0.25 on the edge of {0.25, 1}
+    assert "| FOAM-2 | 28.50 ± 0.00 (n=2)† | 0.27G |" in table2
+    assert "† llama_60m FOAM-2: alpha 0.25 on the edge of [0.25, 1.0]" in table2
+    assert not any("FOAM-2: lr" in line for line in table2)
     table3 = (out / "table3.md").read_text().splitlines()
     assert table3[2] == "| llama_60m | Full-Adam | 1.00G | 41.00 | 31.00 | 1.000 | 2.0K |"
     assert "\\begin{tabular}" in (out / "table2.tex").read_text()
-    assert "| llama_60m | FOAM-2 | 0.01 | 1 | 1 | 29.00 ± 0.00 |" in (out / "sweep.md").read_text()
+    sweep_md = (out / "sweep.md").read_text()
+    assert "| - | llama_60m | foam2 | 0.01 | 1 | - | - | 20 | 29.00 (n=1) |" in sweep_md
+    assert "| - | llama_60m | foam2 | 0.02 | 0.25 | - | - | - | diverged |" in sweep_md
+    # FOAM-2 - AdamW over seeds 0 and 1: (28.5 - 30) and (28.5 - 32)
+    assert "| llama_60m | Full-Adam | -2.50 ± 1.41 (n=2) |" in (out / "paired.md").read_text()
+    assert "| abc123 | 7 |" in (out / "provenance.md").read_text()
 
 
-def test_semantics_table_compares_at_foam2s_best_lr(tmp_path):
-    write_runs(tmp_path, "foam2", "llama_60m", [(1e-2, 0.25, 0, 28.0), (5e-3, 0.25, 0, 30.0)])
-    for method, ppls in (("foam2_paper_semantics", (27.0, 29.0)), ("foam2_release", (31.0, 35.0))):
-        write_runs(tmp_path, method, "llama_60m", [(1e-2, 0.25, s, p) for s, p in enumerate(ppls)])
-        write_runs(tmp_path, method, "llama_60m", [(5e-3, 0.25, 0, 20.0)])  # not FOAM-2's best lr
+def test_staged_study_layout(tmp_path):
+    """search/ chooses, final/ reports; gaps are separate points; ablations pair with FOAM-2."""
+    search, final = tmp_path / "search", tmp_path / "final"
+    for gap, ppl in ((200, 50.0), (20, 45.0)):
+        write_runs(
+            search,
+            "galore_1_4",
+            "llama_2m",
+            [(5e-3, 0.25, 0, ppl + 1), (1e-2, 0.25, 0, ppl), (2e-2, 0.25, 0, ppl + 2)],
+            gap=gap,
+        )
+    write_runs(
+        final, "galore_1_4", "llama_2m", [(1e-2, 0.25, s, 44.0 + s) for s in range(3)], gap=20
+    )
+    write_runs(final, "foam2", "llama_2m", [(1e-2, 0.25, s, 40.0 + 2 * s) for s in range(3)])
+    write_runs(final, "foam2", "llama_2m", [(2e-2, 0.25, 0, 39.0), (5e-3, 0.25, 0, 41.0)])
+    write_runs(
+        final, "ablation_foam2_no_residual", "llama_2m", [(1e-2, 0.25, s, 50.0) for s in range(3)]
+    )
+    write_runs(final, "adamw", "llama_2m", [(4e-3, 0.5, s, 47.0) for s in range(3)])
+    write_runs(final, "adamw", "llama_2m", [(4e-3, 1.0, s, 48.0) for s in range(3)])
     out = tmp_path / "tables"
     assert make_tables.main([str(tmp_path), "--out", str(out)]) == 0
-    assert (out / "semantics.md").read_text().splitlines()[2:] == [
-        "| llama_60m | FOAM-2, paper semantics | 0.01 | 0.25 | 2 | 28.00 ± 1.00 |",
-        "| llama_60m | FOAM-2, release semantics | 0.01 | 0.25 | 2 | 33.00 ± 2.00 |",
-    ]
+    table2 = (out / "table2.md").read_text()
+    # the 3-seed point wins over a 1-seed neighbour with a lower perplexity
+    assert "| FOAM-2 | 42.00 ± 2.00 (n=3)" in table2
+    assert "| GaLore-1/4 | 45.00 ± 1.00 (n=3) |" in table2  # gap 20's lr is interior: no flag
+    assert "| Full-Adam | 48.00 ± 0.00 (n=3)" in table2
+    assert "| AdamW, matrices at lr x alpha (module-wise lr) | 47.00 ± 0.00 (n=3)" in table2
+    ablations = (out / "ablations.md").read_text()
+    assert (
+        "| llama_2m | FOAM-2 without the residual (rho = 0) | 0.01 | 0.25 | 50.00 ± 0.00 (n=3) | +8.00 ± 2.00 (n=3) |"
+        in ablations
+    )
+    carry = (out / "carry_over.md").read_text()
+    assert "| llama_2m | FOAM-2 | 0.01 (chosen) | 0.25 | 40.00 |" in carry
+    assert "| llama_2m | FOAM-2 | 0.02 | 0.25 | 39.00 |" in carry
+    sweep_md = (out / "sweep.md").read_text()
+    assert (
+        "| search | llama_2m | galore_1_4 | 0.01 | 0.25 | 20 | 3 | 20 | 45.00 (n=1) |" in sweep_md
+    )
 
 
 def test_a_dirty_tree_is_refused_unless_allowed(tmp_path, monkeypatch, capsys):
@@ -187,4 +235,4 @@ def test_a_real_two_point_sweep_is_picked_up_by_the_tables(tmp_path):
     sweep_rows = [r for r in (out / "sweep.md").read_text().splitlines() if "llama_tiny" in r]
     assert len(sweep_rows) == 2 and (out / "curves_llama_tiny.png").stat().st_size > 0
     best = min(json.loads(p.read_text())["final_val_ppl"] for p in summaries)
-    assert f"{best:.2f} ± 0.00" in (out / "table2.md").read_text()
+    assert f"{best:.2f} (n=1)" in (out / "table2.md").read_text()

@@ -147,6 +147,28 @@ def test_nan_loss_stops_with_the_step(tmp_path):
 
 
 @pytest.mark.slow
+def test_nan_between_logs_is_caught_before_the_next_save(tmp_path):
+    """The step's numbers are read at logs and saves only (train/step_stats.py): a NaN at step 2
+    is reported at step 3's save, which then does not happen."""
+    run_dir = tmp_path / "run"
+    proc = run(
+        command(
+            run_dir,
+            "optim.lr=1e30",
+            "trainer.log_every=5",
+            "trainer.save_every=3",
+            "trainer.eval_every=0",
+            "trainer.max_steps=6",
+            optim="adamw",
+        ),
+        expect_rc=3,
+    )
+    assert "step 2: loss nan" in proc.stderr
+    assert not list((run_dir / "checkpoints").glob("step_*"))
+    assert sorted(train_losses(run_dir)) == [1]
+
+
+@pytest.mark.slow
 def test_resume_after_a_kill_reproduces_the_uninterrupted_run(tmp_path):
     overrides = (
         "trainer.max_steps=12",
@@ -277,3 +299,118 @@ def test_wandb_offline_run_is_continued_on_resume(tmp_path):
     runs = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(name.endswith(f"-{run_id}") for name in runs)
     assert sorted(train_losses(run_dir)) == [1, 2, 3]
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    return sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*"))
+
+
+def wait_for(condition, proc: subprocess.Popen, what: str, timeout_s: float = 300) -> None:
+    """Poll ``condition`` until it holds; fail if the run ends or the time runs out first."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert proc.poll() is None, f"the run ended (status {proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
+        time.sleep(0.05)
+
+
+def logged_steps(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return max(train_losses(run_dir), default=0) if path.exists() else 0
+
+
+def stop_with(
+    cmd: list[str], run_dir: Path, sig: signal.Signals, at_step: int, **extra_wait
+) -> subprocess.CompletedProcess:
+    """Start ``cmd``, send ``sig`` twice (the second while the first is being handled) once
+    metrics.jsonl shows ``at_step``, and return the finished process."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: logged_steps(run_dir) >= at_step, proc, f"step {at_step}")
+        for condition, what in extra_wait.values():
+            wait_for(condition, proc, what)
+        proc.send_signal(sig)
+        time.sleep(0.2)
+        if proc.poll() is None:
+            proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout.decode(), stderr.decode())
+
+
+def test_sigterm_saves_the_step_reached_and_exits_with_the_preemption_status(tmp_path):
+    """A signal mid-run: the step finishes, its checkpoint is written, the exit status says
+    "preempted"; before that, wall-clock checkpoints appeared without any step-based ones."""
+    from train.preemption import PREEMPTED_EXIT_STATUS
+
+    run_dir = tmp_path / "run"
+    cmd = command(
+        run_dir,
+        "trainer.max_steps=1000",
+        "trainer.save_every=0",
+        "trainer.save_every_minutes=0.002",  # 0.12 s
+        "trainer.keep_last=0",
+        "trainer.eval_every=0",
+        optim="adamw",
+    )
+    wall_clock_save = (lambda: bool(checkpoint_steps(run_dir)), "wall-clock checkpoint")
+    proc = stop_with(cmd, run_dir, signal.SIGTERM, at_step=2, clock=wall_clock_save)
+    assert proc.returncode == PREEMPTED_EXIT_STATUS, proc.stderr[-4000:]
+    last = logged_steps(run_dir)
+    steps = checkpoint_steps(run_dir)
+    assert steps[-1] == last < 1000 and len(steps) >= 2  # wall-clock ones, then the signal's
+    assert f"SIGTERM: stopped after step {last}" in proc.stdout + proc.stderr
+    assert not (run_dir / "summary.json").exists()
+    assert not list((run_dir / "checkpoints").glob(".tmp_*"))
+
+
+@pytest.mark.slow
+def test_resume_after_sigterm_reproduces_the_uninterrupted_run(tmp_path):
+    from train.preemption import PREEMPTED_EXIT_STATUS
+
+    overrides = ("trainer.max_steps=10", "trainer.save_every=0", "trainer.eval_every=5")
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    run(command(whole, *overrides))
+    wandb = "logger=wandb"  # offline: the stopped wandb run is flushed and continued on resume
+    stopped = stop_with(command(broken, *overrides, wandb), broken, signal.SIGUSR1, at_step=3)
+    assert stopped.returncode == PREEMPTED_EXIT_STATUS, stopped.stderr[-4000:]
+    assert checkpoint_steps(broken) == [logged_steps(broken)]
+    run(command(broken, *overrides, wandb))
+    assert train_losses(broken) == train_losses(whole)
+    run_id = (broken / "wandb_id").read_text().strip()
+    runs = sorted(p.name for p in (broken / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(name.endswith(f"-{run_id}") for name in runs)
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (whole, broken))
+    for key in ("steps", "tokens", "final_val_loss", "eval_history"):
+        assert a[key] == b[key], key
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_resumes(tmp_path):
+    """torchrun forwards SIGTERM to its workers; both finish the same step, save together and
+    exit with the preemption status (torchrun itself then exits 1); the resumed run continues
+    the uninterrupted run's losses."""
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    overrides = ("trainer.max_steps=8", "trainer.save_every=0", "trainer.eval_every=0")
+
+    def two_ranks(run_dir: Path) -> list[str]:
+        return [
+            torchrun,
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            *command(run_dir, *overrides)[1:],
+        ]
+
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    run(two_ranks(whole))
+    stopped = stop_with(two_ranks(broken), broken, signal.SIGTERM, at_step=3)
+    assert stopped.returncode == 1, stopped.stderr[-4000:]
+    assert stopped.stderr.count("stopped: SIGTERM at step") == 2  # one line per rank
+    assert checkpoint_steps(broken) == [logged_steps(broken)]
+    run(two_ranks(broken))
+    assert train_losses(broken) == train_losses(whole)

@@ -60,6 +60,7 @@ def test_defaults_and_keys_other_tools_rely_on():
     assert (t.eval_tokens, t.seed, t.resume, t.device) == (10_000_000, 42, "auto", "auto")
     for key in ("micro_batch_size", "grad_checkpointing", "eval_every", "save_every", "keep_last"):
         assert key in t
+    assert t.save_every_minutes == 0  # wall-clock checkpoints are opt-in
     assert cfg.data.name == "embedded" and cfg.logger.name == "wandb"
     assert optimizer_hparams(cfg.optim) == {
         "level": 2,
@@ -172,6 +173,8 @@ def test_unknown_model_size_is_refused_by_hydra():
         ("trainer.warmup_ratio=1.0", "trainer.warmup_ratio"),
         ("data.seq_len=4096", "data.seq_len"),
         ("trainer.grad_clip=-1", "trainer.grad_clip"),
+        ("trainer.save_every_minutes=-5", "trainer.save_every_minutes"),
+        ("trainer.save_every_minutes=soon", "trainer.save_every_minutes"),
     ],
 )
 def test_bad_values_name_their_key(override, key):

@@ -84,6 +84,10 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
     )
     for key in ("eval_every", "save_every", "keep_last", "log_every"):
         _require(t[key] >= 0, f"trainer.{key} must be >= 0, got {t[key]}")
+    _require(
+        isinstance(t.save_every_minutes, int | float) and t.save_every_minutes >= 0,
+        f"trainer.save_every_minutes must be a number >= 0 (0 = off), got {t.save_every_minutes}",
+    )
     _require(t.eval_tokens > 0, f"trainer.eval_tokens must be positive, got {t.eval_tokens}")
     seq_len, max_pos = cfg.data.seq_len, cfg.model.max_position_embeddings
     _require(

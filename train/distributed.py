@@ -5,16 +5,31 @@ Under torchrun every rank runs the Hydra app independently, so each would resolv
 non-zero ranks are quietened before Hydra parses argv (no output subdir, no log files, run dir
 ``.`` unless one was given), and after the process group is up every rank adopts rank 0's run
 directory.
+
+Data parallelism (:func:`wrap_ddp`) keeps the gradients as views into DDP's all-reduce buckets,
+and rank 0's checkpoint writes are waited for on a separate group with a long timeout
+(:func:`barrier_for_slow_io`).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+SLOW_IO_TIMEOUT = timedelta(hours=2)
+"""How long the other ranks wait for rank 0 to write a checkpoint (a 7B run's model and optimizer
+state is tens of GB). The default group keeps torch's timeout (10 min for NCCL), so a rank that
+really hangs in a collective is still noticed soon."""
+
+_slow_io_group: dist.ProcessGroup | None = None
 
 
 @dataclass(frozen=True)
@@ -69,22 +84,65 @@ def resolve_device(spec: str, info: DistInfo) -> torch.device:
     return device
 
 
-def init_distributed(info: DistInfo, device: torch.device) -> None:
-    """Join the process group (NCCL on GPU, gloo on CPU) when launched with several ranks."""
+def init_distributed(
+    info: DistInfo, device: torch.device, slow_io_timeout: timedelta = SLOW_IO_TIMEOUT
+) -> None:
+    """Join the process group (NCCL on GPU, gloo on CPU) when launched with several ranks, and
+    create the gloo group that :func:`barrier_for_slow_io` waits on."""
+    global _slow_io_group
     if info.enabled and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    if dist.is_initialized() and _slow_io_group is None:
+        _slow_io_group = dist.new_group(backend="gloo", timeout=slow_io_timeout)
 
 
 def shutdown() -> None:
+    global _slow_io_group
     if dist.is_initialized():
-        dist.destroy_process_group()
+        dist.destroy_process_group()  # every group, the slow-I/O one included
+    _slow_io_group = None
+
+
+def wrap_ddp(model: nn.Module, device: torch.device) -> DistributedDataParallel:
+    """``model`` under DDP, set up for memory as torch's DDP documentation advises.
+
+    ``gradient_as_bucket_view=True``: ``p.grad`` are views into the all-reduce buckets instead
+    of a second copy of every gradient (2 bytes per parameter in bf16). The trainer keeps those
+    views alive by zeroing gradients in place (``zero_grad(set_to_none=False)``): set to None,
+    the next backward would allocate fresh gradients and copy them into the buckets, and under
+    gradient accumulation hold both for the whole step. Optimizers must update ``p.grad`` in
+    place (LDAdamW's error feedback does).
+
+    Buffers (RoPE's frequencies, the same on every rank) are not re-broadcast before every
+    forward: ``forward_sync_buffers=False`` from torch 2.13, ``broadcast_buffers=False`` (its
+    predecessor) before.
+    """
+    accepted = inspect.signature(DistributedDataParallel).parameters
+    no_buffer_sync = (
+        {"forward_sync_buffers": False}
+        if "forward_sync_buffers" in accepted
+        else {"broadcast_buffers": False}
+    )
+    return DistributedDataParallel(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        gradient_as_bucket_view=True,
+        **no_buffer_sync,
+    )
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """In-place global sum (identity in one process)."""
     if dist.is_initialized():
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+    """In-place global element-wise maximum (identity in one process)."""
+    if dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return tensor
 
 
@@ -106,6 +164,11 @@ def all_gather_object(obj: Any) -> list[Any]:
     return out
 
 
-def barrier() -> None:
+def barrier_for_slow_io() -> None:
+    """Wait for every rank, for up to ``SLOW_IO_TIMEOUT``: after rank 0 wrote a checkpoint.
+
+    The wait is a gloo barrier on its own group, so the NCCL group's 10-minute watchdog does not
+    kill the ranks that wait while rank 0 writes.
+    """
     if dist.is_initialized():
-        dist.barrier()
+        dist.barrier(group=_slow_io_group)

@@ -78,7 +78,10 @@ class WandbLogger:
     def summary(self, values: dict[str, Any]) -> None:
         self.run.summary.update({k: v for k, v in values.items() if not isinstance(v, list)})
 
-    def close(self) -> None:
+    def close(self, preempted: bool = False) -> None:
+        """Finish the run; ``preempted`` tells wandb it stopped early and will be resumed."""
+        if preempted:
+            self.run.mark_preempting()
         self.run.finish()
 
 

@@ -10,13 +10,16 @@ of ``train/`` with its own tests. What a run writes into its run directory: ``co
 (resolved), ``metrics.jsonl``, ``summary.json`` (schema in ``train/summary.py``),
 ``checkpoints/step_*``, the final model as a transformers checkpoint in ``hf/`` and, with
 ``logger=wandb``, ``wandb/``.
+
+Exit status: 0 finished, 1 crash, 2 config error, 3 divergence, and
+``train.preemption.PREEMPTED_EXIT_STATUS`` when SIGTERM / SIGUSR1 / SIGUSR2 stopped the run after
+a checkpoint (rerun the same command to resume).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import sys
 import time
 from pathlib import Path
@@ -27,7 +30,6 @@ import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 import foam
@@ -46,16 +48,23 @@ from train.evaluate import evaluate
 from train.export import HF_DIR, export_hf
 from train.loggers import JsonlWriter, WandbLogger, new_run_id
 from train.metrics import (
+    PhasePeaks,
     bytes_by_dtype,
     format_bytes,
     log_step_time_estimate,
     mfu,
     optimizer_state_tensors,
     peak_flops,
-    peak_memory,
+)
+from train.preemption import (
+    PREEMPTED_EXIT_STATUS,
+    RunPreempted,
+    StopAndSave,
+    install_stop_signals,
 )
 from train.schedule import build_scheduler
 from train.seeding import rng_state, seed_everything, set_rng_state
+from train.step_stats import StepStats
 from train.summary import git_sha, write_summary
 from train.trainer import (
     TrainingDiverged,
@@ -79,6 +88,7 @@ def train(cfg: DictConfig) -> dict:
     accum = accumulation_steps(t.global_batch_size, t.micro_batch_size, info.world_size)
     device = dist.resolve_device(t.device, info)
     dist.init_distributed(info, device)
+    peaks = PhasePeaks(device)  # memory is reported per phase: setup, train, eval, checkpoint
     run_dir = Path(dist.broadcast_object(HydraConfig.get().runtime.output_dir))
     optim_choice = HydraConfig.get().runtime.choices.get("optim", cfg.optim.name)
     if info.is_main:
@@ -92,8 +102,9 @@ def train(cfg: DictConfig) -> dict:
         t.global_batch_size,
     )
 
-    # 2. Model and optimizer: identical seeds give identical replicas. Pure bf16 (the paper) keeps
-    #    weights, grads and states in bf16; bf16_mixed keeps fp32 weights under a bf16 autocast.
+    # 2. Model and optimizer: identical seeds give identical replicas (initialised on the CPU, so
+    #    the same on any device). Pure bf16 (the paper) keeps weights, grads and states in bf16;
+    #    bf16_mixed keeps fp32 weights under a bf16 autocast.
     seed_everything(t.seed)
     model = models.build_model(cfg.model, device=device, dtype=PARAM_DTYPES[t.precision])
     model.train()
@@ -107,11 +118,7 @@ def train(cfg: DictConfig) -> dict:
     )
     ddp_model = model
     if info.enabled:
-        ddp_model = DistributedDataParallel(
-            model,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            forward_sync_buffers=False,  # the only buffers (RoPE) are identical on every rank
-        )
+        ddp_model = dist.wrap_ddp(model, device)
 
     def autocast() -> contextlib.AbstractContextManager:
         if t.precision == "bf16_mixed":
@@ -197,6 +204,7 @@ def train(cfg: DictConfig) -> dict:
                 wandb.log(record)
 
     def run_eval() -> dict:
+        peaks.enter("eval")
         result = evaluate(model, val_batches, device=device, autocast=autocast)
         entry = {
             "step": step,
@@ -216,7 +224,11 @@ def train(cfg: DictConfig) -> dict:
         )
         return entry
 
+    stopper = StopAndSave(t.save_every_minutes, device)
+
     def save() -> None:
+        peaks.enter("checkpoint")
+        stopper.checkpoint_saved()
         data_states = dist.all_gather_object(train_loader.state_dict())
         rngs = dist.all_gather_object(rng_state())
         if info.is_main:
@@ -242,9 +254,14 @@ def train(cfg: DictConfig) -> dict:
                 keep_last=t.keep_last,
             )
             log.info("saved %s", path)
-        dist.barrier()
+        dist.barrier_for_slow_io()
 
-    # 6. Train: exactly max_steps optimizer steps; lr is a function of the optimizer step.
+    # 6. Train: exactly max_steps optimizer steps; lr is a function of the optimizer step. Each
+    #    step's loss, grad norm and counts stay on the device until the next log, evaluation or
+    #    save reads them with one host sync (and stops a diverged run; train/step_stats.py).
+    #    There, too, the ranks agree on a stop signal (any rank) or a wall-clock save: a stop ends
+    #    the loop with a checkpoint, at most log_every steps after the signal arrived.
+    stop_signal = None
     flops_per_token = models.flops_per_token(cfg.model, cfg.data.seq_len)
     peak = peak_flops(device)
     if info.is_main:
@@ -252,56 +269,78 @@ def train(cfg: DictConfig) -> dict:
         slots = t.global_batch_size * cfg.data.seq_len // info.world_size
         log_step_time_estimate(flops_per_token, slots, device, matmul_dtype, t.max_steps - step)
     last_mfu = None
+    stats = StepStats(device)
     progress = tqdm(total=t.max_steps, initial=step, disable=not info.is_main, dynamic_ncols=True)
     while step < t.max_steps:
-        start = time.perf_counter()
+        peaks.enter("train")
         micro_batches = [next(train_loader) for _ in range(accum)]
         result = accumulate_gradients(
             ddp_model, micro_batches, device=device, world_size=info.world_size, autocast=autocast
         )
         grad_norm = grad_norm_and_clip(params, t.grad_clip)
-        if not (math.isfinite(result.loss) and math.isfinite(grad_norm)):
-            raise TrainingDiverged(
-                f"step {step + 1}: loss {result.loss}, grad norm {grad_norm}; stopped before the "
-                "update (nothing of this step was checkpointed)"
-            )
         lrs = {g.get("name", str(i)): g["lr"] for i, g in enumerate(optimizer.param_groups)}
         optimizer.step()
         scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        elapsed = time.perf_counter() - start
-        step, tokens, train_time = step + 1, tokens + result.tokens, train_time + elapsed
+        optimizer.zero_grad(set_to_none=not info.enabled)  # DDP: keep the bucket views
+        step += 1
+        stats.add(step, result, grad_norm)
+        progress.update(1)
+        log_now = step == 1 or step == t.max_steps or (t.log_every and step % t.log_every == 0)
+        eval_now = step == t.max_steps or (t.eval_every and step % t.eval_every == 0)
+        save_now = (t.save_every and step % t.save_every == 0) or (
+            step == t.max_steps and t.save_final
+        )
+        if not (log_now or eval_now or save_now):
+            continue
+        interval = stats.read()
+        tokens, train_time = tokens + interval.tokens, train_time + interval.seconds
+        slots_per_s = interval.token_slots / interval.seconds / info.world_size
+        last_mfu = mfu(flops_per_token, slots_per_s, peak)
         if step == 1 and info.is_main:
             log.info(
                 "optimizer state after the first step: %s",
                 format_bytes(bytes_by_dtype(optimizer_state_tensors(optimizer))),
             )
-        last_mfu = mfu(flops_per_token, result.token_slots / elapsed / info.world_size, peak)
-        progress.update(1)
-        progress.set_postfix(loss=f"{result.loss:.4f}", lr=f"{next(iter(lrs.values())):.2e}")
-        if step == 1 or step == t.max_steps or (t.log_every and step % t.log_every == 0):
+        if log_now:
+            progress.set_postfix(loss=f"{interval.loss:.4f}", lr=f"{next(iter(lrs.values())):.2e}")
             log_record(
                 {
                     "step": step,
                     "tokens": tokens,
-                    "loss": result.loss,
-                    "grad_norm": grad_norm,
+                    "loss": interval.loss,
+                    "grad_norm": interval.grad_norm,
                     **{f"lr/{name}": lr for name, lr in lrs.items()},
-                    "step_time_s": elapsed,
-                    "tokens_per_s": result.tokens / elapsed,
+                    "step_time_s": interval.seconds / interval.steps,
+                    "tokens_per_s": interval.tokens / interval.seconds,
                     "mfu": last_mfu,
                     "optimizer_state_bytes": foam.state_bytes(optimizer),
-                    **peak_memory(device),
+                    **peaks.record(),
                 }
             )
-        if step == t.max_steps or (t.eval_every and step % t.eval_every == 0):
+        if eval_now:
             run_eval()
-        if (t.save_every and step % t.save_every == 0) or (step == t.max_steps and t.save_final):
+        verdict = stopper.poll()  # collective: a stop signal on any rank, a wall-clock save
+        if save_now or verdict.save:
             save()
+        stats.restart_clock()  # evaluation, saving and logging are not training time
+        if verdict.stop_signal and step < t.max_steps:  # at the end, finishing is quicker
+            stop_signal = verdict.stop_signal.name
+            break
     progress.close()
     train_loader.close()  # stop its read-ahead thread
+    if stop_signal:
+        log.warning(
+            "%s: stopped after step %d with its checkpoint saved; rerun the same command to "
+            "resume (exit status %d)",
+            stop_signal,
+            step,
+            PREEMPTED_EXIT_STATUS,
+        )
+        if info.is_main:
+            jsonl.close()
+            if wandb:
+                wandb.close(preempted=True)
+        raise RunPreempted(f"{stop_signal} at step {step}; resume with the same command")
 
     # 7. Final evaluation (already done unless resumed after the end) and the summary.
     final = eval_history[-1] if eval_history and eval_history[-1]["step"] == step else run_eval()
@@ -313,7 +352,7 @@ def train(cfg: DictConfig) -> dict:
         "tokens": tokens,
         "tokens_per_s": tokens / train_time if train_time else None,
         "optimizer_state_bytes": foam.state_bytes(optimizer),
-        **{"peak_memory_reserved_bytes": None, **peak_memory(device)},
+        **peaks.record(),
         "mfu": last_mfu,
         "wall_time_s": prior_wall + time.perf_counter() - wall_start,
         "git_sha": git_sha(),
@@ -355,11 +394,15 @@ def train(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def main(cfg: DictConfig) -> None:
+    install_stop_signals()  # SIGTERM / SIGUSR1 / SIGUSR2: checkpoint after this step, then stop
     try:
         train(cfg)
     except (ConfigError, TrainingDiverged) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2 if isinstance(err, ConfigError) else 3)
+    except RunPreempted as stop:
+        print(f"stopped: {stop}", file=sys.stderr)
+        sys.exit(PREEMPTED_EXIT_STATUS)
     finally:
         dist.shutdown()
 

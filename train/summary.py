@@ -9,8 +9,11 @@ steps                       optimizer steps completed
 tokens                      non-pad training tokens seen (all ranks)
 tokens_per_s                tokens / training time (eval and checkpointing excluded)
 optimizer_state_bytes       bytes of optimizer state allocated (``foam.state_bytes``), per replica
-peak_memory_bytes           CUDA max allocated on GPU; peak process RSS on CPU (rank 0)
-peak_memory_reserved_bytes  CUDA max reserved (null on CPU)
+peak_memory_bytes           peak over training steps only (set-up, eval and saving excluded):
+                            CUDA max allocated on GPU; peak process RSS on CPU (rank 0)
+peak_memory_reserved_bytes  the same for CUDA max reserved (null on CPU)
+peak_memory_by_phase        {phase: {peak_memory_bytes, ...}} for setup, train, eval, checkpoint
+                            (``train.metrics.PhasePeaks``)
 mfu                         model FLOPs utilisation of the last logged window (null on CPU/unknown GPU)
 wall_time_s                 wall-clock time of the run, summed over resumed segments
 git_sha                     commit of the code (suffixed ``-dirty`` with uncommitted changes)

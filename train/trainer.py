@@ -11,7 +11,7 @@ This replaces the references' mean-of-micro-batch-means, which weights short doc
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,15 +24,21 @@ Batch = dict[str, torch.Tensor]
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss or gradient norm stopped being finite: the run stops before the bad update."""
+    """The loss or gradient norm stopped being finite: the run stops before anything is saved."""
 
 
 def next_token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Summed cross-entropy of position t predicting label t+1 (labels are aligned with the
-    inputs; -100 marks padding). Computed in float32 like transformers' own loss."""
-    shifted = labels[:, 1:].reshape(-1)
-    logits = logits[:, :-1].reshape(-1, logits.size(-1)).float()
-    return F.cross_entropy(logits, shifted, ignore_index=-100, reduction="sum")
+    inputs; -100 marks padding). Computed in float32 like transformers' own loss.
+
+    The labels are shifted (one -100 column appended), not the logits: slicing the logits would
+    copy them, and the float32 copy cross-entropy needs (none when they are float32 already) is
+    then the only one.
+    """
+    targets = F.pad(labels[:, 1:], (0, 1), value=-100)
+    return F.cross_entropy(
+        logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum"
+    )
 
 
 def count_targets(batch: Batch) -> int:
@@ -40,28 +46,43 @@ def count_targets(batch: Batch) -> int:
     return int((batch["labels"][:, 1:] != -100).sum())
 
 
+def to_device_async(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device`` without stalling the host: on CUDA the copy is made from pinned
+    memory, so it is queued like a kernel (from pageable memory it may wait for the GPU)."""
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 def to_device(batch: Batch, device: torch.device) -> Batch:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    """A host-side batch on ``device``. An attention mask without padding is left out:
+    transformers would check it on the device (a host sync per forward) only to find that the
+    plain causal kernel applies, which it then uses without a mask anyway."""
+    return {
+        k: to_device_async(v, device)
+        for k, v in batch.items()
+        if k != "attention_mask" or not bool(v.all())
+    }
 
 
 def forward_loss_sum(
     model: nn.Module, batch: Batch, autocast: Callable[[], contextlib.AbstractContextManager]
 ) -> torch.Tensor:
     with autocast():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logits = model(
+            input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")
+        ).logits
     return next_token_loss_sum(logits, batch["labels"])
 
 
 @dataclass
 class StepResult:
-    loss: float
-    """Token-weighted mean loss over the global batch."""
-    targets: int
-    """Global number of target tokens in the step."""
-    tokens: int
-    """Global number of non-pad input tokens in the step."""
-    token_slots: int
-    """Global number of token positions processed (padding included)."""
+    """One step's numbers, left on the device (reading them would wait for the GPU)."""
+
+    loss: torch.Tensor
+    """Token-weighted mean loss over the global batch (float64 scalar)."""
+    counts: torch.Tensor
+    """Global (target tokens, non-pad input tokens, token positions with padding), int64."""
 
 
 def accumulate_gradients(
@@ -72,18 +93,22 @@ def accumulate_gradients(
     world_size: int,
     autocast: Callable[[], contextlib.AbstractContextManager],
 ) -> StepResult:
-    """Forward and backward over this rank's micro-batches; leaves the global gradient in .grad."""
-    counts = torch.tensor(
+    """Forward and backward over this rank's micro-batches; leaves the global gradient in .grad.
+
+    Nothing here waits for the GPU: the counts are taken from the host-side batches and
+    all-reduced on the device, and the loss stays a device tensor.
+    """
+    local = torch.tensor(
         [
             sum(count_targets(b) for b in micro_batches),
             sum(int(b["attention_mask"].sum()) for b in micro_batches),
             sum(b["input_ids"].numel() for b in micro_batches),
         ],
-        dtype=torch.float64,
-        device=device,
+        dtype=torch.int64,
     )
-    targets, tokens, slots = (int(x) for x in all_reduce_sum(counts).tolist())
-    denominator = max(targets, 1) / world_size
+    counts = all_reduce_sum(to_device_async(local, device))
+    targets = counts[0].clamp(min=1).double()
+    denominator = (targets / world_size).float()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     no_sync = getattr(model, "no_sync", contextlib.nullcontext)
     for i, batch in enumerate(micro_batches):
@@ -93,11 +118,23 @@ def accumulate_gradients(
             loss = forward_loss_sum(model, batch, autocast)
             (loss / denominator).backward()
         loss_sum += loss.detach().double()
-    loss_value = all_reduce_sum(loss_sum).item() / max(targets, 1)
-    return StepResult(loss=loss_value, targets=targets, tokens=tokens, token_slots=slots)
+    return StepResult(loss=all_reduce_sum(loss_sum) / targets, counts=counts)
 
 
-def grad_norm_and_clip(params: Sequence[torch.Tensor], max_norm: float) -> float:
-    """Global L2 norm of the gradients; clipped to ``max_norm`` when it is > 0."""
-    limit = max_norm if max_norm > 0 else float("inf")
-    return float(torch.nn.utils.clip_grad_norm_(params, limit, foreach=True))
+def grad_norm(params: Iterable[torch.Tensor]) -> torch.Tensor:
+    """Global L2 norm of the gradients, in float32 whatever their dtype (the per-tensor norms of
+    ``clip_grad_norm_`` are rounded to bf16 in pure bf16 training)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), dtype=torch.float32)
+    norms = torch._foreach_norm(grads, 2.0, dtype=torch.float32)
+    return torch.linalg.vector_norm(torch.stack(norms))
+
+
+def grad_norm_and_clip(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """The global gradient norm (a device tensor); the gradients are scaled down to ``max_norm``
+    when it is > 0 and left untouched when it is 0 (no multiplication by 1.0)."""
+    norm = grad_norm(params)
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+    return norm

@@ -150,8 +150,12 @@ class LDAdamW(ProjectedAdamW):
                     continue
                 if set_to_none:
                     p.grad = None
-                else:
-                    p.grad.detach_().zero_()
+                else:  # torch's way: DDP's bucket-view gradients refuse detach_()
+                    if p.grad.grad_fn is not None:
+                        p.grad.detach_()
+                    else:
+                        p.grad.requires_grad_(False)
+                    p.grad.zero_()
 
     def _update(self, p: torch.Tensor, group: dict[str, Any], index: int) -> None:
         state = self.state[p]

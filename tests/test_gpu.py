@@ -1,0 +1,186 @@
+"""The CUDA paths, checked on the first machine that has a GPU (skipped everywhere else).
+
+    python -m pytest -q -m gpu tests/test_gpu.py      # or: make test-gpu
+
+What CPU runs cannot reach: every optimizer (fused AdamW, Triton/CUDA kernels, bitsandbytes)
+stepping bf16 weights on the GPU, bf16 autocast, a training step that never waits for the GPU,
+the weights being those of a CPU build, peak memory per phase, and NCCL DDP with bucket-view
+gradients when two GPUs are present.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from optim_helpers import TINY_LLAMA, build, tiny_llama
+
+import foam
+import models
+from train.distributed import wrap_ddp
+from train.metrics import PhasePeaks
+from train.step_stats import StepStats
+from train.trainer import accumulate_gradients, forward_loss_sum, grad_norm_and_clip
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+CUDA = torch.device("cuda", 0)
+
+
+def micro_batches(n: int = 2, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """Host-side batches, as the data loader yields them."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(0, TINY_LLAMA["vocab_size"], (2, 16), generator=gen)
+        out.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids})
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(foam.available_optimizers()))
+def test_every_optimizer_steps_bf16_weights_on_the_gpu(name: str) -> None:
+    if name in {"adamw8bit", "foam8bit"}:
+        pytest.importorskip("bitsandbytes")
+    model = tiny_llama(torch.bfloat16).to(CUDA)
+    optimizer = build(name, model, lr=1e-2)
+    start = [p.detach().clone() for p in model.parameters()]
+    for seed in range(2):
+        accumulate_gradients(
+            model,
+            micro_batches(seed=seed),
+            device=CUDA,
+            world_size=1,
+            autocast=contextlib.nullcontext,
+        )
+        optimizer.step()
+        optimizer.zero_grad()
+    torch.cuda.synchronize()
+    assert all(p.isfinite().all() for p in model.parameters())
+    assert any(not torch.equal(a, p) for a, p in zip(start, model.parameters(), strict=True))
+    assert foam.state_bytes(optimizer) > 0
+
+
+def test_bf16_autocast_keeps_fp32_weights_and_an_fp32_loss() -> None:
+    model = tiny_llama().to(CUDA)
+
+    def autocast() -> contextlib.AbstractContextManager:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+
+    batch = {k: v.to(CUDA) for k, v in micro_batches(1)[0].items()}
+    with autocast():
+        logits = model(input_ids=batch["input_ids"]).logits
+    assert logits.dtype == torch.bfloat16
+    loss = forward_loss_sum(model, batch, autocast)
+    assert loss.dtype == torch.float32 and loss.isfinite()
+    accumulate_gradients(model, micro_batches(), device=CUDA, world_size=1, autocast=autocast)
+    assert all(p.grad.dtype == torch.float32 for p in model.parameters())
+
+
+class DenseLM(torch.nn.Module):
+    """A language model of dense ops only (no embedding lookup, whose CUDA backward may sync),
+    so that a sync caught below is the trainer's own."""
+
+    def __init__(self, seq_len: int = 16, hidden: int = 32) -> None:
+        super().__init__()
+        self.hidden = torch.nn.Parameter(torch.randn(seq_len, hidden))
+        self.head = torch.nn.Linear(hidden, TINY_LLAMA["vocab_size"])
+
+    def forward(self, input_ids: torch.Tensor, attention_mask=None) -> SimpleNamespace:
+        return SimpleNamespace(logits=self.head(self.hidden.expand(input_ids.shape[0], -1, -1)))
+
+
+@pytest.mark.parametrize("max_norm", [0.0, 1.0])
+def test_the_training_step_never_waits_for_the_gpu(max_norm: float) -> None:
+    """The trainer's part of a step (moving the batches, the token counts, the loss, the
+    gradient norm and clipping, the step's bookkeeping) queues work without one host sync:
+    CUDA's sync debug mode raises on any. The stats' read is the interval's one sync."""
+    model = DenseLM().to(CUDA)
+    params = list(model.parameters())
+    stats = StepStats(CUDA)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in (1, 2):
+            result = accumulate_gradients(
+                model, micro_batches(), device=CUDA, world_size=1, autocast=contextlib.nullcontext
+            )
+            stats.add(step, result, grad_norm_and_clip(params, max_norm))
+            model.zero_grad(set_to_none=False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    interval = stats.read()
+    assert interval.steps == 2 and interval.grad_norm > 0 and interval.tokens == 2 * 2 * 2 * 16
+
+
+def test_build_on_the_gpu_gives_the_cpu_weights() -> None:
+    cfg = models.load_model_config("llama_tiny")
+    torch.manual_seed(3)
+    on_cpu = models.build_model(cfg, dtype=torch.bfloat16)
+    torch.manual_seed(3)
+    on_gpu = models.build_model(cfg, device=CUDA, dtype=torch.bfloat16)
+    for (name, a), b in zip(on_cpu.state_dict().items(), on_gpu.state_dict().values(), strict=True):
+        assert torch.equal(a, b.cpu()), name
+
+
+def test_train_peak_excludes_setup_and_eval() -> None:
+    peaks = PhasePeaks(CUDA)
+    setup = torch.empty(256 * 2**20, dtype=torch.uint8, device=CUDA)
+    del setup
+    peaks.enter("train")
+    train = torch.empty(16 * 2**20, dtype=torch.uint8, device=CUDA)
+    peaks.enter("eval")
+    evaluation = torch.empty(128 * 2**20, dtype=torch.uint8, device=CUDA)
+    del evaluation
+    peaks.enter("train")
+    record = peaks.record()
+    del train
+    by_phase = record["peak_memory_by_phase"]
+    assert 16 * 2**20 <= record["peak_memory_bytes"] < 64 * 2**20
+    assert by_phase["setup"]["peak_memory_bytes"] >= 256 * 2**20
+    assert by_phase["eval"]["peak_memory_bytes"] >= 128 * 2**20
+    assert record["peak_memory_reserved_bytes"] >= record["peak_memory_bytes"]
+
+
+def _nccl_worker(rank: int, store: str, out: dict) -> None:
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group(
+        "nccl", init_method=store, rank=rank, world_size=2, timeout=timedelta(seconds=120)
+    )
+    try:
+        model = tiny_llama(torch.bfloat16).to(device)
+        ddp = wrap_ddp(model, device)
+        batches = micro_batches(4)[rank::2]  # this rank's half of the global batch
+        for _ in range(2):  # the second step accumulates into the bucket views
+            model.zero_grad(set_to_none=False)
+            accumulate_gradients(
+                ddp, batches, device=device, world_size=2, autocast=contextlib.nullcontext
+            )
+        if rank == 0:
+            out["grads"] = [p.grad.float().cpu() for p in model.parameters()]
+            out["views"] = all(p.grad._is_view() for p in model.parameters())
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_nccl_ddp_equals_one_gpu_with_the_same_global_batch(tmp_path) -> None:
+    single = tiny_llama(torch.bfloat16).to(CUDA)
+    accumulate_gradients(
+        single, micro_batches(4), device=CUDA, world_size=1, autocast=contextlib.nullcontext
+    )
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_nccl_worker, args=(f"file://{tmp_path / 'store'}", out), nprocs=2, join=True)
+        grads, views = out["grads"], out["views"]
+    assert views
+    for p, g in zip(single.parameters(), grads, strict=True):
+        torch.testing.assert_close(p.grad.float().cpu(), g, rtol=2e-2, atol=1e-4)  # bf16 sums

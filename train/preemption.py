@@ -1,0 +1,102 @@
+"""Stop a run cleanly when the cluster asks, and checkpoint by wall clock.
+
+Clusters stop jobs with a signal: SLURM sends SIGTERM on preemption and at the time limit (and
+SIGUSR1/SIGUSR2 ahead of it when the job asked with ``--signal``), then SIGKILL some 30-120 s
+later; torchrun forwards SIGTERM (and whatever its ``--signals-to-handle`` lists) to every worker
+and SIGKILLs them after its shutdown timeout. Here those signals are only recorded
+(``install_stop_signals``). The training loop calls ``StopAndSave.poll`` once per optimizer step
+on every rank; one small all-reduce agrees on the answer (a signal on any rank stops all of them;
+a wall-clock save is due when any rank's clock says so), so all ranks finish the same step, save
+together and exit with ``PREEMPTED_EXIT_STATUS``. A second signal during that save is recorded
+and changes nothing; the save is atomic anyway (``train/checkpoint.py``): complete or absent.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+
+import torch
+
+from train.distributed import all_reduce_max
+
+# sysexits.h EX_TEMPFAIL ("temporary failure, retry later"): the run stopped on a signal after
+# writing a checkpoint; rerunning the same command resumes it. Distinct from 0 (finished),
+# 1 (crash), 2 (config error) and 3 (divergence). torchrun turns any failed worker into its own
+# status 1 (listing the workers' statuses), so scripts/sweep.py goes by the signal its job got.
+PREEMPTED_EXIT_STATUS = 75
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+_received: list[int] = []  # signal numbers recorded since install_stop_signals()
+
+
+class RunPreempted(Exception):
+    """Raised once the checkpoint is written and the logs are flushed; the entry point exits with
+    ``PREEMPTED_EXIT_STATUS``."""
+
+
+def _record(signum: int, frame: FrameType | None) -> None:
+    _received.append(signum)
+
+
+def install_stop_signals(signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> None:
+    """Record ``signals`` instead of dying of them, for the rest of the process.
+
+    Never uninstalled: a second signal while the checkpoint is written, the logs are flushed or
+    the interpreter shuts down must not turn the documented exit status into a death by signal.
+    Signal handlers are per process, so the record is too (``received_signal``). Call from the
+    main thread (Python's rule for ``signal.signal``).
+    """
+    _received.clear()
+    for sig in signals:
+        signal.signal(sig, _record)
+
+
+def received_signal() -> signal.Signals | None:
+    """The first stop signal this process received since ``install_stop_signals``, if any."""
+    return signal.Signals(_received[0]) if _received else None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What every rank does after the step it just finished."""
+
+    stop_signal: signal.Signals | None = None
+    """Set when the run must stop: the signal (the highest-numbered one if ranks got several)."""
+    save: bool = False
+    """A checkpoint is due: the wall-clock interval passed, or the run stops."""
+
+
+class StopAndSave:
+    """The per-step question "save now? stop now?", answered the same way on every rank.
+
+    ``save_every_minutes`` <= 0 turns wall-clock checkpoints off (signals still stop the run).
+    ``checkpoint_saved`` restarts the interval after any save, step-based ones included.
+    """
+
+    def __init__(
+        self,
+        save_every_minutes: float,
+        device: torch.device,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._interval_s = save_every_minutes * 60.0
+        self._device = device
+        self._clock = clock
+        self._last_save = clock()
+
+    def checkpoint_saved(self) -> None:
+        self._last_save = self._clock()
+
+    def poll(self) -> Verdict:
+        """Collective: every rank calls it after every optimizer step (one all-reduce of two
+        integers, on the device so that NCCL can carry it)."""
+        due = self._interval_s > 0 and self._clock() - self._last_save >= self._interval_s
+        sig = received_signal()
+        flags = torch.tensor([int(sig or 0), int(due)], dtype=torch.int64, device=self._device)
+        signum, save = all_reduce_max(flags).tolist()
+        stop = signal.Signals(signum) if signum else None
+        return Verdict(stop_signal=stop, save=bool(save) or stop is not None)
