@@ -67,14 +67,23 @@ def test_defaults_and_keys_other_tools_rely_on():
         "alpha": 0.25,
         "lr": 1e-2,
         "betas": [0.9, 0.95],
-        # every FOAM option, at FOAM_SPEC's defaults, so each can be overridden without "+"
+        # every FOAM option, so each can be overridden without "+"; None: from `semantics`
+        "semantics": "paper",
         "residual": True,
         "residual_in_second_moment": True,
-        "second_moment": "square_of_mean",
-        "bias_correction": True,
-        "fold_axis": "larger",
+        "second_moment": None,
+        "bias_correction": None,
+        "fold_axis": None,
+        "tail_block": None,
+        "decay": None,
         "state_dtype": None,
     }
+
+
+def test_foam2_release_is_foam2_with_release_semantics():
+    paper = optimizer_hparams(cfg_for("+model=llama_60m", "+optim=foam2").optim)
+    release = optimizer_hparams(cfg_for("+model=llama_60m", "+optim=foam2_release").optim)
+    assert release == {**paper, "semantics": "release"}
 
 
 @pytest.mark.parametrize(
