@@ -77,3 +77,5 @@ class Composite(DtypeFaithfulOptimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self._share()  # torch's loader replaces the group dicts and the state dict
+        for part in self.parts:  # the parts' own hook for loaded groups (e.g. options added since)
+            part.__setstate__({"state": part.state, "param_groups": part.param_groups})

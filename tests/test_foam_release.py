@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from optim_helpers import random_grads, tiny_llama
+from optim_helpers import random_grads, step_with, tiny_llama
 
 from foam import FOAM, build_optimizer, planned_state_numel
 from foam.folding import fold, make_plan
@@ -215,3 +215,25 @@ def test_checkpoints_from_before_semantics_load_as_paper():
         "mean",
         "before_update",
     )
+
+
+def test_a_composite_checkpoint_from_before_semantics_loads_as_paper():
+    """muon's plain-AdamW part is a FOAM: groups saved without the new keys still step."""
+    model = tiny_llama()
+    opt = build_optimizer("muon", model, lr=1e-2)
+    step_with(opt, model, random_grads(model, 1))
+    saved = copy.deepcopy(opt.state_dict())  # torch's loader shares step tensors otherwise
+    new_keys = ("semantics", "tail_block", "decay")
+    for group in saved["param_groups"]:
+        for key in new_keys:
+            group.pop(key, None)
+    clone = copy.deepcopy(model)
+    restored = build_optimizer("muon", clone, lr=1e-2)
+    restored.load_state_dict(saved)
+    others = next(g for g in restored.param_groups if g["name"] == "others")
+    assert others["semantics"] == "paper"
+    grads = random_grads(model, 1, seed=3)
+    step_with(opt, model, grads)
+    step_with(restored, clone, grads)
+    for p, q in zip(model.parameters(), clone.parameters(), strict=True):
+        assert torch.equal(p, q)
