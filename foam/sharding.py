@@ -26,6 +26,7 @@ list of what works).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -142,11 +143,11 @@ def shard_fold(p: torch.Tensor, plan: FoldPlan, where: str = "a parameter") -> S
         rows = p.to_local().shape[0]
     else:
         cols = p.to_local().shape[1]
-    local_plan = FoldPlan(rows=rows, cols=cols, axis=plan.axis, block=plan.block)
+    local_plan = dataclasses.replace(plan, rows=rows, cols=cols)
     if plan.axis != dim or ranks == 1:
         return ShardFold(plan, local_plan, placement=Shard(dim))
     if plan.block == plan.length:  # FOAM-Mini along the sharded axis
-        mini = FoldPlan(rows=rows, cols=cols, axis=dim, block=max(local_plan.length, 1))
+        mini = dataclasses.replace(local_plan, block=max(local_plan.length, 1))
         return ShardFold(plan, mini, across_ranks=True)
     if per_rank % plan.block:
         raise ShardingNotSupported(

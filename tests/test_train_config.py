@@ -138,6 +138,12 @@ def test_unknown_key_in_a_yaml_option_fails_at_compose_time(tmp_path):
     assert "max_stpes" in str(err.value) + str(err.value.__cause__)
 
 
+def test_foam2_release_is_foam2_with_release_semantics():
+    paper = optimizer_hparams(cfg_for("+model=llama_60m", "+optim=foam2").optim)
+    release = optimizer_hparams(cfg_for("+model=llama_60m", "+optim=foam2_release").optim)
+    assert release == {**paper, "semantics": "release"}
+
+
 @pytest.mark.parametrize(
     ("model", "optim", "lr"),
     [

@@ -18,7 +18,8 @@ With one rank there is nothing to shard or replicate: the model trains unwrapped
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,6 +29,7 @@ from torch.distributed.tensor import Shard
 from torch.nn.parallel import DistributedDataParallel
 
 import foam
+from foam.optimizer import SEMANTICS
 from foam.sharding import shard_dim
 from train.distributed import wrap_ddp
 
@@ -37,6 +39,12 @@ PARALLELISMS = ("ddp", "fsdp")
 def uses_autocast(parallelism: str, precision: str) -> bool:
     """bf16_mixed computes in bf16 under ``torch.autocast`` with DDP; FSDP2 casts on its own."""
     return precision == "bf16_mixed" and parallelism == "ddp"
+
+
+def fold_axis_of(optim: Mapping[str, Any]) -> str:
+    """The fold axis the run's optimizer will use: FOAM's ``fold_axis``, else its ``semantics``'
+    (``larger`` for the paper's); methods without one fold nothing, and any placement suits them."""
+    return optim.get("fold_axis") or SEMANTICS[optim.get("semantics") or "paper"]["fold_axis"]
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

@@ -70,7 +70,7 @@ from train.metrics import (
     peak_flops,
     per_rank_memory_line,
 )
-from train.parallelism import is_sharded, parallelize, uses_autocast
+from train.parallelism import fold_axis_of, is_sharded, parallelize, uses_autocast
 from train.preemption import (
     PREEMPTED_EXIT_STATUS,
     RunPreempted,
@@ -222,7 +222,7 @@ def build_model_and_optimizer(
         precision=t.precision,
         device=device,
         world_size=info.world_size,
-        fold_axis=cfg.optim.get("fold_axis", "larger"),
+        fold_axis=fold_axis_of(cfg.optim),
     )
     optimizer = build_optimizer(cfg.optim, model)
     scheduler = build_scheduler(
