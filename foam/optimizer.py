@@ -24,7 +24,7 @@ from foam.folding import (
 )
 from foam.hparams import group_defaults, validate_adam_hparams
 from foam.numerics import compute_dtype, ema_, resolve_dtype
-from foam.sharding import ShardFold, fold_shard, local, shard_fold, zeros_state
+from foam.sharding import ShardFold, fold_shard, is_sharded, local, shard_fold, zeros_state
 from foam.state import DtypeFaithfulOptimizer
 
 SECOND_MOMENTS = ("square_of_mean", "mean_of_squares")
@@ -132,6 +132,8 @@ class FOAM(DtypeFaithfulOptimizer):
         plan = self.plan_for(p, group)
         if plan is None:
             return None
+        if not is_sharded(p):
+            return ShardFold(plan, plan)
         index = next(i for i, q in enumerate(group["params"]) if q is p)
         return shard_fold(p, plan, f"parameter {index} of group {group.get('name', '')!r}")
 

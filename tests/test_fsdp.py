@@ -185,3 +185,29 @@ def test_refused_method_stops_the_run_before_any_step(tmp_path, corpus):
     proc = run(cmd, expect_rc=1)  # torchrun reports the ranks' exit status 2 as 1
     assert "trainer.parallelism=fsdp: optimizer 'galore' does not support FSDP2" in proc.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize(("precision", "dtype"), [("bf16", "bfloat16"), ("bf16_mixed", "float32")])
+def test_fsdp_trains_in_bf16_with_checkpointing_and_accumulation(tmp_path, precision, dtype):
+    """Pure bf16 keeps bf16 weights, bf16_mixed fp32 ones (computed in bf16 by FSDP2's policy);
+    two micro-batches per rank and activation checkpointing on."""
+    run_dir = tmp_path / "run"
+    overrides = (
+        f"trainer.precision={precision}",
+        "trainer.grad_checkpointing=true",
+        "trainer.global_batch_size=8",
+        "trainer.micro_batch_size=2",
+        "trainer.max_steps=3",
+        "trainer.save_every=0",
+        "trainer.eval_every=0",
+        "trainer.parallelism=fsdp",
+    )
+    out = run(torchrun(command(run_dir, *overrides, optim="foam_mini")))
+    assert "2 rank(s) x 2 micro-batch x 2 accumulation" in out.stdout + out.stderr
+    losses = train_losses(run_dir)
+    assert sorted(losses) == [1, 2, 3] and losses[3] < losses[1]
+    assert f"params: {dtype}" in (run_dir / "pretrain.log").read_text()
+    hf = json.loads((run_dir / "hf" / "config.json").read_text())
+    assert hf.get("torch_dtype", hf.get("dtype")) == dtype
