@@ -66,6 +66,16 @@ class Composite(DtypeFaithfulOptimizer):
         """The parts' planned state elements (each part's own accounting)."""
         return sum(planned_state_numel(part) for part in self.parts)
 
+    def grad_state_owners(self) -> list[tuple[DtypeFaithfulOptimizer, dict[str, Any]]]:
+        """Each parameter's part decides whether its ``p.grad`` is state (LDAdamW's feedback)."""
+        owners = []
+        for part in self.parts:
+            decides = part if isinstance(part, DtypeFaithfulOptimizer) else self
+            owners += [(decides, g) for g in part.param_groups for _ in g["params"]]
+        return owners
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self._share()  # torch's loader replaces the group dicts and the state dict
+        for part in self.parts:  # the parts' own hook for loaded groups (e.g. options added since)
+            part.__setstate__({"state": part.state, "param_groups": part.param_groups})

@@ -18,6 +18,10 @@ from typing import Any
 import torch
 
 FOLD_AXES = ("larger", "last")
+# How a block shorter than 2**level (the last one of a non-divisible axis) is averaged: over its
+# real entries ("mean", FOAM_SPEC section 1), or zero-padded to the full block and divided by
+# 2**level ("zero_pad", the authors' release; also when 2**level exceeds the whole axis).
+TAIL_BLOCKS = ("mean", "zero_pad")
 log = logging.getLogger("foam")
 
 
@@ -27,13 +31,15 @@ class FoldPlan:
 
     ``rows x cols`` is the 2-d view of the parameter (more than two dims are viewed as
     ``(shape[0], prod(rest))``). ``axis`` is the axis of that view whose entries are averaged in
-    blocks of ``block`` consecutive entries; the last block may be shorter (``tail`` entries).
+    blocks of ``block`` consecutive entries; the last block may be shorter (``tail`` entries), and
+    ``tail_block`` says how it is averaged (one of :data:`TAIL_BLOCKS`).
     """
 
     rows: int
     cols: int
     axis: int  # 0 or 1 in the 2-d view
     block: int
+    tail_block: str = "mean"
 
     @property
     def length(self) -> int:
@@ -85,31 +91,39 @@ def validate_fold_settings(group: Mapping[str, Any]) -> None:
         raise ValueError(f"residual must be a bool or a scale >= 0, got {group['residual']!r}")
 
 
-def make_plan(shape: torch.Size | tuple[int, ...], level: int | str, fold_axis: str) -> FoldPlan:
+def make_plan(
+    shape: torch.Size | tuple[int, ...],
+    level: int | str,
+    fold_axis: str,
+    tail_block: str = "mean",
+) -> FoldPlan:
     """Plan the fold of a tensor of ``shape``.
 
     ``fold_axis="larger"`` folds the larger dim (ties: the last), the paper's convention that makes
     FOAM-Mini keep one value per row of the smaller dim; ``"last"`` always folds the last dim of
     the 2-d view, as the authors' release does. ``level="mini"`` is one block over the whole fold
-    axis; a level whose blocks are longer than a small matrix's fold axis is clamped to that (the
-    matrix gets its FOAM-Mini), with one warning per shape. Plans are cached by their arguments,
-    so the optimizers can ask for a parameter's plan at every step.
+    axis. With ``tail_block="mean"`` a level whose blocks are longer than a small matrix's fold
+    axis is clamped to that (the matrix gets its FOAM-Mini), with one warning per shape; with
+    ``"zero_pad"`` it keeps the release's one zero-padded block per row (sum / 2**level). Plans are
+    cached by their arguments, so the optimizers can ask for a parameter's plan at every step.
     """
     check_level(level)
     if level is None:
         raise ValueError("level None means no folding: there is no plan to make")
     if fold_axis not in FOLD_AXES:
         raise ValueError(f"fold_axis must be one of {FOLD_AXES}, got {fold_axis!r}")
-    return _plan(tuple(shape), level, fold_axis)
+    if tail_block not in TAIL_BLOCKS:
+        raise ValueError(f"tail_block must be one of {TAIL_BLOCKS}, got {tail_block!r}")
+    return _plan(tuple(shape), level, fold_axis, tail_block)
 
 
 @functools.cache
-def _plan(shape: tuple[int, ...], level: int | str, fold_axis: str) -> FoldPlan:
+def _plan(shape: tuple[int, ...], level: int | str, fold_axis: str, tail_block: str) -> FoldPlan:
     rows, cols = matrix_shape(shape)
     axis = 1 if fold_axis == "last" or cols >= rows else 0
     length = cols if axis == 1 else rows
     block = length if level == "mini" else 2**level
-    if block > length:
+    if block > length and tail_block == "mean":
         log.warning(
             "fold level %s makes blocks of %d entries, but a parameter of shape %s has only %d "
             "along its fold axis: folding it as one block over that axis (its FOAM-Mini)",
@@ -119,14 +133,15 @@ def _plan(shape: tuple[int, ...], level: int | str, fold_axis: str) -> FoldPlan:
             length,
         )
         block = length
-    return FoldPlan(rows=rows, cols=cols, axis=axis, block=block)
+    return FoldPlan(rows=rows, cols=cols, axis=axis, block=block, tail_block=tail_block)
 
 
 def fold_plan(p: torch.Tensor, group: Mapping[str, Any]) -> FoldPlan | None:
     """How ``p`` is folded in ``group``; ``None`` (stored in full) for ``level=None`` or 1-d ``p``."""
     if group["level"] is None or p.dim() < 2:
         return None
-    return make_plan(p.shape, group["level"], group["fold_axis"])
+    # optimizers without a tail_block option (Muon, Adam-mini) average tails over real entries
+    return make_plan(p.shape, group["level"], group["fold_axis"], group.get("tail_block", "mean"))
 
 
 def blocks_of(x: torch.Tensor, plan: FoldPlan) -> list[torch.Tensor]:
@@ -162,7 +177,8 @@ def block_views(
 
 
 def fold(x: torch.Tensor, plan: FoldPlan) -> torch.Tensor:
-    """A(x): the mean of each block; the tail block is the mean of its real entries."""
+    """A(x): the mean of each block. The tail block is the mean of its real entries, or with
+    ``tail_block="zero_pad"`` their sum divided by the full block size."""
     block_axis = 2 if plan.axis == 1 else 1
     parts = []
     cut = plan.full_blocks * plan.block
@@ -176,7 +192,10 @@ def fold(x: torch.Tensor, plan: FoldPlan) -> torch.Tensor:
         parts.append(main.reshape(shape).mean(dim=block_axis))
     if plan.tail:
         tail = x[:, cut:] if plan.axis == 1 else x[cut:]
-        parts.append(tail.mean(dim=plan.axis, keepdim=True))
+        if plan.tail_block == "zero_pad":
+            parts.append(tail.sum(dim=plan.axis, keepdim=True).div_(plan.block))
+        else:
+            parts.append(tail.mean(dim=plan.axis, keepdim=True))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=plan.axis)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -9,6 +10,7 @@ import torch
 from torch.optim.adamw import adamw as functional_adamw
 
 from foam.folding import (
+    TAIL_BLOCKS,
     FoldPlan,
     add_unfolded_,
     block_views,
@@ -26,6 +28,30 @@ from foam.numerics import compute_dtype, ema_, resolve_dtype
 from foam.state import DtypeFaithfulOptimizer
 
 SECOND_MOMENTS = ("square_of_mean", "mean_of_squares")
+# True: the folded EMAs are corrected before unfolding (FOAM_SPEC section 2); False: none
+# (Algorithm 1 as printed); "step_size": one factor sqrt(1 - b2^t) / (1 - b1^t) on the step size
+# of every parameter, residual included (the authors' release).
+BIAS_CORRECTIONS = (True, False, "step_size")
+DECAYS = ("before_update", "after_update")  # when W <- W * (1 - lr * wd) is applied
+# The options a ``semantics`` sets, for each semantics. An option passed explicitly (not None)
+# overrides its semantics' value, which is how ablations mix the two. Betas are not included:
+# the paper uses (0.9, 0.95) and the release class defaults to (0.9, 0.999).
+SEMANTICS: dict[str, dict[str, Any]] = {
+    "paper": {
+        "fold_axis": "larger",
+        "second_moment": "square_of_mean",
+        "bias_correction": True,
+        "tail_block": "mean",
+        "decay": "before_update",
+    },
+    "release": {
+        "fold_axis": "last",
+        "second_moment": "mean_of_squares",
+        "bias_correction": "step_size",
+        "tail_block": "zero_pad",
+        "decay": "after_update",
+    },
+}
 FUSED_DEVICES = ("cpu", "cuda", "mps", "xpu")  # where torch ships a fused AdamW kernel
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -39,16 +65,27 @@ class FOAM(DtypeFaithfulOptimizer):
     """Adam whose moments are stored as block means along one axis, plus a residual.
 
     A parameter with at least two dims in a group whose ``level`` is not ``None`` keeps its first
-    and second moments folded to blocks of ``2**level`` entries (``level="mini"``: one block per
-    row of the smaller dim). A level whose blocks are longer than a small matrix's fold axis folds
-    that matrix as one block over the axis (its FOAM-Mini) and says so once in the ``foam`` log.
-    Each step re-adds the detail the fold loses, the residual ``R = G - E(A(G))``, to both moments
-    (the first as ``E(m) + rho R``, the second as ``E(v) + rho^2 R^2``). Everything else, and
-    every group with ``level=None``, takes the plain AdamW update without ``alpha``.
+    and second moments folded to blocks of ``2**level`` entries along ``fold_axis``
+    (``level="mini"``: one block spanning the axis, so with the paper's ``fold_axis="larger"`` one
+    value per row of the smaller dim). A level whose blocks are longer than a small matrix's fold
+    axis folds that matrix as one block over the axis (its FOAM-Mini) and says so once in the
+    ``foam`` log, except with ``tail_block="zero_pad"``, which keeps the release's one padded
+    block. Each step re-adds the detail the fold loses, the residual ``R = G - E(A(G))``, to both
+    moments (the first as ``E(m) + rho R``, the second as ``E(v) + rho^2 R^2``). Everything else,
+    and every group with ``level=None``, takes the plain Adam update without ``alpha`` (AdamW's,
+    or in release semantics the release's step-size-corrected one).
+
+    ``semantics="paper"`` (default) follows FOAM_SPEC; ``semantics="release"`` follows the
+    authors' released class (README, "Paper and release semantics"): fold along the last dim,
+    mean-of-squares second moment, bias correction as one step-size factor on every parameter
+    (the plain-AdamW ones too), zero-padded tail blocks and weight decay after the update. A
+    semantics only fills the options :data:`SEMANTICS` lists that are left at ``None``; options
+    passed explicitly override it. Betas are not part of it.
 
     The constructor's signature is the one home of FOAM's defaults (the registry and the
     trainer's configs read them from it); the hyperparameter rules are
-    :func:`foam.hparams.validate_adam_hparams` and :func:`foam.folding.validate_fold_settings`.
+    :func:`foam.hparams.validate_adam_hparams`, :func:`foam.folding.validate_fold_settings` and
+    this module's ``_validate_group``.
 
     Parameters are processed one at a time, so the transient memory of a step is a few
     temporaries the size of one parameter, never the whole model's.
@@ -65,11 +102,14 @@ class FOAM(DtypeFaithfulOptimizer):
         alpha: float = 0.25,
         residual: bool | float = True,
         residual_in_second_moment: bool = True,
-        second_moment: str = "square_of_mean",
-        bias_correction: bool = True,
-        fold_axis: str = "larger",
+        second_moment: str | None = None,
+        bias_correction: bool | str | None = None,
+        fold_axis: str | None = None,
         state_dtype: torch.dtype | str | None = None,
         fused_adamw: bool = True,
+        semantics: str = "paper",
+        tail_block: str | None = None,
+        decay: str | None = None,
     ) -> None:
         super().__init__(params, group_defaults(locals()))
 
@@ -79,6 +119,7 @@ class FOAM(DtypeFaithfulOptimizer):
         """Validate every group when it is added, so a bad level fails before any compute."""
         super().add_param_group(param_group)
         group = self.param_groups[-1]
+        _apply_semantics(group)
         _validate_group(group)
         for p in group["params"]:
             self.plan_for(p, group)  # plans (and logs a clamped level) before any compute
@@ -97,6 +138,12 @@ class FOAM(DtypeFaithfulOptimizer):
                 plan = self.plan_for(p, group)
                 total += 2 * folded_numel(plan, p.numel())
         return total
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """torch's hook for loaded groups: ones saved before ``semantics`` existed are paper's."""
+        super().__setstate__(state)
+        for group in self.param_groups:
+            _apply_semantics(group)
 
     # -- the step --------------------------------------------------------------------------------
 
@@ -127,13 +174,15 @@ class FOAM(DtypeFaithfulOptimizer):
         The kernel does AdamW's arithmetic in float32 whatever the tensors' dtype and needs no
         temporaries, which is what this optimizer promises for the unfolded parameters (for bf16
         embeddings it is several times faster than upcasting copies). It applies to same-dtype
-        parameter, gradient and states with bias correction on a device that has the kernel;
+        parameter, gradient and states with bias correction of the moments and decay before the
+        update (AdamW's own order) on a device that has the kernel;
         ``fused_adamw=False`` keeps the per-tensor path (bitwise equal to ``AdamW(foreach=False)``).
         """
         return (
             group["fused_adamw"]
             and self.plan_for(p, group) is None
-            and group["bias_correction"]
+            and group["bias_correction"] is True
+            and group["decay"] == "before_update"
             and fused_adamw_applies(p)
             and p.grad.dtype == p.dtype
             and resolve_dtype(group["state_dtype"], p.dtype) == p.dtype
@@ -187,15 +236,15 @@ class FOAM(DtypeFaithfulOptimizer):
         t = int(state["step"].item())
         beta1, beta2 = group["betas"]
         lr, eps = group["lr"], group["eps"]
-        bc1 = 1 - beta1**t if group["bias_correction"] else 1.0
-        bc2 = 1 - beta2**t if group["bias_correction"] else 1.0
+        bc1, bc2, step_scale = bias_corrections(group["bias_correction"], group["betas"], t)
 
         wide = compute_dtype(p.dtype)
         grad = p.grad if plan is None else p.grad.reshape(plan.rows, plan.cols)
         g = grad.to(wide)
 
-        if group["weight_decay"]:
-            p.mul_(1 - lr * group["weight_decay"])
+        decay = 1 - lr * group["weight_decay"]
+        if group["weight_decay"] and group["decay"] == "before_update":
+            p.mul_(decay)
         if plan is not None and plan.block > 1:
             g_folded = fold(g, plan)
             m = ema_(state["exp_avg"], g_folded, beta1, square=False)
@@ -203,15 +252,21 @@ class FOAM(DtypeFaithfulOptimizer):
                 v = ema_(state["exp_avg_sq"], fold(g.square(), plan), beta2, square=False)
             else:
                 v = ema_(state["exp_avg_sq"], g_folded, beta2, square=True)
-            self._residual_step(p, g, g is not grad, g_folded, m / bc1, v / bc2, plan, group)
+            step_size = lr * group["alpha"] * step_scale
+            self._residual_step(
+                p, g, g is not grad, g_folded, m / bc1, v / bc2, plan, group, step_size
+            )
         else:
             # Identity fold (plain AdamW, or level 0): no residual, and torch.optim.AdamW's exact
-            # formula, so level 0 with alpha 1 reproduces it to the last bit.
+            # formula, so level 0 with alpha 1 reproduces it to the last bit (with
+            # bias_correction="step_size" it becomes the release's Adam step).
             m = ema_(state["exp_avg"], g, beta1, square=False)
             v = ema_(state["exp_avg_sq"], g, beta2, square=True)
             denom = (v.sqrt() / bc2**0.5).add_(eps)
-            step_size = lr * (1.0 if plan is None else group["alpha"])
+            step_size = lr * (1.0 if plan is None else group["alpha"]) * step_scale
             p.addcdiv_(m.view(p.shape), denom.view(p.shape), value=-step_size / bc1)
+        if group["weight_decay"] and group["decay"] == "after_update":
+            p.mul_(decay)
 
     @staticmethod
     def _residual_step(
@@ -223,8 +278,9 @@ class FOAM(DtypeFaithfulOptimizer):
         v_hat: torch.Tensor,
         plan: FoldPlan,
         group: dict[str, Any],
+        step_size: float,
     ) -> None:
-        """``p -= lr * alpha * (E(m_hat) + rho R) / (sqrt(E(v_hat) + rho^2 R^2) + eps)``.
+        """``p -= step_size * (E(m_hat) + rho R) / (sqrt(E(v_hat) + rho^2 R^2) + eps)``.
 
         ``R = g - E(A(g))``. Per-block values are broadcast over block views instead of
         materialising ``E(.)``, and each pass writes where the next one reads, so a step makes
@@ -233,7 +289,6 @@ class FOAM(DtypeFaithfulOptimizer):
         and the denominator.
         """
         rho, eps = float(group["residual"]), group["eps"]
-        step_size = group["lr"] * group["alpha"]
         if rho == 0.0:  # the no-residual ablation: a block-constant update
             p.add_(unfold(m_hat / (v_hat.sqrt() + eps), plan).view(p.shape), alpha=-step_size)
             return
@@ -259,6 +314,41 @@ class FOAM(DtypeFaithfulOptimizer):
         p.add_(numerator.view(p.shape), alpha=-step_size)
 
 
+def bias_corrections(
+    mode: bool | str, betas: tuple[float, float], t: int
+) -> tuple[float, float, float]:
+    """``(bc1, bc2, step_scale)`` at step ``t``: the moments are divided by ``bc1``/``bc2`` and
+    the step is multiplied by ``step_scale`` (see :data:`BIAS_CORRECTIONS`)."""
+    bc1, bc2 = 1 - betas[0] ** t, 1 - betas[1] ** t
+    if mode == "step_size":
+        return 1.0, 1.0, math.sqrt(bc2) / bc1
+    return (bc1, bc2, 1.0) if mode else (1.0, 1.0, 1.0)
+
+
+def require_paper_semantics(method: str, semantics: str) -> None:
+    """Refuse ``semantics="release"`` for a combination the authors' release does not have.
+
+    The release semantics is a statement about the release's FOAM class (an Adam step); its
+    bias-correction, second-moment and decay choices have no counterpart in Muon or Adam-mini, so
+    FOAM's combinations keep the paper's (their ``fold_axis`` option is still there).
+    """
+    if semantics != "paper":
+        raise ValueError(
+            f"{method} supports semantics='paper' only, got {semantics!r}: the authors' release "
+            "has no such combination (release semantics is defined for FOAM's Adam step)"
+        )
+
+
+def _apply_semantics(group: dict[str, Any]) -> None:
+    """Fill the options a group leaves at ``None`` (or lacks) from its ``semantics``."""
+    semantics = group.setdefault("semantics", "paper")
+    if semantics not in SEMANTICS:
+        raise ValueError(f"semantics must be one of {tuple(SEMANTICS)}, got {semantics!r}")
+    for key, value in SEMANTICS[semantics].items():
+        if group.get(key) is None:
+            group[key] = value
+
+
 def _validate_group(group: dict[str, Any]) -> None:
     """Reject settings that would otherwise produce silent garbage mid-training."""
     validate_adam_hparams(group)
@@ -267,3 +357,11 @@ def _validate_group(group: dict[str, Any]) -> None:
         raise ValueError(
             f"second_moment must be one of {SECOND_MOMENTS}, got {group['second_moment']!r}"
         )
+    if group["bias_correction"] not in BIAS_CORRECTIONS:
+        raise ValueError(
+            f"bias_correction must be one of {BIAS_CORRECTIONS}, got {group['bias_correction']!r}"
+        )
+    if group["tail_block"] not in TAIL_BLOCKS:
+        raise ValueError(f"tail_block must be one of {TAIL_BLOCKS}, got {group['tail_block']!r}")
+    if group["decay"] not in DECAYS:
+        raise ValueError(f"decay must be one of {DECAYS}, got {group['decay']!r}")

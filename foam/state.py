@@ -79,7 +79,47 @@ class DtypeFaithfulOptimizer(torch.optim.Optimizer):
     float32_states: tuple[str, ...] = ()
     """State keys kept in float32 whatever the parameter's dtype."""
 
+    grad_state_key: str | None = None
+    """A state some optimizers keep in ``p.grad`` between steps (LDAdamW's error feedback): saved
+    under this key for the parameters :meth:`keeps_grad_state` names, restored into ``p.grad``."""
+
+    def keeps_grad_state(self, p: torch.Tensor, group: dict[str, Any]) -> bool:
+        return False
+
+    def grad_state_owners(self) -> list[tuple[DtypeFaithfulOptimizer, dict[str, Any]]]:
+        """``(optimizer that decides, group)`` for each parameter, in state-dict order."""
+        return [(self, g) for g in self.param_groups for _ in g["params"]]
+
+    def state_dict(self) -> dict[str, Any]:
+        saved = super().state_dict()
+        params = [p for g in self.param_groups for p in g["params"]]
+        for index, (owner, group) in enumerate(self.grad_state_owners()):
+            p = params[index]
+            if index in saved["state"] and p.grad is not None and owner.keeps_grad_state(p, group):
+                saved["state"][index] = {**saved["state"][index], owner.grad_state_key: p.grad}
+        return saved
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        keys = {owner.grad_state_key for owner, _ in self.grad_state_owners()} - {None}
+        held = {
+            index: {k: v for k, v in entry.items() if k in keys}
+            for index, entry in state_dict["state"].items()
+        }
+        state_dict = {
+            **state_dict,
+            "state": {
+                index: {k: v for k, v in entry.items() if k not in keys}
+                for index, entry in state_dict["state"].items()
+            },
+        }
+        self._load_dtype_faithfully(state_dict)
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for param_id, p in zip(saved_ids, params, strict=True):
+            for value in held.get(param_id, {}).values():
+                p.grad = value.to(device=p.device, dtype=p.dtype, copy=True)
+
+    def _load_dtype_faithfully(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         saved_ids = itertools.chain.from_iterable(g["params"] for g in state_dict["param_groups"])
         owners = ((p, g) for g in self.param_groups for p in g["params"])

@@ -118,6 +118,7 @@ ABLATIONS = (
     ("foam2_no_residual_in_v", "foam2", ("optim.residual_in_second_moment=false",)),
     ("foam2_mean_of_squares", "foam2", ("optim.second_moment=mean_of_squares",)),
     ("foam2_fold_last", "foam2", ("optim.fold_axis=last",)),
+    ("foam2_release", "foam2_release", ()),  # the authors' release semantics as a whole
 )
 
 

@@ -47,3 +47,8 @@ sweep --methods foam2 --name foam2_mean_of_squares --lrs 1e-2 --config-alpha "${
 # The paper's control for FOAM's alpha (Appendix, "Adam with module-wise learning rate"): AdamW
 # with the attention/MLP matrices at lr x 0.25, everything else at lr.
 sweep --methods adamw --name adamw_module_wise_lr --lrs 1e-2 "${@}" -- "${COMMON[@]}" optim.alpha=0.25
+
+# FOAM-2 with the authors' release semantics (foam.optimizer.SEMANTICS) at FOAM-2's best lr of the
+# sweep above (5e-3), 3 seeds; make_tables pairs it with FOAM-2 over their common seeds.
+sweep --methods foam2_release --name ablation_foam2_release --lrs 5e-3 --config-alpha \
+  --seeds 0 1 2 "${@}" -- "${COMMON[@]}"

@@ -128,6 +128,29 @@ def test_the_registry_ldadamw_keeps_its_error_feedback_across_zero_grad(others, 
 # -- GWT ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("others", ["adamw", "reference"])
+def test_the_registry_ldadamw_checkpoints_its_error_feedback(others):
+    """The feedback lives in p.grad, which model checkpoints do not save: the optimizer's must."""
+    model, clone = tiny_llama(seed=0), tiny_llama(seed=0)
+    opt = build_optimizer("ldadamw", model, lr=1e-2, others=others)
+    (grads,) = random_grads(model, 1)
+    for p, g in zip(model.parameters(), grads, strict=True):
+        p.grad = g.clone()
+    opt.step()
+    opt.zero_grad()
+    saved = opt.state_dict()
+    carried = [p for p in model.parameters() if p.grad is not None]
+    assert carried and all(p.dim() == 2 for p in carried)  # the low-rank matrices only
+    assert sum("error" in entry for entry in saved["state"].values()) == len(carried)
+    restored = build_optimizer("ldadamw", clone, lr=1e-2, others=others)
+    restored.load_state_dict(saved)
+    for p, q in zip(model.parameters(), clone.parameters(), strict=True):
+        assert (q.grad is None) == (p.grad is None)
+        if p.grad is not None:
+            assert torch.equal(q.grad, p.grad)
+        assert "error" not in restored.state[q]
+
+
 def test_haar_transform_exact_cases():
     x = torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64)  # odd: padded with one zero
     approx, (detail,) = haar_dwt(x, 1)

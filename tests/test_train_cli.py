@@ -1,6 +1,7 @@
 """End to end through the CLI (``python train/pretrain.py`` / ``torchrun``) on CPU with a tiny LLaMA."""
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
@@ -91,6 +93,19 @@ def test_tiny_run_writes_its_run_directory(tmp_path):
     )
     assert "lr: 0.01" in (run_dir / "config.yaml").read_text()  # resolved
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_00000003"]
+
+
+def test_release_semantics_trains_through_the_cli(tmp_path):
+    """`+optim=foam2_release` reaches FOAM as semantics="release" (the checkpoint's groups)."""
+    run_dir = tmp_path / "run"
+    run(command(run_dir, "trainer.max_steps=2", "trainer.eval_every=0", optim="foam2_release"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["optim"] == "foam2_release"
+    (checkpoint,) = (run_dir / "checkpoints").iterdir()
+    groups = torch.load(checkpoint / "state.pt", weights_only=True)["optimizer"]["param_groups"]
+    release = {"semantics": "release", "fold_axis": "last", "bias_correction": "step_size"}
+    assert all(g.items() >= release.items() for g in groups)
+    assert all(math.isfinite(loss) for loss in train_losses(run_dir).values())
 
 
 @pytest.mark.parametrize(

@@ -80,6 +80,16 @@ def test_defaults_and_keys_other_tools_rely_on():
     )
 
 
+def stated_keys(optim: str) -> set[str]:
+    """Keys an optim YAML states, itself or through the optim YAMLs it extends."""
+    node = OmegaConf.load(CONFIG_DIR / "optim" / f"{optim}.yaml")
+    keys = set(node) - {"defaults"}
+    for parent in node.get("defaults", []):
+        if isinstance(parent, str) and (CONFIG_DIR / "optim" / f"{parent}.yaml").is_file():
+            keys |= stated_keys(parent)
+    return keys
+
+
 @pytest.mark.parametrize("optim", OPTIMS)
 def test_optim_configs_follow_their_optimizer(optim):
     """Each optim config extends the schema of the optimizer it names: its keys are that
@@ -89,7 +99,7 @@ def test_optim_configs_follow_their_optimizer(optim):
     assert OmegaConf.get_type(cfg.optim).__name__ == f"{cfg.optim.name}_schema"
     assert set(cfg.optim) == set(keywords) | set(DESCRIPTIVE_OPTIM_KEYS)
     assert cfg.optim.lr == cfg.optim.paper_lr["llama_350m"]
-    yaml_keys = set(OmegaConf.load(CONFIG_DIR / "optim" / f"{optim}.yaml")) - {"defaults"}
+    yaml_keys = stated_keys(optim)
     for key, default in keywords.items():
         if key not in yaml_keys:
             expected = list(default) if isinstance(default, tuple) else default
@@ -136,6 +146,12 @@ def test_unknown_key_in_a_yaml_option_fails_at_compose_time(tmp_path):
     ):
         compose("config", overrides=["+model=llama_tiny", "+optim=foam2", "trainer=mine"])
     assert "max_stpes" in str(err.value) + str(err.value.__cause__)
+
+
+def test_foam2_release_is_foam2_with_release_semantics():
+    paper = optimizer_hparams(cfg_for("+model=llama_60m", "+optim=foam2").optim)
+    release = optimizer_hparams(cfg_for("+model=llama_60m", "+optim=foam2_release").optim)
+    assert release == {**paper, "semantics": "release"}
 
 
 @pytest.mark.parametrize(

@@ -112,41 +112,17 @@ class LDAdamW(ProjectedAdamW):
             group = {**group, "proj_type": "left"}
         return ProjectedAdamW.plan_for(p, group)
 
-    def carries_error(self, p: torch.Tensor, group: dict[str, Any]) -> bool:
-        """Whether ``p.grad`` holds an error-feedback buffer between steps."""
+    grad_state_key = "error"
+
+    def keeps_grad_state(self, p: torch.Tensor, group: dict[str, Any]) -> bool:
+        """Whether ``p.grad`` holds an error-feedback buffer between steps (saved as "error")."""
         return group["error_feedback"] and self.plan_for(p, group) is not None
-
-    def state_dict(self) -> dict[str, Any]:
-        """torch's state dict plus the error buffers (under ``"error"``), so that a resumed run
-        continues exactly: the buffers live in ``p.grad``, which model checkpoints do not save."""
-        saved = super().state_dict()
-        index = 0
-        for group in self.param_groups:
-            for p in group["params"]:
-                if index in saved["state"] and p.grad is not None and self.carries_error(p, group):
-                    saved["state"][index] = {**saved["state"][index], "error": p.grad}
-                index += 1
-        return saved
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        errors = {}
-        states = {}
-        for key, value in state_dict["state"].items():
-            states[key] = {k: v for k, v in value.items() if k != "error"}
-            if "error" in value:
-                errors[key] = value["error"]
-        super().load_state_dict({**state_dict, "state": states})
-        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-        params = [p for g in self.param_groups for p in g["params"]]
-        for key, p in zip(saved_ids, params, strict=True):
-            if key in errors:
-                p.grad = errors[key].to(device=p.device, dtype=p.dtype, copy=True)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients, except those that carry the error feedback of low-rank parameters."""
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is None or self.carries_error(p, group):
+                if p.grad is None or self.keeps_grad_state(p, group):
                     continue
                 if set_to_none:
                     p.grad = None

@@ -12,7 +12,7 @@ import torch
 
 from foam.baselines.adam_mini import HEADS, AdamMini, build, heads_from_config
 from foam.hparams import signature_defaults
-from foam.optimizer import FOAM
+from foam.optimizer import FOAM, require_paper_semantics
 from foam.param_groups import ParamSplit
 from foam.registry import register
 
@@ -22,10 +22,11 @@ FOLD_OPTIONS = ("fold_axis", "residual")
 @register(
     "foam_adam_mini",
     from_model=heads_from_config,
-    **signature_defaults(FOAM, "level"),
+    **signature_defaults(FOAM, "level", "semantics"),
     **signature_defaults(AdamMini, *FOLD_OPTIONS),
     **HEADS,
 )
 def _foam_adam_mini(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """Adam-mini with the matrices' first moment folded plus residual; ``level=0`` is adam_mini."""
+    require_paper_semantics("foam_adam_mini", hp["semantics"])
     return build(split, hp, hp["level"], **{k: hp[k] for k in FOLD_OPTIONS})

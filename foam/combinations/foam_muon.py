@@ -14,6 +14,7 @@ from foam.baselines.muon import MATCH_RMS, MUON_OPTIONS, SETTINGS, matrix_group
 from foam.folding import fold, fold_plan, folded_numel, unfold_with_residual, validate_fold_settings
 from foam.hparams import signature_defaults
 from foam.numerics import compute_dtype, ema_
+from foam.optimizer import require_paper_semantics
 from foam.param_groups import ParamSplit
 from foam.registry import register, with_adamw_for_others
 
@@ -116,8 +117,11 @@ class FoldedMuon(torch.optim.Muon):
 FOLD_OPTIONS = ("level", "fold_axis", "residual")
 
 
-@register("foam_muon", **signature_defaults(FoldedMuon, *FOLD_OPTIONS), **MUON_OPTIONS)
+@register(
+    "foam_muon", **signature_defaults(FoldedMuon, *FOLD_OPTIONS), semantics="paper", **MUON_OPTIONS
+)
 def _foam_muon(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """Muon with the momentum stored folded; ``level=0`` is ``muon``."""
+    require_paper_semantics("foam_muon", hp["semantics"])
     settings = {k: hp[k] for k in (*SETTINGS, *FOLD_OPTIONS)}
     return with_adamw_for_others(split, FoldedMuon(matrix_group(split, hp), **settings), hp)
