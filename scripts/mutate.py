@@ -294,7 +294,7 @@ def run_tests(workdir: Path, tests: list[str], timeout: float, log_file: Path) -
             sys.path.insert(0, str(workdir))
             import pytest
 
-            args = ["-x", "-q", "-p", "no:cacheprovider", "-m", "not gpu", *tests]
+            args = ["-x", "-q", "-p", "no:cacheprovider", "-m", "not slow and not gpu", *tests]
             code = int(pytest.main(args))
         finally:
             os._exit(code)

@@ -332,3 +332,26 @@ def test_unfolded_tensors_take_torchs_adamw_bit_for_bit(dtype, fused, reference)
     for a, b in zip(ours, ref, strict=True):
         assert torch.equal(a, b)
         assert torch.equal(foam.state[a]["exp_avg_sq"], adamw.state[b]["exp_avg_sq"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_step_leaves_the_gradients_untouched(dtype):
+    """The residual is computed in a temporary, never in ``p.grad`` (which callers may still
+    read, e.g. to log a norm)."""
+    params = [p.detach().to(dtype).requires_grad_() for p in random_params(SHAPES)]
+    foam = FOAM(params, lr=1e-2)
+    grads = [g.to(dtype) for g in random_grads(SHAPES, 1)[0]]
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g.clone()
+    foam.step()
+    for p, g in zip(params, grads, strict=True):
+        assert torch.equal(p.grad, g)
+
+
+def test_boundary_settings_are_accepted_and_lr_zero_moves_nothing():
+    params = random_params(SHAPES)
+    before = [p.detach().clone() for p in params]
+    foam = FOAM(params, lr=0.0, betas=(0.0, 0.0), eps=0.0, weight_decay=0.0, residual=0.0)
+    run(foam, params, random_grads(SHAPES, 2))
+    for p, b in zip(params, before, strict=True):
+        assert torch.equal(p.detach(), b)

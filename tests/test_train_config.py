@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
@@ -195,4 +194,3 @@ def test_fold_level_beyond_a_matrix(tiny_model):
 
 def test_configs_dir_is_the_repo_one():
     assert Path(__file__).resolve().parents[1] / "configs" == CONFIG_DIR
-    assert torch.tensor(1).item() == 1

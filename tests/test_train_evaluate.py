@@ -12,6 +12,7 @@ from train.evaluate import evaluate
 VOCAB = 128
 CPU = torch.device("cpu")
 LENGTHS = [3, 16, 5, 12, 2, 9, 14]  # very different lengths: a mean of per-batch means differs
+TOLERANCE = 1e-5  # relative; float32 logits of the padded batch against the unpadded documents
 
 
 def tiny_model() -> torch.nn.Module:
@@ -60,13 +61,13 @@ def test_loss_is_token_weighted_over_the_whole_set_for_any_micro_batch_size(size
     expected, targets = hand_computed_loss(model, docs)
     result = evaluate(model, micro_batches(docs, size), device=CPU)
     assert result["val_tokens"] == targets == sum(LENGTHS) - len(LENGTHS)
-    assert result["val_loss"] == pytest.approx(expected, rel=1e-5)
-    assert result["val_ppl"] == pytest.approx(math.exp(expected), rel=1e-5)
+    assert result["val_loss"] == pytest.approx(expected, rel=TOLERANCE)
+    assert result["val_ppl"] == pytest.approx(math.exp(expected), rel=TOLERANCE)
     if size < len(docs):  # the case tells the token-weighted loss from a mean of batch means
         means = [
             hand_computed_loss(model, docs[i : i + size])[0] for i in range(0, len(docs), size)
         ]
-        assert abs(sum(means) / len(means) - expected) > 1e-3 * expected
+        assert abs(sum(means) / len(means) - expected) > 10 * TOLERANCE * expected
 
 
 def test_model_is_evaluated_in_eval_mode_and_handed_back_as_it_was():
@@ -79,3 +80,27 @@ def test_model_is_evaluated_in_eval_mode_and_handed_back_as_it_was():
     model.eval()
     evaluate(model, micro_batches(documents(), 4), device=CPU)
     assert not model.training
+
+
+def test_single_target_and_empty_validation_sets():
+    model, doc = tiny_model(), documents()[4]  # 2 tokens: one target
+    expected, targets = hand_computed_loss(model, [doc])
+    result = evaluate(model, micro_batches([doc], 1), device=CPU)
+    assert targets == result["val_tokens"] == 1
+    assert result["val_loss"] == pytest.approx(expected, rel=1e-5)
+    assert evaluate(model, [], device=CPU) == {"val_loss": 0.0, "val_ppl": 1.0, "val_tokens": 0}
+
+
+class ConfidentlyWrong(torch.nn.Module):
+    """Puts a logit of 1000 on token 0 everywhere: a loss of about 1000 nats per target."""
+
+    def forward(self, input_ids, attention_mask):
+        logits = torch.zeros(*input_ids.shape, VOCAB)
+        logits[..., 0] = 1000.0
+        return type("Output", (), {"logits": logits})()
+
+
+def test_perplexity_of_a_diverged_model_is_capped_not_an_overflow():
+    result = evaluate(ConfidentlyWrong(), micro_batches(documents(), 4), device=CPU)
+    assert result["val_loss"] == pytest.approx(1000.0, rel=1e-3)
+    assert result["val_ppl"] == math.exp(700.0)

@@ -115,6 +115,67 @@ def test_gradient_checkpointing_changes_nothing():
         torch.testing.assert_close(g1, g2, rtol=1e-6, atol=1e-8)
 
 
+def test_one_target_and_no_target_steps():
+    """Edge counts: a single target is its own mean; a step of padding only has loss 0 and a
+    zero (not NaN) gradient."""
+    (batch,) = batches(1, 1)
+    one = {k: v.clone() for k, v in batch.items()}
+    one["labels"][0, 2:] = -100
+    one["attention_mask"][0, 2:] = 0
+    ours, ref = tiny_model(), tiny_model()
+    result = step(ours, [one])
+    expected = ref(**one).loss  # input_ids, attention_mask and labels
+    expected.backward()
+    assert result.targets == 1
+    assert result.loss == pytest.approx(float(expected.detach()), rel=1e-6)
+    for g_ours, g_ref in zip(grads(ours), grads(ref), strict=True):
+        torch.testing.assert_close(g_ours, g_ref, rtol=1e-5, atol=1e-7)
+
+    empty = {k: v.clone() for k, v in batch.items()}
+    empty["labels"][:] = -100
+    model = tiny_model()
+    result = step(model, [empty])
+    assert result.targets == 0 and result.loss == 0.0
+    assert all(torch.equal(g, torch.zeros_like(g)) for g in grads(model))
+
+
+def test_each_rank_scales_its_loss_by_the_world_size():
+    """DDP averages gradients over ranks, so a rank's gradient must be world_size times its share
+    of the global token sum (checked here in one process, where the all-reduce is the identity)."""
+    micro = batches(2, 2)
+    one, two = tiny_model(), tiny_model()
+    r1, r2 = step(one, micro, world_size=1), step(two, micro, world_size=2)
+    assert r1.loss == pytest.approx(r2.loss, rel=1e-12)
+    for g1, g2 in zip(grads(one), grads(two), strict=True):
+        torch.testing.assert_close(g2, 2 * g1, rtol=1e-6, atol=1e-9)
+
+
+class SyncRecorder(torch.nn.Module):
+    """A stand-in for DDP that records, per forward, whether it ran under ``no_sync``."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model, self.syncing, self.seen = model, True, []
+
+    def forward(self, **inputs):
+        self.seen.append(self.syncing)
+        return self.model(**inputs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.syncing = False
+        try:
+            yield
+        finally:
+            self.syncing = True
+
+
+def test_gradients_are_all_reduced_only_on_the_last_micro_batch():
+    wrapper = SyncRecorder(tiny_model())
+    step(wrapper, batches(3, 2))
+    assert wrapper.seen == [False, False, True]
+
+
 def gradients_with_norm(norm: float) -> list[torch.Tensor]:
     """Three parameters whose gradients have total L2 norm ``norm``."""
     gen = torch.Generator().manual_seed(0)
