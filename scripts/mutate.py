@@ -66,6 +66,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
 COPIED = ("foam", "train", "models", "configs", "tests", "scripts", "pyproject.toml")
 PRELOADED = (  # heavy third-party imports done once in the parent (never the project's own code)
     "torch",
+    "torch.distributed",
+    "torch.multiprocessing",
     "numpy",
     "pytest",
     "hydra",
