@@ -447,4 +447,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        status = main()
+    except KeyboardInterrupt:
+        status = 130
+    except SystemExit as stop:  # SIGTERM, argparse; the temporary copy is already removed
+        status = stop.code if isinstance(stop.code, int) else 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # not a normal exit: imported libraries' exit hooks once hung it here
