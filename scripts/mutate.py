@@ -455,4 +455,4 @@ if __name__ == "__main__":
         status = stop.code if isinstance(stop.code, int) else 1
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(status)  # not a normal exit: imported libraries' exit hooks once hung it here
+    os._exit(status)  # a run stopped by SIGTERM once hung in interpreter shutdown after cleanup
