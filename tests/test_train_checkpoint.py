@@ -32,10 +32,11 @@ def test_save_load_round_trip_weights_only(tmp_path):
     assert ckpt.load_checkpoint(path)["betas"] == (0.9, 0.95)
 
 
-def test_keep_last_k(tmp_path):
+@pytest.mark.parametrize(("keep_last", "kept"), [(2, [3, 4]), (1, [4]), (0, [1, 2, 3, 4])])
+def test_keep_last_k(tmp_path, keep_last, kept):
     for step in (1, 2, 3, 4):
-        ckpt.save_checkpoint(tmp_path, step, state(step), {}, keep_last=2)
-    assert [s for s, _ in ckpt.list_checkpoints(ckpt.checkpoint_root(tmp_path))] == [3, 4]
+        ckpt.save_checkpoint(tmp_path, step, state(step), {}, keep_last=keep_last)
+    assert [s for s, _ in ckpt.list_checkpoints(ckpt.checkpoint_root(tmp_path))] == kept
 
 
 def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
