@@ -99,6 +99,7 @@ OPTION_CASES = [
     {"second_moment": "mean_of_squares"},
     {"residual": False},
     {"residual": 0.5},
+    {"residual": 2.0},
     {"residual_in_second_moment": False},
     {"bias_correction": False},
 ]
@@ -289,6 +290,17 @@ def test_converges_on_least_squares():
 def test_bad_settings_fail_at_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
         FOAM([torch.zeros(4, 32, requires_grad=True)], **kwargs)
+    # also in a later param group, and in a group of vectors (which are never folded)
+    with pytest.raises(ValueError, match=message):
+        FOAM(
+            [
+                {"params": [torch.zeros(4, 32, requires_grad=True)]},
+                {"params": [torch.zeros(4, 32, requires_grad=True)], **kwargs},
+            ]
+        )
+    if kwargs != {"level": 6}:  # a level too large for a matrix is not one for a vector
+        with pytest.raises(ValueError, match=message):
+            FOAM([torch.zeros(4, requires_grad=True)], **kwargs)
 
 
 def test_transient_memory_of_a_step_is_a_few_copies_of_the_largest_parameter():
