@@ -160,3 +160,13 @@ def test_objects_outside_weights_only_load_through_the_fallback_with_a_warning(t
     with caplog.at_level("WARNING", logger="train.checkpoint"):
         assert ckpt.load_checkpoint(odd)["helper"].value == 5
     assert "weights_only load" in caplog.text
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc (Linux)")
+def test_saving_leaves_no_file_descriptor_open(tmp_path):
+    """A run saves thousands of checkpoints: each save must close what it opens."""
+    ckpt.save_checkpoint(tmp_path, 1, state(1), {}, keep_last=2)  # first-use imports and caches
+    before = len(list(Path("/proc/self/fd").iterdir()))
+    for step in (2, 3, 4):
+        ckpt.save_checkpoint(tmp_path, step, state(step), {}, keep_last=2)
+    assert len(list(Path("/proc/self/fd").iterdir())) == before
