@@ -55,8 +55,63 @@ TARGETS: dict[str, list[str]] = {
     # takes minutes on 2 cores; tests/test_train_cli.py covers it end to end.
 }
 
+CPU_ONLY = "the fused AdamW step counter's device: on a CPU-only machine every tensor is on the CPU"
+DURABILITY = "durability against a power loss: nothing a test (or a killed process) can observe"
 EQUIVALENT: dict[tuple[str, str, str], str] = {
     # (module, stripped source line, mutation) -> why no test can tell the mutant apart
+    ("train/schedule.py", "decay_steps = max(max_steps - warmup, 1)", "1 -> 0"): (
+        "warmup_steps keeps warmup < max_steps, so max_steps - warmup >= 1 already"
+    ),
+    ("foam/optimizer.py", 'state["step"].device != p.device', "!= -> =="): CPU_ONLY,
+    ("foam/optimizer.py", 'state["step"].device != p.device', "negate condition"): CPU_ONLY,
+    (
+        "foam/optimizer.py",
+        'state["step"] = torch.tensor(0.0, device=p.device if fused else "cpu")',
+        "negate condition",
+    ): CPU_ONLY,
+    (
+        "foam/optimizer.py",
+        "for d, rb, v in zip(*squares, strict=True):",
+        "strict=True -> strict=False",
+    ): ("the three block lists come from one fold plan, so their lengths always agree"),
+    (
+        "train/trainer.py",
+        "return {k: v.to(device, non_blocking=True) for k, v in batch.items()}",
+        "non_blocking=True -> non_blocking=False",
+    ): ("a copy to the CPU is synchronous either way; on CUDA only the overlap changes"),
+    (
+        "train/trainer.py",
+        "return float(torch.nn.utils.clip_grad_norm_(params, limit, foreach=True))",
+        "foreach=True -> foreach=False",
+    ): ("foreach is torch's multi-tensor kernel for the same arithmetic"),
+    ("train/checkpoint.py", "os.fsync(fd)", "remove call"): DURABILITY,
+    ("train/checkpoint.py", "f.flush()", "remove call"): DURABILITY + " (closing flushes)",
+    ("train/checkpoint.py", "os.fsync(f.fileno())", "remove call"): DURABILITY,
+    ("train/checkpoint.py", "_fsync_dir(tmp)", "remove call"): DURABILITY,
+    ("train/checkpoint.py", "_fsync_dir(root)", "remove call"): DURABILITY,
+    (
+        "train/checkpoint.py",
+        'json.dump({"step": step, **meta}, f, indent=2)',
+        "indent=2 -> indent=3",
+    ): ("the indentation of meta.json: the same JSON"),
+    (
+        "train/checkpoint.py",
+        "shutil.rmtree(stale, ignore_errors=True)",
+        "ignore_errors=True -> ignore_errors=False",
+    ): ("differs only when the file system refuses a deletion"),
+    (
+        "train/checkpoint.py",
+        "shutil.rmtree(old, ignore_errors=True)",
+        "ignore_errors=True -> ignore_errors=False",
+    ): ("differs only when the file system refuses a deletion"),
+    ("train/checkpoint.py", "if keep_last > 0:", "> -> >="): (
+        "keep_last = 0 then prunes list[:-0], which is empty"
+    ),
+    (
+        "train/checkpoint.py",
+        "return torch.load(file, map_location=map_location, weights_only=True, mmap=True)",
+        "mmap=True -> mmap=False",
+    ): "mmap=False reads the same tensors into memory",
 }
 
 COPIED = ("foam", "train", "models", "configs", "tests", "scripts", "pyproject.toml")
@@ -248,11 +303,17 @@ def make_mutants(module: str, start_id: int = 0) -> list[Mutant]:
         for stmt in fn.body
         for n in ast.walk(stmt)
     }
+    keyword_of = {  # a keyword argument's value is named after it: "strict=True -> strict=False"
+        id(kw.value): kw.arg for kw in ast.walk(tree) if isinstance(kw, ast.keyword) and kw.arg
+    }
     mutants = []
     for node in ast.walk(tree):
         if id(node) in skipped or id(node) not in in_functions:
             continue
         for new, description in _variants(node):
+            if id(node) in keyword_of and isinstance(node, ast.Constant):
+                name = keyword_of[id(node)]
+                description = " -> ".join(f"{name}={side}" for side in description.split(" -> "))
             span = _replaced(node)
             mutants.append(
                 Mutant(
