@@ -56,6 +56,7 @@ TARGETS: dict[str, list[str]] = {
 }
 
 CPU_ONLY = "the fused AdamW step counter's device: on a CPU-only machine every tensor is on the CPU"
+SAME_PLAN = "the block lists zipped come from one fold plan, so their lengths always agree"
 DURABILITY = "durability against a power loss: nothing a test (or a killed process) can observe"
 EQUIVALENT: dict[tuple[str, str, str], str] = {
     # (module, stripped source line, mutation) -> why no test can tell the mutant apart
@@ -70,10 +71,20 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "negate condition",
     ): CPU_ONLY,
     (
+        "foam/folding.py",
+        "return zip(blocks_of(x, plan), values_of(y, plan), strict=True)",
+        "strict=True -> strict=False",
+    ): SAME_PLAN,
+    (
+        "foam/folding.py",
+        "pairs = zip(blocks_of(out, plan), blocks_of(g, plan), values_of(g_folded, plan), strict=True)",
+        "strict=True -> strict=False",
+    ): SAME_PLAN,
+    (
         "foam/optimizer.py",
         "for d, rb, v in zip(*squares, strict=True):",
         "strict=True -> strict=False",
-    ): ("the three block lists come from one fold plan, so their lengths always agree"),
+    ): SAME_PLAN,
     (
         "train/trainer.py",
         "return {k: v.to(device, non_blocking=True) for k, v in batch.items()}",
