@@ -81,6 +81,11 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "strict=True -> strict=False",
     ): SAME_PLAN,
     (
+        "foam/folding.py",
+        "return parts[0] if len(parts) == 1 else torch.cat(parts, dim=plan.axis)",
+        "1 -> 0",
+    ): "torch.cat of a single part is a copy of it: the same values, one more allocation",
+    (
         "foam/optimizer.py",
         "for d, rb, v in zip(*squares, strict=True):",
         "strict=True -> strict=False",
