@@ -93,6 +93,7 @@ def test_level_zero_with_alpha_one_is_torch_adamw():
 
 OPTION_CASES = [
     {},
+    {"level": 0},  # the identity fold with alpha = 0.25
     {"level": 1},
     {"level": 1, "fold_axis": "last"},
     {"level": "mini"},
