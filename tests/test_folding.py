@@ -77,7 +77,7 @@ def test_square_matrices_fold_the_last_axis():
     assert torch.equal(fold(x, plan), torch.tensor([[2.0], [7.0]]))
 
 
-@pytest.mark.parametrize("rho", [1.0, 0.5])
+@pytest.mark.parametrize("rho", [1.0, 0.5, 2.0])
 @pytest.mark.parametrize(("shape", "level"), [((3, 10), 2), ((11, 4), 3)])
 def test_unfold_with_residual_against_the_spec_matrices(shape, level, rho):
     """E(Y) + rho (G - E(A(G))) with the dense A and E of FOAM_SPEC section 1 (tail included)."""
