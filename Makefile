@@ -7,8 +7,9 @@ TORCH_SPEC ?= torch==2.13.0
 PY         := $(VENV)/bin/python
 STAMP      := $(VENV)/.installed
 PYTEST_ARGS ?=
+MUTATE_ARGS ?=
 
-.PHONY: install demo test test-all test-gpu bench lint format clean
+.PHONY: install demo test test-all test-gpu mutate bench lint format clean
 
 install: $(STAMP)
 
@@ -30,6 +31,11 @@ test-all: install
 
 test-gpu: install
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
+
+# Mutation testing of the optimizer, loss, evaluation, schedule and checkpoint modules (about an
+# hour on 2 cores); MUTATE_ARGS="foam/schedule.py" for one module, "--list" to see the mutants.
+mutate: install
+	$(PY) scripts/mutate.py $(MUTATE_ARGS)
 
 bench: install
 	$(PY) scripts/bench_optim.py

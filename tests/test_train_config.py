@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
@@ -207,4 +206,3 @@ def test_invalid_fold_level(tiny_model):
 
 def test_configs_dir_is_the_repo_one():
     assert Path(__file__).resolve().parents[1] / "configs" == CONFIG_DIR
-    assert torch.tensor(1).item() == 1
