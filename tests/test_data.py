@@ -8,12 +8,14 @@ from __future__ import annotations
 import gzip
 import json
 import pickle
+import re
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+from omegaconf.errors import ConfigKeyError
 
 from train import corpus, data, tokenizer
 from train.data import build_tokenizer, build_train_loader, build_val_batches, rank_stream
@@ -112,6 +114,16 @@ def shakespeare() -> Path:
     return SHAKESPEARE
 
 
+def stream(c: dict, *, rank: int, world_size: int) -> list[dict]:
+    """This rank's shuffled training records (the protocol's seed 42)."""
+    split = corpus.open_source(c, "train")
+    return list(
+        rank_stream(
+            split, shuffle_buffer=c["shuffle_buffer"], rank=rank, world_size=world_size, seed=42
+        )
+    )
+
+
 def take(loader, n: int) -> list[dict]:
     return [next(loader) for _ in range(n)]
 
@@ -154,7 +166,7 @@ def test_pack_concatenates_documents_in_order(c4_dir, tok):
     c = cfg(path=str(c4_dir), pack=True, shuffle_buffer=0)
     loader = build_train_loader(c, tok, micro_batch_size=2, rank=0, world_size=1, seed=0)
     rows = torch.cat([b["input_ids"] for b in take(loader, 5)]).flatten().tolist()
-    texts = [r["text"] for r in rank_stream(c, "train", rank=0, world_size=1, seed=42)]
+    texts = [r["text"] for r in stream(c, rank=0, world_size=1)]
     expected = [i for t in texts for i in tok.encode(t)]
     assert rows == expected[: len(rows)]
 
@@ -167,10 +179,9 @@ def test_pack_concatenates_documents_in_order(c4_dir, tok):
 )  # 4 files: whole shards for 2 and 4, records for 3
 def test_rank_shards_disjoint_and_complete(c4_dir, world_size):
     c = cfg(path=str(c4_dir))
-    everything = sorted(r["text"] for r in rank_stream(c, "train", rank=0, world_size=1, seed=42))
+    everything = sorted(r["text"] for r in stream(c, rank=0, world_size=1))
     parts = [
-        [r["text"] for r in rank_stream(c, "train", rank=k, world_size=world_size, seed=42)]
-        for k in range(world_size)
+        [r["text"] for r in stream(c, rank=k, world_size=world_size)] for k in range(world_size)
     ]
     flat = [t for p in parts for t in p]
     assert len(flat) == len(set(flat)) == 120  # disjoint
@@ -267,6 +278,19 @@ def test_corrupt_input_is_skipped_and_counted(tmp_path, tok):
     loader = build_train_loader(c, tok, micro_batch_size=4, rank=0, world_size=1, seed=0)
     take(loader, 3)
     assert loader.stats["skipped"] == 0
+
+
+def test_a_file_without_one_usable_record_names_the_path_and_the_skips(tmp_path, tok):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n" * 5 + json.dumps({"url": "no text"}) + "\n")
+    c = cfg(path=str(bad))
+    loader = build_train_loader(c, tok, micro_batch_size=2, rank=0, world_size=1, seed=0)
+    # 6 bad records, of which val_fraction=0.1 holds some out for validation
+    message = rf"data\.path={re.escape(str(bad))}: .*\d records skipped \(bad_json: \d"
+    with pytest.raises(corpus.DataSourceError, match=message):
+        next(loader)
+    with pytest.raises(corpus.DataSourceError, match=message):
+        build_tokenizer(cfg(path=str(bad), tokenizer="spm"), 32000)
 
 
 def test_missing_path_and_unreachable_hub_fail_at_startup(tmp_path, tok, monkeypatch):
@@ -439,21 +463,29 @@ def test_t5_sentinel_ids_map_to_unk_and_big_vocab_is_refused():
 # ------------------------------------------------------------------------------------- configs
 
 
-def test_config_files_and_dictconfig(c4_dir, tok):
-    from omegaconf import OmegaConf
+def test_data_options_compose_onto_the_schema_defaults(c4_dir, tok):
+    from hydra import compose, initialize_config_dir
 
-    for name in ("c4", "local", "embedded"):
-        path = REPO / "configs" / "data" / f"{name}.yaml"
-        assert path.read_text().splitlines()[0] == "# @package data"
-        c = OmegaConf.load(path)
+    from train.schema import DataConfig, register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        composed = {
+            name: compose("config", overrides=[f"data={name}", f"data.path={c4_dir}"]).data
+            for name in ("c4", "local", "embedded")
+        }
+    for name, c in composed.items():
+        assert (REPO / "configs/data" / f"{name}.yaml").read_text().startswith("# @package data")
         assert c.name == name
         assert (c.seq_len, c.pack, c.tokenizer, c.shuffle_seed) == (256, False, "t5-base", 42)
-        for key in ("path", "tokenizer_cache_dir", "val_fraction", "shuffle_buffer", "num_workers"):
-            assert key in list(c)  # `in` is False for a ??? value
-    c = OmegaConf.load(REPO / "configs/data/local.yaml")
-    c.path, c.seq_len, c.num_workers = str(c4_dir), 32, 0
+    assert (composed["embedded"].val_fraction, composed["local"].val_fraction) == (0.1, 0.01)
+    c = composed["local"]
+    c.seq_len, c.num_workers = 32, 0
     loader = build_train_loader(c, tok, micro_batch_size=2, rank=0, world_size=1, seed=0)
     assert next(loader)["input_ids"].shape == (2, 32)
+    with pytest.raises(ConfigKeyError, match="seqlen"):
+        build_train_loader(cfg(seqlen=32), tok, micro_batch_size=2, rank=0, world_size=1, seed=0)
+    assert DataConfig(name="local").shuffle_buffer == 1000
 
 
 def test_module_exports():

@@ -24,8 +24,8 @@ import foam
 import models
 from train.distributed import wrap_ddp
 from train.metrics import PhasePeaks
+from train.step import accumulate_gradients, forward_loss_sum, grad_norm_and_clip
 from train.step_stats import StepStats
-from train.trainer import accumulate_gradients, forward_loss_sum, grad_norm_and_clip
 
 pytestmark = [
     pytest.mark.gpu,

@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import foam
-
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
     "+model=llama_tiny",
@@ -125,6 +123,27 @@ def test_batch_that_does_not_divide_fails_before_compute(tmp_path):
         "trainer.global_batch_size=4" in proc.stderr and "trainer.micro_batch_size=3" in proc.stderr
     )
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    """The run's error line: the last line of stderr, and no traceback."""
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    return proc.stderr.strip().splitlines()[-1]
+
+
+def test_missing_data_path_is_one_line_naming_the_key(tmp_path):
+    missing = tmp_path / "nonexistent"
+    proc = run(command(tmp_path / "run", "data=local", f"data.path={missing}"), expect_rc=2)
+    assert one_line_error(proc).startswith(f"error: data.path={missing} does not exist")
+
+
+def test_a_file_of_malformed_lines_is_one_line_with_the_skips(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n" * 7 + '{"url": "no text"}\n')
+    proc = run(command(tmp_path / "run", "data=local", f"data.path={bad}"), expect_rc=2)
+    line = one_line_error(proc)
+    assert line.startswith(f"error: data.path={bad}: no training text"), line
+    assert "records skipped (bad_json: " in line and "no_text: 1)" in line
 
 
 @pytest.mark.slow
@@ -290,15 +309,6 @@ REPRESENTATIVE = [
 @pytest.mark.slow
 @pytest.mark.parametrize("optim", REPRESENTATIVE)
 def test_representative_optimizers_train(tmp_path, optim):
-    from train.config import CONFIG_DIR
-
-    name = next(
-        line.split(":", 1)[1].strip()
-        for line in (CONFIG_DIR / "optim" / f"{optim}.yaml").read_text().splitlines()
-        if line.startswith("name:")
-    )
-    if name not in foam.available_optimizers():
-        pytest.skip(f"{name!r} is not registered in foam yet")
     run_dir = tmp_path / "run"
     run(
         command(
@@ -314,6 +324,19 @@ def test_representative_optimizers_train(tmp_path, optim):
     # it trains: the validation loss (same documents at every step) falls
     val = [e["val_loss"] for e in summary["eval_history"]]
     assert len(val) == 3 and val[-1] < val[0], val
+
+
+@pytest.mark.slow
+def test_resume_across_a_precision_change(tmp_path):
+    """Saved in fp32, resumed in pure bf16: the loaded optimizer state follows the parameters."""
+    run_dir = tmp_path / "run"
+    base = ("trainer.save_every=1", "trainer.eval_every=0")
+    run(command(run_dir, *base, "trainer.precision=fp32", "trainer.max_steps=2"))
+    resumed = run(command(run_dir, *base, "trainer.precision=bf16", "trainer.max_steps=4"))
+    assert "resumed from" in resumed.stdout + resumed.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["steps"], summary["precision"]) == (4, "bf16")
+    assert sorted(train_losses(run_dir)) == [1, 2, 3, 4]
 
 
 @pytest.mark.slow

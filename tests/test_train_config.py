@@ -1,10 +1,12 @@
-"""Configs compose, every optim config builds its optimizer, and bad configs fail with the key."""
+"""Configs compose against their schema, every optim config builds its optimizer, and bad configs
+fail with the key: at compose time (Hydra and the schema) or before any compute (check_config)."""
 
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import open_dict
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf, open_dict
 
 import foam
 import models
@@ -17,6 +19,7 @@ from train.config import (
     optimizer_hparams,
     options,
 )
+from train.schema import DESCRIPTIVE_OPTIM_KEYS, register_configs
 
 OPTIMS = options("optim")
 PAPER_OPTIMS = [
@@ -41,6 +44,7 @@ PAPER_OPTIMS = [
 
 
 def cfg_for(*overrides: str):
+    register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return compose("config", overrides=list(overrides))
 
@@ -61,22 +65,87 @@ def test_defaults_and_keys_other_tools_rely_on():
         assert key in t
     assert t.save_every_minutes == 0  # wall-clock checkpoints are opt-in
     assert cfg.data.name == "embedded" and cfg.logger.name == "wandb"
+    # The paper's (lr, alpha) and the level from the YAML; every other keyword of FOAM at the
+    # optimizer's own default, so each can be overridden without "+".
     assert optimizer_hparams(cfg.optim) == {
+        **foam.available_optimizers()["foam"],
+        "betas": [0.9, 0.95],
         "level": 2,
         "alpha": 0.25,
         "lr": 1e-2,
-        "betas": [0.9, 0.95],
-        # every FOAM option, so each can be overridden without "+"; None: from `semantics`
-        "semantics": "paper",
-        "residual": True,
-        "residual_in_second_moment": True,
-        "second_moment": None,
-        "bias_correction": None,
-        "fold_axis": None,
-        "tail_block": None,
-        "decay": None,
-        "state_dtype": None,
     }
+    assert (
+        cfg_for("+model=llama_tiny", "+optim=foam2", "optim.fused_adamw=false").optim.fused_adamw
+        is False
+    )
+
+
+def stated_keys(optim: str) -> set[str]:
+    """Keys an optim YAML states, itself or through the optim YAMLs it extends."""
+    node = OmegaConf.load(CONFIG_DIR / "optim" / f"{optim}.yaml")
+    keys = set(node) - {"defaults"}
+    for parent in node.get("defaults", []):
+        if isinstance(parent, str) and (CONFIG_DIR / "optim" / f"{parent}.yaml").is_file():
+            keys |= stated_keys(parent)
+    return keys
+
+
+@pytest.mark.parametrize("optim", OPTIMS)
+def test_optim_configs_follow_their_optimizer(optim):
+    """Each optim config extends the schema of the optimizer it names: its keys are that
+    optimizer's keywords (plus the descriptive ones), and what it leaves out is the default."""
+    cfg = cfg_for("+model=llama_350m", f"+optim={optim}")
+    keywords = foam.available_optimizers()[cfg.optim.name]
+    assert OmegaConf.get_type(cfg.optim).__name__ == f"{cfg.optim.name}_schema"
+    assert set(cfg.optim) == set(keywords) | set(DESCRIPTIVE_OPTIM_KEYS)
+    assert cfg.optim.lr == cfg.optim.paper_lr["llama_350m"]
+    yaml_keys = stated_keys(optim)
+    for key, default in keywords.items():
+        if key not in yaml_keys:
+            expected = list(default) if isinstance(default, tuple) else default
+            assert OmegaConf.to_container(cfg.optim, resolve=True)[key] == expected, key
+
+
+@pytest.mark.parametrize(
+    ("group", "override"),
+    [
+        ("model", "model.hidden_sise=64"),
+        ("optim", "optim.levl=3"),
+        ("data", "data.seqlen=64"),
+        ("trainer", "trainer.max_step=3"),
+        ("logger", "logger.projet=x"),
+    ],
+)
+def test_unknown_key_in_each_group_fails_at_compose_time(group, override):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigCompositionException, match=f"Could not override '{key}'") as err:
+        cfg_for("+model=llama_tiny", "+optim=foam2", override)
+    assert f"Key '{key.split('.')[1]}' not in" in str(err.value.__cause__)
+
+
+def test_wrong_type_fails_at_compose_time():
+    with pytest.raises(ConfigCompositionException, match=r"trainer\.max_steps=abc"):
+        cfg_for("+model=llama_tiny", "+optim=foam2", "trainer.max_steps=abc")
+    with pytest.raises(ConfigCompositionException, match=r"trainer\.save_every_minutes=soon"):
+        cfg_for("+model=llama_tiny", "+optim=foam2", "trainer.save_every_minutes=soon")
+    with pytest.raises(ConfigCompositionException, match=r"optim\.residual=maybe"):
+        cfg_for("+model=llama_tiny", "+optim=foam2", "optim.residual=maybe")
+
+
+def test_unknown_key_in_a_yaml_option_fails_at_compose_time(tmp_path):
+    """A user's own option file is held to the schema too (a misspelt key in a file)."""
+    import shutil
+
+    configs = tmp_path / "configs"
+    shutil.copytree(CONFIG_DIR, configs)
+    (configs / "trainer" / "mine.yaml").write_text("# @package trainer\nmax_stpes: 5\n")
+    register_configs()
+    with (
+        initialize_config_dir(config_dir=str(configs), version_base="1.3"),
+        pytest.raises(ConfigCompositionException) as err,
+    ):
+        compose("config", overrides=["+model=llama_tiny", "+optim=foam2", "trainer=mine"])
+    assert "max_stpes" in str(err.value) + str(err.value.__cause__)
 
 
 def test_foam2_release_is_foam2_with_release_semantics():
@@ -163,17 +232,15 @@ def test_unknown_model_size_is_refused_by_hydra():
 @pytest.mark.parametrize(
     ("override", "key"),
     [
-        ("optim.lr=0", "optim.lr"),
-        ("optim.lr=-1e-3", "optim.lr"),
         ("optim.name=sgd9", "optim.name"),
         ("+optim.rank=4", "optim.rank"),
+        ("+data.foo=1", "data.foo"),
         ("trainer.max_steps=0", "trainer.max_steps"),
         ("trainer.precision=fp16", "trainer.precision"),
         ("trainer.warmup_ratio=1.0", "trainer.warmup_ratio"),
         ("data.seq_len=4096", "data.seq_len"),
         ("trainer.grad_clip=-1", "trainer.grad_clip"),
         ("trainer.save_every_minutes=-5", "trainer.save_every_minutes"),
-        ("trainer.save_every_minutes=soon", "trainer.save_every_minutes"),
     ],
 )
 def test_bad_values_name_their_key(override, key):
@@ -193,6 +260,20 @@ def test_batch_sizes_must_divide():
     ok = cfg_for("+model=llama_tiny", "+optim=foam2", "trainer.micro_batch_size=64")
     check_config(ok, world_size=8)
     expect_error(ok, "world size 3", world_size=3)
+
+
+def test_missing_required_value_names_its_key():
+    expect_error(
+        cfg_for("+model=llama_tiny", "+optim=foam2", "trainer.max_steps=???"), "trainer.max_steps"
+    )
+
+
+def test_the_optimizer_rules_on_values_name_the_key(tiny_model):
+    """lr is the optimizer's rule (torch's: lr >= 0), translated into a config error."""
+    cfg = cfg_for("+model=llama_tiny", "+optim=adamw", "optim.lr=-1e-3")
+    check_config(cfg, world_size=1)
+    with pytest.raises(ConfigError, match=r"optim\.lr=-0\.001"):
+        build_optimizer(cfg.optim, tiny_model)
 
 
 def test_invalid_fold_level(tiny_model):

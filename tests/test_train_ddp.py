@@ -23,7 +23,7 @@ from packaging.version import Version
 import foam
 from train import distributed
 from train.distributed import DistInfo, wrap_ddp
-from train.trainer import accumulate_gradients
+from train.step import accumulate_gradients
 
 CPU = torch.device("cpu")
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"

@@ -14,8 +14,7 @@ import torch.multiprocessing as mp
 
 import models
 from train.distributed import wrap_ddp
-from train.step_stats import StepStats
-from train.trainer import (
+from train.step import (
     StepResult,
     TrainingDiverged,
     accumulate_gradients,
@@ -25,6 +24,7 @@ from train.trainer import (
     next_token_loss_sum,
     to_device,
 )
+from train.step_stats import StepStats
 
 VOCAB, T = 128, 16
 CPU = torch.device("cpu")

@@ -1,5 +1,11 @@
 """Atomic, last-k checkpoints of the full training state in ``<run_dir>/checkpoints/step_XXXXXXXX``.
 
+What a checkpoint holds is defined once, by ``save_training_state`` and ``restore_training_state``:
+``model``, ``optimizer``, ``scheduler`` (their state dicts), ``data`` and ``rng`` (one entry per
+rank: the train loader's position and the RNG states) and ``train_state`` (``TrainState``:
+step, tokens, times, eval history, logger run id, world size). ``meta.json`` next to it repeats
+the step, tokens and git sha for humans and tools.
+
 A checkpoint is written into a hidden temporary directory, flushed to disk and only then renamed
 to its final name (a directory rename is atomic on POSIX). A process killed mid-save leaves at
 most a stale ``.tmp_*`` directory, which is never mistaken for a checkpoint and is removed on
@@ -17,10 +23,17 @@ import logging
 import os
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from train import distributed as dist
+from train.config import ConfigError
+from train.seeding import rng_state, set_rng_state
+from train.state import TrainState
+from train.summary import git_sha
 
 log = logging.getLogger(__name__)
 
@@ -118,3 +131,53 @@ def find_resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
         if found:
             return found[-1][1]
     raise FileNotFoundError(f"trainer.resume={resume!r}: no checkpoint found there")
+
+
+@dataclass
+class Resumable:
+    """The live objects a checkpoint saves and restores, besides the ``TrainState``."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    loader: Any
+    """The train loader: ``state_dict()`` is its position, per rank."""
+
+
+def save_training_state(
+    run_dir: Path, live: Resumable, state: TrainState, *, rank: int, keep_last: int
+) -> Path | None:
+    """Checkpoint the run (every rank calls this; rank 0 writes). Returns the path on rank 0."""
+    data = dist.all_gather_object(live.loader.state_dict())
+    rngs = dist.all_gather_object(rng_state())
+    path = None
+    if rank == 0:
+        contents = {
+            "model": live.model.state_dict(),
+            "optimizer": live.optimizer.state_dict(),
+            "scheduler": live.scheduler.state_dict(),
+            "data": data,
+            "rng": rngs,
+            "train_state": state.state_dict(),
+        }
+        meta = {"tokens": state.tokens, "git_sha": git_sha()}
+        path = save_checkpoint(run_dir, state.step, contents, meta, keep_last=keep_last)
+    dist.barrier_for_slow_io()
+    return path
+
+
+def restore_training_state(path: Path, live: Resumable, state: TrainState, *, rank: int) -> None:
+    """Load what ``save_training_state`` wrote into the run's live objects."""
+    contents = load_checkpoint(path)
+    saved_world = contents["train_state"]["world_size"]
+    if saved_world != state.world_size:
+        raise ConfigError(
+            f"trainer.resume: {path} was written by {saved_world} rank(s), this run has "
+            f"{state.world_size}; the data position is per rank"
+        )
+    live.model.load_state_dict(contents["model"])
+    live.optimizer.load_state_dict(contents["optimizer"])
+    live.scheduler.load_state_dict(contents["scheduler"])
+    live.loader.load_state_dict(contents["data"][rank])
+    set_rng_state(contents["rng"][rank])
+    state.load_state_dict(contents["train_state"])

@@ -1,10 +1,15 @@
 """Checks on the composed config that fail fast, before any model is built or data is read.
 
-Every message names the offending key, so a bad launch of a thousand-GPU-hour run costs seconds.
+Types and key names are the schema's job (``train/schema.py``, enforced by Hydra at compose time);
+what is left here are the rules that relate values to each other or to the run. The optimizer's own
+rules stay in the optimizer: ``build_optimizer`` turns what it refuses into a config error. Every
+message names the offending key, so a bad launch of a thousand-GPU-hour run costs seconds.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +17,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import foam
+from train.schema import DESCRIPTIVE_OPTIM_KEYS
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 PRECISIONS = ("bf16", "bf16_mixed", "fp32")
 LOGGERS = ("wandb", "none")
-# Keys of an optim config that describe it rather than being optimizer keywords.
-OPTIM_META_KEYS = ("name", "paper_lr")
 
 
 class ConfigError(ValueError):
@@ -25,13 +29,14 @@ class ConfigError(ValueError):
 
 
 def options(group: str) -> list[str]:
+    """The YAML options of a config group (the optimizer schemas are not listed)."""
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
 
 
 def optimizer_hparams(optim: DictConfig) -> dict[str, Any]:
     """The keywords for ``foam.build_optimizer``: the optim config minus its descriptive keys."""
     hparams = OmegaConf.to_container(optim, resolve=True)
-    return {k: v for k, v in hparams.items() if k not in OPTIM_META_KEYS}
+    return {k: v for k, v in hparams.items() if k not in DESCRIPTIVE_OPTIM_KEYS}
 
 
 def accumulation_steps(global_batch: int, micro_batch: int, world_size: int) -> int:
@@ -55,20 +60,39 @@ def _require(cond: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _check_schema_keys(cfg: DictConfig) -> None:
+    """Keys a ``+group.key=`` override appended past the schema (Hydra lets ``+`` add keys)."""
+    for group in ("model", "optim", "data", "trainer", "logger"):
+        schema = OmegaConf.get_type(cfg[group])
+        if dataclasses.is_dataclass(schema):
+            known = {f.name for f in dataclasses.fields(schema)}
+            extra = sorted(set(cfg[group]) - known)
+            _require(
+                not extra,
+                f"{group}.{extra[0] if extra else ''}: not a key of {group} "
+                f"(accepted: {', '.join(sorted(known))})",
+            )
+
+
 def check_config(cfg: DictConfig, world_size: int) -> None:
     """Raise ConfigError on the first problem found."""
     for group, flag in (("model", "+model"), ("optim", "+optim")):
-        if group not in cfg:
-            raise ConfigError(
-                f"{group}: none selected; add {flag}=<name> to the command line "
-                f"(options: {', '.join(options(group))})"
-            )
-    _check_optim(cfg.optim)
-    t = cfg.trainer
+        _require(
+            group in cfg,
+            f"{group}: none selected; add {flag}=<name> to the command line "
+            f"(options: {', '.join(options(group))})",
+        )
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    _require(not missing, f"{missing[0] if missing else ''}: required, set it on the command line")
+    registry = foam.available_optimizers()
     _require(
-        isinstance(t.max_steps, int) and t.max_steps > 0,
-        f"trainer.max_steps must be a positive integer, got {t.max_steps}",
+        cfg.optim.name in registry,
+        f"optim.name={cfg.optim.name!r} is not a registered optimizer "
+        f"(available: {', '.join(registry)})",
     )
+    _check_schema_keys(cfg)
+    t = cfg.trainer
+    _require(t.max_steps > 0, f"trainer.max_steps must be positive, got {t.max_steps}")
     accumulation_steps(t.global_batch_size, t.micro_batch_size, world_size)
     _require(
         0.0 <= t.warmup_ratio < 1.0, f"trainer.warmup_ratio must be in [0, 1), got {t.warmup_ratio}"
@@ -85,7 +109,7 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
     for key in ("eval_every", "save_every", "keep_last", "log_every"):
         _require(t[key] >= 0, f"trainer.{key} must be >= 0, got {t[key]}")
     _require(
-        isinstance(t.save_every_minutes, int | float) and t.save_every_minutes >= 0,
+        t.save_every_minutes >= 0,
         f"trainer.save_every_minutes must be a number >= 0 (0 = off), got {t.save_every_minutes}",
     )
     _require(t.eval_tokens > 0, f"trainer.eval_tokens must be positive, got {t.eval_tokens}")
@@ -99,32 +123,15 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
     )
 
 
-def _check_optim(optim: DictConfig) -> None:
-    import foam
-
-    registry = foam.available_optimizers()
-    _require("name" in optim, "optim.name: missing (the registry name for foam.build_optimizer)")
-    _require(
-        optim.name in registry,
-        f"optim.name={optim.name!r} is not a registered optimizer (available: {', '.join(registry)})",
-    )
-    hparams = optimizer_hparams(optim)
-    unknown = sorted(set(hparams) - set(registry[optim.name]))
-    _require(
-        not unknown,
-        f"optim.{unknown[0] if unknown else ''}: not a keyword of {optim.name!r} (accepted: {sorted(registry[optim.name])})",
-    )
-    lr = hparams.get("lr")
-    _require(isinstance(lr, int | float) and lr > 0, f"optim.lr must be positive, got {lr}")
-
-
 def build_optimizer(optim: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     """The run's optimizer. What the optimizer itself rejects at construction (a fold level
-    beyond a matrix, an unknown keyword, a negative lr) becomes a config error naming the keys,
-    before any compute: the optimizer is the one place those rules live."""
+    beyond a matrix, an unknown keyword, a negative lr) becomes a config error naming the keys
+    its message mentions (all of them when it mentions none), before any compute: the optimizer
+    is the one place those rules live."""
     hparams = optimizer_hparams(optim)
     try:
         return foam.build_optimizer(optim.name, model, **hparams)
     except (ValueError, TypeError) as err:
-        keys = ", ".join(f"optim.{key}={value}" for key, value in hparams.items())
-        raise ConfigError(f"optim ({keys}): {err}") from None
+        named = [k for k in hparams if re.search(rf"\b{k}\b", str(err))] or list(hparams)
+        keys = ", ".join(f"optim.{key}={hparams[key]}" for key in named)
+        raise ConfigError(f"{keys}: {err}") from None

@@ -7,9 +7,13 @@ for the hub, a robust file reader for disk). The local reader is a `from_generat
 shards are the files, in sorted order, like the hub's json builder, so a local C4 mirror is
 shuffled and split across ranks with the same shard permutation and shuffle buffer as the hub.
 
+`open_sources` opens both splits once per run; the loaders and the tokenizer iterate them afresh.
+
 Bad input never raises mid-run: the reader yields `{"text": None, "error": REASON}` for each
 malformed JSON line, record without usable text, line of invalid UTF-8, empty or corrupt file,
-and the batcher counts them (`skipped_<reason>` in the loader's stats).
+and the batcher counts them (`skipped_<reason>` in the loader's stats). A source without a single
+usable record, like one that cannot be opened, is a `DataSourceError`: a config error whose one
+line names the key (`data.path=...`) and, for bad records, how many were skipped and why.
 """
 
 from __future__ import annotations
@@ -22,9 +26,13 @@ import re
 import socket
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
+
+from train.config import ConfigError
+from train.schema import DataConfig, data_config
 
 logger = logging.getLogger(__name__)
 
@@ -40,17 +48,8 @@ _HASH_SPACE = 1_000_000
 Record = dict[str, Any]
 
 
-class DataSourceError(RuntimeError):
-    """The data source cannot be opened; the message says what to use instead."""
-
-
-def _cfg(cfg: Any, key: str, default: Any = None) -> Any:
-    """Read a key from an OmegaConf node, a dict or a namespace, with a default."""
-    if cfg is None:
-        return default
-    if hasattr(cfg, "get"):  # dict and OmegaConf DictConfig
-        return cfg.get(key, default)
-    return getattr(cfg, key, default)
+class DataSourceError(ConfigError):
+    """The data source cannot be opened or holds no usable text; the message names the key."""
 
 
 def _bad(reason: str) -> Record:
@@ -96,7 +95,7 @@ def list_local_files(path: str | os.PathLike) -> tuple[list[Path], list[Path]]:
     root = Path(path).expanduser()
     if not root.exists():
         raise DataSourceError(
-            f"data.path={str(path)!r} does not exist. Point data=local data.path=DIR at a folder of "
+            f"data.path={path} does not exist. Point data=local data.path=DIR at a folder of "
             "C4 json.gz / jsonl / txt / parquet files, or use data=embedded (no download) or data=c4."
         )
     if root.is_file():
@@ -114,7 +113,7 @@ def list_local_files(path: str | os.PathLike) -> tuple[list[Path], list[Path]]:
         logger.info("data: ignoring %d test file(s) under %s", len(test), root)
     if not train and not val:
         raise DataSourceError(
-            f"no data files under {root} (looked for {', '.join(TEXT_SUFFIXES)}). "
+            f"data.path={path}: no data files under {root} (looked for {', '.join(TEXT_SUFFIXES)}). "
             "Use data=embedded for the offline corpus or data=c4 to stream from the hub."
         )
     return train, val
@@ -270,82 +269,126 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def hub_load_args(data_cfg: Any, split: str) -> tuple[tuple, dict]:
+def hub_load_args(cfg: DataConfig, split: str) -> tuple[tuple, dict]:
     """The exact `datasets.load_dataset` call of the benchmark protocol for one split.
 
-    Validation uses `allenai/c4` as training does (the GaLore scripts' legacy `"c4"` name for
-    validation is the same data under an older alias; see benchmark_protocol.md §16.2).
+    Validation uses `allenai/c4` as training does: the GaLore scripts load validation under the
+    legacy name `"c4"`, an older alias of the same data.
     """
-    name = _cfg(data_cfg, "hub_name") or HUB_NAME
-    config = _cfg(data_cfg, "hub_config") or HUB_CONFIG
-    return (name, config), {
+    return (cfg.hub_name, cfg.hub_config), {
         "split": "train" if split == "train" else "validation",
         "streaming": True,
     }
 
 
-def _open_hub(data_cfg: Any, split: str):
+def _open_hub(cfg: DataConfig, split: str):
     import datasets
 
-    args, kwargs = hub_load_args(data_cfg, split)
+    args, kwargs = hub_load_args(cfg, split)
     advice = (
         "Use data=local data.path=DIR with a local C4 mirror (en/c4-train.*.json.gz), or "
         "data=embedded for the offline corpus."
     )
     if not hub_reachable():
         raise DataSourceError(
-            f"the Hugging Face hub is unreachable, cannot stream {args[0]}. {advice}"
+            f"data=c4: the Hugging Face hub is unreachable, cannot stream {args[0]}. {advice}"
         )
     try:
         return datasets.load_dataset(*args, **kwargs)
-    except (
-        Exception
-    ) as exc:  # network errors come in many types (ConnectionError, HfHubHTTPError...)
-        raise DataSourceError(f"could not open {args[0]} {kwargs}: {exc}. {advice}") from exc
+    # Network errors come in many types (ConnectionError, HfHubHTTPError...).
+    except Exception as exc:
+        raise DataSourceError(
+            f"data=c4: could not open {args[0]} {kwargs}: {exc}. {advice}"
+        ) from exc
 
 
 # ---------------------------------------------------------------------------------------------
 # Entry point
 
 
-def open_source(data_cfg: Any, split: str):
-    """The unshuffled, unsplit `IterableDataset` of one split ('train' or 'validation')."""
-    from datasets import IterableDataset
-
+def open_source(cfg: DataConfig | Any, split: str):
+    """The unshuffled, unsplit `IterableDataset` of one split ('train' or 'validation') of the
+    source ``cfg`` describes (a `DataConfig`, the composed ``cfg.data`` or a mapping)."""
     if split not in ("train", "validation"):
         raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
-    name = _cfg(data_cfg, "name", "embedded")
-    val_fraction = float(_cfg(data_cfg, "val_fraction", 0.0) or 0.0)
-    role = "train" if split == "train" else "val"
-    if name == "c4":
-        return _open_hub(data_cfg, split)
-    if name == "embedded":
-        if not 0.0 < val_fraction < 1.0:
-            raise DataSourceError("data=embedded needs 0 < data.val_fraction < 1")
-        kwargs = {
-            "shards": list(range(EMBEDDED_SHARDS)),
-            "role": role,
-            "val_fraction": val_fraction,
-        }
-        return IterableDataset.from_generator(_embedded_records, gen_kwargs=kwargs)
-    if name == "local":
-        path = _cfg(data_cfg, "path")
-        if not path:
-            raise DataSourceError(
-                "data=local needs data.path=DIR (a C4 mirror or jsonl/txt/parquet files)"
-            )
-        train, val = list_local_files(path)
-        if val:
-            files, role = (train if split == "train" else val), "all"
-        elif 0.0 < val_fraction < 1.0:
-            files = train
-        else:
-            raise DataSourceError(
-                f"no validation files under {path} (names with 'validation'/'val'); set "
-                "data.val_fraction to hold out a fraction of the training records"
-            )
-        if not files:
-            raise DataSourceError(f"no {split} files under {path}")
-        kwargs = {"paths": [str(f) for f in files], "role": role, "val_fraction": val_fraction}
-        return IterableDataset.from_generator(_local_records, gen_kwargs=kwargs)
-    raise DataSourceError(f"unknown data.name={name!r}: use c4, local or embedded")
+    cfg = data_config(cfg)
+    if cfg.name == "c4":
+        return _open_hub(cfg, split)
+    if cfg.name == "embedded":
+        return _embedded_split(cfg, "train" if split == "train" else "val")
+    if cfg.name == "local":
+        return _local_split(cfg, split)
+    raise DataSourceError(f"data.name={cfg.name!r} is unknown: use c4, local or embedded")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Both splits of a data source, each opened once per run (``open_sources``); every epoch and
+    the tokenizer iterate them afresh. ``label`` names the source in error messages."""
+
+    train: Any
+    validation: Any
+    label: str
+
+
+def open_sources(cfg: DataConfig | Any) -> Source:
+    """Open both splits of the source ``cfg`` describes, once for the whole run."""
+    cfg = data_config(cfg)
+    label = {
+        "c4": f"data=c4 ({cfg.hub_name} {cfg.hub_config})",
+        "local": f"data.path={cfg.path}",
+    }.get(cfg.name, f"data={cfg.name}")
+    return Source(open_source(cfg, "train"), open_source(cfg, "validation"), label)
+
+
+def _held_out_fraction(cfg: DataConfig) -> float:
+    return float(cfg.val_fraction or 0.0)
+
+
+def _embedded_split(cfg: DataConfig, role: str):
+    from datasets import IterableDataset
+
+    val_fraction = _held_out_fraction(cfg)
+    if not 0.0 < val_fraction < 1.0:
+        raise DataSourceError("data.val_fraction: data=embedded needs 0 < data.val_fraction < 1")
+    kwargs = {"shards": list(range(EMBEDDED_SHARDS)), "role": role, "val_fraction": val_fraction}
+    return IterableDataset.from_generator(_embedded_records, gen_kwargs=kwargs)
+
+
+def _local_split(cfg: DataConfig, split: str):
+    from datasets import IterableDataset
+
+    if not cfg.path:
+        raise DataSourceError(
+            "data.path: data=local needs data.path=DIR (a C4 mirror or jsonl/txt/parquet files)"
+        )
+    train, val = list_local_files(cfg.path)
+    val_fraction = _held_out_fraction(cfg)
+    if val:
+        files, role = (train if split == "train" else val), "all"
+    elif 0.0 < val_fraction < 1.0:
+        files, role = train, ("train" if split == "train" else "val")
+    else:
+        raise DataSourceError(
+            f"data.path={cfg.path}: no validation files (names with 'validation'/'val'); set "
+            "data.val_fraction to hold out a fraction of the training records"
+        )
+    if not files:
+        raise DataSourceError(f"data.path={cfg.path}: no {split} files")
+    kwargs = {"paths": [str(f) for f in files], "role": role, "val_fraction": val_fraction}
+    return IterableDataset.from_generator(_local_records, gen_kwargs=kwargs)
+
+
+def count_skip(stats: dict[str, int], record: Record) -> None:
+    """Count a record without usable text in ``stats``: ``skipped`` and ``skipped_<reason>``."""
+    key = f"skipped_{record.get('error') or 'no_text'}"
+    stats["skipped"] = stats.get("skipped", 0) + 1
+    stats[key] = stats.get(key, 0) + 1
+
+
+def describe_skips(stats: dict[str, int]) -> str:
+    """``"12 records skipped (bad_json: 10, no_text: 2)"`` from a loader's or a reader's counts."""
+    reasons = ", ".join(
+        f"{r}: {stats[f'skipped_{r}']}" for r in SKIP_REASONS if stats.get(f"skipped_{r}")
+    )
+    return f"{stats.get('skipped', 0)} records skipped" + (f" ({reasons})" if reasons else "")

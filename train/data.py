@@ -38,7 +38,15 @@ from typing import Any
 
 import torch
 
-from train.corpus import SKIP_REASONS, _cfg, open_source
+from train.corpus import (
+    SKIP_REASONS,
+    DataSourceError,
+    Source,
+    count_skip,
+    describe_skips,
+    open_sources,
+)
+from train.schema import DataConfig, data_config
 from train.tokenizer import Tokenizer, build_tokenizer
 
 __all__ = [
@@ -57,15 +65,15 @@ _READ_CHUNK = 256  # raw records tokenized together (batch encoding is much fast
 
 
 def rank_stream(
-    data_cfg: Any, split: str, *, rank: int, world_size: int, seed: int, epoch: int = 0
+    split: Any, *, shuffle_buffer: int, rank: int, world_size: int, seed: int, epoch: int = 0
 ) -> Iterable[dict]:
-    """This rank's shuffled record stream for one split and epoch (the protocol's steps 1-3)."""
+    """This rank's shuffled record stream of one opened split (a `Source` attribute) and epoch:
+    the protocol's steps 1-3. The split itself is left untouched, so it serves every epoch."""
     from datasets.distributed import split_dataset_by_node
 
-    ds = open_source(data_cfg, split)
-    buffer = int(_cfg(data_cfg, "shuffle_buffer", 1000) or 0)
-    if buffer > 0:
-        ds = ds.shuffle(seed=seed, buffer_size=buffer)
+    ds = split
+    if shuffle_buffer > 0:
+        ds = ds.shuffle(seed=seed, buffer_size=shuffle_buffer)
     ds.set_epoch(epoch)
     if world_size > 1:
         ds = split_dataset_by_node(ds, rank=rank, world_size=world_size)
@@ -143,9 +151,7 @@ def _produce(
             state["records"] += 1
             stats["records"] += 1
             if not (isinstance(text, str) and text.strip()):
-                reason = rec.get("error") or "no_text"
-                stats["skipped"] += 1
-                stats[f"skipped_{reason}"] = stats.get(f"skipped_{reason}", 0) + 1
+                count_skip(stats, rec)
                 continue
             ids = next(encoded)
             stats["documents"] += 1
@@ -183,8 +189,10 @@ class TrainLoader:
         num_workers: int = 0,
         prefetch: int = 4,
         fingerprint: dict | None = None,
+        label: str = "data",
     ):
         self._open_stream = open_stream
+        self._label = label
         self.tokenizer = tokenizer
         self._batcher = _Batcher(tokenizer, micro_batch_size, seq_len, pack)
         self._threaded = num_workers > 0
@@ -218,7 +226,10 @@ class TrainLoader:
             before = state["stats"]["documents"]
             yield from _produce(stream, self.tokenizer, self._batcher, state)
             if skipped == 0 and state["stats"]["documents"] == before:
-                raise RuntimeError("the training data of this rank is empty: no usable documents")
+                raise DataSourceError(
+                    f"{self._label}: no usable training documents on this rank: "
+                    f"{describe_skips(state['stats'])}"
+                )
             state["epoch"] += 1
             state["stats"]["epoch"] = state["epoch"]
             state["records"] = 0
@@ -310,15 +321,14 @@ class TrainLoader:
             pass
 
 
-def _seed(data_cfg: Any, seed: int) -> int:
+def _shuffle_seed(cfg: DataConfig, seed: int) -> int:
     """The protocol shuffles with 42 whatever the run's seed; `shuffle_seed: null` uses `seed`."""
-    s = _cfg(data_cfg, "shuffle_seed", 42)
-    return int(seed if s is None else s)
+    return seed if cfg.shuffle_seed is None else cfg.shuffle_seed
 
 
-def _fingerprint(data_cfg: Any, tokenizer: Tokenizer, **extra: Any) -> dict:
+def _fingerprint(cfg: DataConfig, tokenizer: Tokenizer, **extra: Any) -> dict:
     keys = ("name", "seq_len", "pack", "val_fraction", "shuffle_buffer")
-    fp = {k: _cfg(data_cfg, k) for k in keys}
+    fp = {k: getattr(cfg, k) for k in keys}
     fp.update(tokenizer=tokenizer.name, **extra)
     return {
         k: (str(v) if v is not None and not isinstance(v, int | float | bool) else v)
@@ -327,43 +337,52 @@ def _fingerprint(data_cfg: Any, tokenizer: Tokenizer, **extra: Any) -> dict:
 
 
 def build_train_loader(
-    data_cfg: Any,
+    data_cfg: DataConfig | Any,
     tokenizer: Tokenizer,
     *,
     micro_batch_size: int,
     rank: int,
     world_size: int,
     seed: int,
+    source: Source | None = None,
 ) -> TrainLoader:
     """The infinite training loader of this rank (see the module docstring for the format).
 
-    The source is opened once here, so a missing path or an unreachable hub fails at start-up.
+    ``source`` is the run's opened source; without it the source is opened here, so a missing
+    path or an unreachable hub fails at start-up either way.
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} not in [0, {world_size})")
-    open_source(data_cfg, "train")  # fail fast with the source's message
-    shuffle_seed = _seed(data_cfg, seed)
+    cfg = data_config(data_cfg)
+    source = source or open_sources(cfg)
+    shuffle_seed = _shuffle_seed(cfg, seed)
 
     def open_stream(epoch: int) -> Iterable[dict]:
         return rank_stream(
-            data_cfg, "train", rank=rank, world_size=world_size, seed=shuffle_seed, epoch=epoch
+            source.train,
+            shuffle_buffer=cfg.shuffle_buffer,
+            rank=rank,
+            world_size=world_size,
+            seed=shuffle_seed,
+            epoch=epoch,
         )
 
     return TrainLoader(
         open_stream,
         tokenizer,
         micro_batch_size=micro_batch_size,
-        seq_len=int(_cfg(data_cfg, "seq_len", 256)),
-        pack=bool(_cfg(data_cfg, "pack", False)),
-        num_workers=int(_cfg(data_cfg, "num_workers", 0) or 0),
+        seq_len=cfg.seq_len,
+        pack=cfg.pack,
+        num_workers=cfg.num_workers,
         fingerprint=_fingerprint(
-            data_cfg,
+            cfg,
             tokenizer,
             micro_batch_size=micro_batch_size,
             rank=rank,
             world_size=world_size,
             shuffle_seed=shuffle_seed,
         ),
+        label=source.label,
     )
 
 
@@ -386,8 +405,10 @@ class ValBatches:
         seq_len: int,
         pack: bool,
         max_tokens: int,
+        label: str = "data",
     ):
         self._records = records
+        self._label = label
         self._tokenizer = tokenizer
         self._batcher = _Batcher(tokenizer, micro_batch_size, seq_len, pack)
         self._max_tokens = max_tokens
@@ -410,14 +431,16 @@ class ValBatches:
             tokens += sum(len(r) for r in tail)
             self.stats["tokens"] += sum(len(r) for r in tail)
         if not rows:
-            raise RuntimeError("the validation split of this rank is empty: no usable documents")
+            raise DataSourceError(
+                f"{self._label}: no usable validation documents on this rank: "
+                f"{describe_skips(self.stats)}"
+            )
         T = self._batcher.T
         ids = torch.full((len(rows), T), self._batcher.pad, dtype=torch.int32)
         for r, row in enumerate(rows):
             ids[r, : len(row)] = torch.tensor(row, dtype=torch.int32)
         self._ids = ids
         self._lens = torch.tensor([len(r) for r in rows], dtype=torch.int32)
-        self.num_tokens = tokens
         logger.info(
             "data: validation set of %d sequences, %d tokens on this rank", len(rows), tokens
         )
@@ -443,29 +466,36 @@ class ValBatches:
 
 
 def build_val_batches(
-    data_cfg: Any,
+    data_cfg: DataConfig | Any,
     tokenizer: Tokenizer,
     *,
     micro_batch_size: int,
     rank: int,
     world_size: int,
     max_tokens: int,
+    source: Source | None = None,
 ) -> ValBatches:
     """This rank's share of a fixed validation set of about `max_tokens` non-pad tokens.
 
     Same shuffle (seed 42), rank split, tokenization and batch format as training; the data is
     read lazily on first iteration, then kept in memory so every evaluation sees the same tokens.
     """
-    open_source(data_cfg, "validation")  # fail fast
-    shuffle_seed = _seed(data_cfg, 0)
+    cfg = data_config(data_cfg)
+    source = source or open_sources(cfg)
+    shuffle_seed = _shuffle_seed(cfg, 0)
     budget = -(-int(max_tokens) // world_size)
     return ValBatches(
         lambda: rank_stream(
-            data_cfg, "validation", rank=rank, world_size=world_size, seed=shuffle_seed
+            source.validation,
+            shuffle_buffer=cfg.shuffle_buffer,
+            rank=rank,
+            world_size=world_size,
+            seed=shuffle_seed,
         ),
         tokenizer,
         micro_batch_size=micro_batch_size,
-        seq_len=int(_cfg(data_cfg, "seq_len", 256)),
-        pack=bool(_cfg(data_cfg, "pack", False)),
+        seq_len=cfg.seq_len,
+        pack=cfg.pack,
         max_tokens=budget,
+        label=source.label,
     )

@@ -2,7 +2,7 @@
 
 The GaLore/APOLLO/FOAM harnesses average per-batch means and divide by (n_batches + 1), which
 reports a loss biased low by n/(n+1) (about 0.3-3 % in perplexity, depending on batch and world
-size; ``ref/benchmark_protocol.md`` section 9.1). Here loss = (sum of token losses) / (tokens),
+size). Here loss = (sum of token losses) / (tokens),
 both summed over every rank, so the number does not depend on micro-batch or world size.
 """
 
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from train.distributed import all_reduce_sum
-from train.trainer import Batch, count_targets, forward_loss_sum, to_device
+from train.step import Batch, count_targets, forward_loss_sum, to_device
 
 
 @torch.no_grad()

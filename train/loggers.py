@@ -95,3 +95,41 @@ def new_run_id(run_dir: Path) -> str:
     run_id = secrets.token_hex(4)
     path.write_text(run_id)
     return run_id
+
+
+class MetricSink:
+    """Where a run's records go: ``metrics.jsonl`` and, with ``logger=wandb``, wandb. Only the main
+    rank writes; on the others every call is a no-op. The logger's run id is kept in ``state``."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        run_dir: Path,
+        state: Any,
+        *,
+        is_main: bool,
+        resumed: bool,
+        config: dict[str, Any],
+    ) -> None:
+        self._jsonl: JsonlWriter | None = None
+        self._wandb: WandbLogger | None = None
+        if not is_main:
+            return
+        state.run_id = state.run_id or new_run_id(run_dir)
+        self._jsonl = JsonlWriter(run_dir, resume_step=state.step if resumed else None)
+        if cfg.name == "wandb":
+            self._wandb = WandbLogger(cfg, run_dir, state.run_id, config)
+
+    def log(self, record: dict[str, Any]) -> None:
+        for sink in (self._jsonl, self._wandb):
+            if sink:
+                sink.log(record)
+
+    def close(self, summary: dict[str, Any] | None = None, *, preempted: bool = False) -> None:
+        """Finish: with the run's summary, or ``preempted`` (stopped early, to be resumed)."""
+        if self._wandb:
+            if summary is not None:
+                self._wandb.summary(summary)
+            self._wandb.close(preempted=preempted)
+        if self._jsonl:
+            self._jsonl.close()

@@ -5,11 +5,11 @@
     python train/pretrain.py +model=llama_60m +optim=adamw hydra.run.dir=runs/adamw60m   # rerun
         the same command to resume it from its newest checkpoint (trainer.resume=auto)
 
-The file reads top to bottom as the training story; each step it calls lives in a small module
+``train()`` reads top to bottom as the training story; each step it calls lives in a small module
 of ``train/`` with its own tests. What a run writes into its run directory: ``config.yaml``
 (resolved), ``metrics.jsonl``, ``summary.json`` (schema in ``train/summary.py``),
-``checkpoints/step_*``, the final model as a transformers checkpoint in ``hf/`` and, with
-``logger=wandb``, ``wandb/``.
+``checkpoints/step_*`` (contents in ``train/checkpoint.py``), the final model as a transformers
+checkpoint in ``hf/`` and, with ``logger=wandb``, ``wandb/``.
 
 Exit status: 0 finished, 1 crash, 2 config error, 3 divergence, and
 ``train.preemption.PREEMPTED_EXIT_STATUS`` when SIGTERM / SIGUSR1 / SIGUSR2 stopped the run after
@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python train/pretrain.py` anywhere
@@ -30,12 +30,18 @@ import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from torch.optim.lr_scheduler import LambdaLR
 from tqdm import tqdm
 
 import foam
 import models
 from train import distributed as dist
-from train.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
+from train.checkpoint import (
+    Resumable,
+    find_resume_checkpoint,
+    restore_training_state,
+    save_training_state,
+)
 from train.config import (
     ConfigError,
     accumulation_steps,
@@ -43,10 +49,17 @@ from train.config import (
     check_config,
     optimizer_hparams,
 )
-from train.data import build_tokenizer, build_train_loader, build_val_batches
+from train.corpus import open_sources
+from train.data import (
+    TrainLoader,
+    ValBatches,
+    build_tokenizer,
+    build_train_loader,
+    build_val_batches,
+)
 from train.evaluate import evaluate
 from train.export import HF_DIR, export_hf
-from train.loggers import JsonlWriter, WandbLogger, new_run_id
+from train.loggers import MetricSink
 from train.metrics import (
     PhasePeaks,
     bytes_by_dtype,
@@ -63,34 +76,105 @@ from train.preemption import (
     install_stop_signals,
 )
 from train.schedule import build_scheduler
-from train.seeding import rng_state, seed_everything, set_rng_state
-from train.step_stats import StepStats
-from train.summary import git_sha, write_summary
-from train.trainer import (
-    TrainingDiverged,
-    accumulate_gradients,
-    grad_norm_and_clip,
-)
+from train.schema import register_configs
+from train.seeding import seed_everything
+from train.state import TrainState
+from train.step import TrainingDiverged, train_step
+from train.step_stats import IntervalStats, StepStats
+from train.summary import build_summary, write_summary
+from train.tokenizer import Tokenizer
 
 log = logging.getLogger("train.pretrain")
 PARAM_DTYPES = {"bf16": torch.bfloat16, "bf16_mixed": torch.float32, "fp32": torch.float32}
 
 
+@dataclass
+class Run:
+    """What one run is made of, built once by ``build_run``; ``TrainState`` holds what changes."""
+
+    cfg: DictConfig
+    info: dist.DistInfo
+    device: torch.device
+    peaks: PhasePeaks
+    """Peak memory per phase: setup, train, eval, checkpoint."""
+    run_dir: Path
+    accumulation: int
+    model: torch.nn.Module
+    """The bare model (checkpoints, evaluation); ``replica`` is what trains (DDP or the model)."""
+    replica: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    tokenizer: Tokenizer
+    train_loader: TrainLoader
+    val_batches: ValBatches
+
+    def resumable(self) -> Resumable:
+        return Resumable(self.model, self.optimizer, self.scheduler, self.train_loader)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bf16_mixed: fp32 weights under a bf16 autocast; pure bf16 and fp32 need none."""
+        if self.cfg.trainer.precision == "bf16_mixed":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+
 def train(cfg: DictConfig) -> dict:
     """One run, start (or resume) to summary; returns the summary."""
-    wall_start = time.perf_counter()
-    t = cfg.trainer
-
-    # 1. Check the config before anything is built, then join the other ranks. Rank 0's Hydra
-    #    run directory is everyone's (the others were told not to create one, see distributed.py).
     info = dist.env_dist_info()
+    state = TrainState(world_size=info.world_size)  # its clock starts now
     check_config(cfg, info.world_size)
-    accum = accumulation_steps(t.global_batch_size, t.micro_batch_size, info.world_size)
+    run = build_run(cfg, info)
+    resume_from = dist.broadcast_object(find_resume_checkpoint(cfg.trainer.resume, run.run_dir))
+    if resume_from is not None:
+        restore_training_state(resume_from, run.resumable(), state, rank=info.rank)
+        log.info("resumed from %s at step %d (%d tokens)", resume_from, state.step, state.tokens)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    sink = MetricSink(
+        cfg.logger,
+        run.run_dir,
+        state,
+        is_main=info.is_main,
+        resumed=bool(resume_from),
+        config=config,
+    )
+    last_mfu = train_loop(run, state, sink)
+    final = state.last_eval() or evaluate_and_log(run, state, sink)
+    summary = build_summary(
+        cfg,
+        state,
+        final_eval=final,
+        optim_choice=optim_choice(cfg),
+        hparams=optimizer_hparams(cfg.optim),
+        optimizer_state_bytes=foam.state_bytes(run.optimizer),
+        peak_memory=run.peaks.record(),
+        mfu=last_mfu,
+        **params_counts(run.model),
+        data_skipped=sum(dist.all_gather_object(int(run.train_loader.stats.get("skipped", 0)))),
+        projections=foam.projections_computed(run.optimizer),
+    )
+    if info.is_main:
+        write_summary(run.run_dir, summary)
+        export_hf(run.model, run.tokenizer, run.run_dir / HF_DIR)
+        log.info(
+            "done: %d steps, %d tokens, val ppl %.2f, %.0f s",
+            state.step,
+            state.tokens,
+            final["val_ppl"],
+            summary["wall_time_s"],
+        )
+    sink.close(summary)
+    return summary
+
+
+def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
+    """Join the other ranks, then build model, optimizer, schedule and data. Rank 0's Hydra run
+    directory is everyone's (the others were told not to create one, see distributed.py)."""
+    t = cfg.trainer
+    accumulation = accumulation_steps(t.global_batch_size, t.micro_batch_size, info.world_size)
     device = dist.resolve_device(t.device, info)
     dist.init_distributed(info, device)
-    peaks = PhasePeaks(device)  # memory is reported per phase: setup, train, eval, checkpoint
+    peaks = PhasePeaks(device)
     run_dir = Path(dist.broadcast_object(HydraConfig.get().runtime.output_dir))
-    optim_choice = HydraConfig.get().runtime.choices.get("optim", cfg.optim.name)
     if info.is_main:
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     log.info(
@@ -98,298 +182,222 @@ def train(cfg: DictConfig) -> dict:
         run_dir,
         info.world_size,
         t.micro_batch_size,
-        accum,
+        accumulation,
         t.global_batch_size,
     )
+    return Run(
+        cfg,
+        info,
+        device,
+        peaks,
+        run_dir,
+        accumulation,
+        *build_model_and_optimizer(cfg, info, device),  # model, replica, optimizer, scheduler
+        *build_data(cfg, info),  # tokenizer, train loader, validation batches
+    )
 
-    # 2. Model and optimizer: identical seeds give identical replicas (initialised on the CPU, so
-    #    the same on any device). Pure bf16 (the paper) keeps weights, grads and states in bf16;
-    #    bf16_mixed keeps fp32 weights under a bf16 autocast.
+
+def build_model_and_optimizer(
+    cfg: DictConfig, info: dist.DistInfo, device: torch.device
+) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer, LambdaLR]:
+    """Identical seeds give identical replicas (initialised on the CPU, so the same on any
+    device). Pure bf16 (the paper) keeps weights, grads and states in bf16; bf16_mixed keeps fp32
+    weights under a bf16 autocast."""
+    t = cfg.trainer
     seed_everything(t.seed)
     model = models.build_model(cfg.model, device=device, dtype=PARAM_DTYPES[t.precision])
     model.train()
     if t.grad_checkpointing:
         models.enable_gradient_checkpointing(model)
     model.config.use_cache = False
-    hparams = optimizer_hparams(cfg.optim)
     optimizer = build_optimizer(cfg.optim, model)
     scheduler = build_scheduler(
         optimizer, max_steps=t.max_steps, warmup_ratio=t.warmup_ratio, min_lr_ratio=t.min_lr_ratio
     )
-    ddp_model = model
-    if info.enabled:
-        ddp_model = dist.wrap_ddp(model, device)
+    replica = dist.wrap_ddp(model, device) if info.enabled else model
+    log_model_and_optimizer(cfg, model, optimizer)
+    return model, replica, optimizer, scheduler
 
-    def autocast() -> contextlib.AbstractContextManager:
-        if t.precision == "bf16_mixed":
-            return torch.autocast(device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
 
-    counts = models.count_params(model)
-    params = [p for p in model.parameters() if p.requires_grad]
-    log.info(
-        "model %s: %.2fM params (%.2fM in folded matrices) | params: %s | grads: %s",
-        cfg.model.name,
-        counts.total / 1e6,
-        counts.folded / 1e6,
-        format_bytes(bytes_by_dtype(model.parameters())),
-        format_bytes(bytes_by_dtype(params)),
-    )
-    log.info(
-        "optimizer %s (%s) %s | planned state: %.2fM elements",
-        optim_choice,
-        cfg.optim.name,
-        hparams,
-        foam.planned_state_numel(optimizer) / 1e6,
-    )
-
-    # 3. Data: each rank reads its own shard of the stream; validation is a fixed token budget.
-    tokenizer = build_tokenizer(cfg.data, cfg.model.vocab_size)
+def build_data(cfg: DictConfig, info: dist.DistInfo) -> tuple[Tokenizer, TrainLoader, ValBatches]:
+    """Each rank reads its own shard of the stream; validation is a fixed token budget. The
+    source is opened once, here, for the tokenizer and both loaders."""
+    t = cfg.trainer
+    source = open_sources(cfg.data)
+    tokenizer = build_tokenizer(cfg.data, cfg.model.vocab_size, source)
+    ranks = {"rank": info.rank, "world_size": info.world_size, "source": source}
     train_loader = build_train_loader(
-        cfg.data,
-        tokenizer,
-        micro_batch_size=t.micro_batch_size,
-        rank=info.rank,
-        world_size=info.world_size,
-        seed=t.seed,
+        cfg.data, tokenizer, micro_batch_size=t.micro_batch_size, seed=t.seed, **ranks
     )
     val_batches = build_val_batches(
         cfg.data,
         tokenizer,
         micro_batch_size=t.eval_micro_batch_size or t.micro_batch_size,
-        rank=info.rank,
-        world_size=info.world_size,
         max_tokens=t.eval_tokens,
+        **ranks,
     )
+    return tokenizer, train_loader, val_batches
 
-    # 4. Resume: model, optimizer, schedule, data position, RNG, counters and the logger's run id.
-    step, tokens, train_time, prior_wall, eval_history = 0, 0, 0.0, 0.0, []
-    ckpt_path = dist.broadcast_object(find_resume_checkpoint(t.resume, run_dir))
-    run_id = None
-    if ckpt_path is not None:
-        state = load_checkpoint(ckpt_path)
-        if state["world_size"] != info.world_size:
-            raise ConfigError(
-                f"trainer.resume: {ckpt_path} was written by {state['world_size']} "
-                f"rank(s), this run has {info.world_size}; the data position is per rank"
-            )
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        train_loader.load_state_dict(state["data"][info.rank])
-        set_rng_state(state["rng"][info.rank])
-        step, tokens, train_time = state["step"], state["tokens"], state["train_time_s"]
-        prior_wall, eval_history, run_id = (
-            state["wall_time_s"],
-            state["eval_history"],
-            state["run_id"],
-        )
-        log.info("resumed from %s at step %d (%d tokens)", ckpt_path, step, tokens)
-        del state
 
-    # 5. Logging: metrics.jsonl always, wandb when asked; rank 0 only.
-    jsonl = wandb = None
-    if info.is_main:
-        run_id = run_id or new_run_id(run_dir)
-        jsonl = JsonlWriter(run_dir, resume_step=step if ckpt_path else None)
-        if cfg.logger.name == "wandb":
-            wandb = WandbLogger(
-                cfg.logger, run_dir, run_id, OmegaConf.to_container(cfg, resolve=True)
-            )
+def train_loop(run: Run, state: TrainState, sink: MetricSink) -> float | None:
+    """Exactly ``max_steps`` optimizer steps (lr is a function of the optimizer step), with
+    metrics, evaluations and checkpoints on their schedules. Returns the last interval's MFU.
 
-    def log_record(record: dict) -> None:
-        if info.is_main:
-            jsonl.log(record)
-            if wandb:
-                wandb.log(record)
-
-    def run_eval() -> dict:
-        peaks.enter("eval")
-        result = evaluate(model, val_batches, device=device, autocast=autocast)
-        entry = {
-            "step": step,
-            "tokens": tokens,
-            "val_loss": result["val_loss"],
-            "val_ppl": result["val_ppl"],
-        }
-        if not eval_history or eval_history[-1]["step"] != step:
-            eval_history.append(entry)
-        log_record({**entry, "val_tokens": result["val_tokens"]})
-        log.info(
-            "step %d | val loss %.4f | val ppl %.2f (%d tokens)",
-            step,
-            result["val_loss"],
-            result["val_ppl"],
-            result["val_tokens"],
-        )
-        return entry
-
-    stopper = StopAndSave(t.save_every_minutes, device)
-
-    def save() -> None:
-        peaks.enter("checkpoint")
-        stopper.checkpoint_saved()
-        data_states = dist.all_gather_object(train_loader.state_dict())
-        rngs = dist.all_gather_object(rng_state())
-        if info.is_main:
-            state = {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "data": data_states,
-                "rng": rngs,
-                "step": step,
-                "tokens": tokens,
-                "train_time_s": train_time,
-                "wall_time_s": prior_wall + time.perf_counter() - wall_start,
-                "eval_history": eval_history,
-                "run_id": run_id,
-                "world_size": info.world_size,
-            }
-            path = save_checkpoint(
-                run_dir,
-                step,
-                state,
-                {"tokens": tokens, "git_sha": git_sha()},
-                keep_last=t.keep_last,
-            )
-            log.info("saved %s", path)
-        dist.barrier_for_slow_io()
-
-    # 6. Train: exactly max_steps optimizer steps; lr is a function of the optimizer step. Each
-    #    step's loss, grad norm and counts stay on the device until the next log, evaluation or
-    #    save reads them with one host sync (and stops a diverged run; train/step_stats.py).
-    #    There, too, the ranks agree on a stop signal (any rank) or a wall-clock save: a stop ends
-    #    the loop with a checkpoint, at most log_every steps after the signal arrived.
-    stop_signal = None
-    flops_per_token = models.flops_per_token(cfg.model, cfg.data.seq_len)
-    peak = peak_flops(device)
-    if info.is_main:
+    Each step's numbers stay on the device until the next log, evaluation or save reads them with
+    one host sync (which also stops a diverged run; ``train/step_stats.py``). There, too, the
+    ranks agree on a stop signal (any rank) or a wall-clock save: a stop ends the loop with a
+    checkpoint (``RunPreempted``), at most ``log_every`` steps after the signal arrived."""
+    t = run.cfg.trainer
+    flops_per_token = models.flops_per_token(run.cfg.model, run.cfg.data.seq_len)
+    peak, last_mfu = peak_flops(run.device), None
+    if run.info.is_main:
         matmul_dtype = torch.bfloat16 if t.precision.startswith("bf16") else torch.float32
-        slots = t.global_batch_size * cfg.data.seq_len // info.world_size
-        log_step_time_estimate(flops_per_token, slots, device, matmul_dtype, t.max_steps - step)
-    last_mfu = None
-    stats = StepStats(device)
-    progress = tqdm(total=t.max_steps, initial=step, disable=not info.is_main, dynamic_ncols=True)
-    while step < t.max_steps:
-        peaks.enter("train")
-        micro_batches = [next(train_loader) for _ in range(accum)]
-        result = accumulate_gradients(
-            ddp_model, micro_batches, device=device, world_size=info.world_size, autocast=autocast
+        slots = t.global_batch_size * run.cfg.data.seq_len // run.info.world_size
+        log_step_time_estimate(
+            flops_per_token, slots, run.device, matmul_dtype, t.max_steps - state.step
         )
-        grad_norm = grad_norm_and_clip(params, t.grad_clip)
-        lrs = {g.get("name", str(i)): g["lr"] for i, g in enumerate(optimizer.param_groups)}
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=not info.enabled)  # DDP: keep the bucket views
-        step += 1
-        stats.add(step, result, grad_norm)
+    stats, stopper, stop_signal = (
+        StepStats(run.device),
+        StopAndSave(t.save_every_minutes, run.device),
+        None,
+    )
+    progress = tqdm(
+        total=t.max_steps, initial=state.step, disable=not run.info.is_main, dynamic_ncols=True
+    )
+    while state.step < t.max_steps:
+        run.peaks.enter("train")
+        result, grad_norm, lrs = train_step(
+            run.replica,
+            run.optimizer,
+            run.scheduler,
+            run.train_loader,
+            accumulation=run.accumulation,
+            device=run.device,
+            world_size=run.info.world_size,
+            autocast=run.autocast,
+            grad_clip=t.grad_clip,
+        )
+        state.step += 1
+        stats.add(state.step, result, grad_norm)
         progress.update(1)
-        log_now = step == 1 or step == t.max_steps or (t.log_every and step % t.log_every == 0)
-        eval_now = step == t.max_steps or (t.eval_every and step % t.eval_every == 0)
-        save_now = (t.save_every and step % t.save_every == 0) or (
-            step == t.max_steps and t.save_final
-        )
+        log_now = state.step in (1, t.max_steps) or (t.log_every and state.step % t.log_every == 0)
+        eval_now = state.step == t.max_steps or (t.eval_every and state.step % t.eval_every == 0)
+        final = state.step == t.max_steps and t.save_final
+        save_now = final or (t.save_every and state.step % t.save_every == 0)
         if not (log_now or eval_now or save_now):
             continue
         interval = stats.read()
-        tokens, train_time = tokens + interval.tokens, train_time + interval.seconds
-        slots_per_s = interval.token_slots / interval.seconds / info.world_size
+        state.add_interval(interval.tokens, interval.seconds)
+        slots_per_s = interval.token_slots / interval.seconds / run.info.world_size
         last_mfu = mfu(flops_per_token, slots_per_s, peak)
-        if step == 1 and info.is_main:
+        if state.step == 1 and run.info.is_main:
             log.info(
                 "optimizer state after the first step: %s",
-                format_bytes(bytes_by_dtype(optimizer_state_tensors(optimizer))),
+                format_bytes(bytes_by_dtype(optimizer_state_tensors(run.optimizer))),
             )
         if log_now:
             progress.set_postfix(loss=f"{interval.loss:.4f}", lr=f"{next(iter(lrs.values())):.2e}")
-            log_record(
-                {
-                    "step": step,
-                    "tokens": tokens,
-                    "loss": interval.loss,
-                    "grad_norm": interval.grad_norm,
-                    **{f"lr/{name}": lr for name, lr in lrs.items()},
-                    "step_time_s": interval.seconds / interval.steps,
-                    "tokens_per_s": interval.tokens / interval.seconds,
-                    "mfu": last_mfu,
-                    "optimizer_state_bytes": foam.state_bytes(optimizer),
-                    **peaks.record(),
-                }
-            )
+            sink.log(step_record(run, state, interval, lrs, last_mfu))
         if eval_now:
-            run_eval()
+            evaluate_and_log(run, state, sink)
         verdict = stopper.poll()  # collective: a stop signal on any rank, a wall-clock save
         if save_now or verdict.save:
-            save()
+            run.peaks.enter("checkpoint")
+            stopper.checkpoint_saved()
+            path = save_training_state(
+                run.run_dir, run.resumable(), state, rank=run.info.rank, keep_last=t.keep_last
+            )
+            if path:
+                log.info("saved %s", path)
         stats.restart_clock()  # evaluation, saving and logging are not training time
-        if verdict.stop_signal and step < t.max_steps:  # at the end, finishing is quicker
+        if verdict.stop_signal and state.step < t.max_steps:  # at the end, finishing is quicker
             stop_signal = verdict.stop_signal.name
             break
     progress.close()
-    train_loader.close()  # stop its read-ahead thread
+    run.train_loader.close()  # stop its read-ahead thread
     if stop_signal:
         log.warning(
             "%s: stopped after step %d with its checkpoint saved; rerun the same command to "
             "resume (exit status %d)",
             stop_signal,
-            step,
+            state.step,
             PREEMPTED_EXIT_STATUS,
         )
-        if info.is_main:
-            jsonl.close()
-            if wandb:
-                wandb.close(preempted=True)
-        raise RunPreempted(f"{stop_signal} at step {step}; resume with the same command")
+        sink.close(preempted=True)
+        raise RunPreempted(f"{stop_signal} at step {state.step}; resume with the same command")
+    return last_mfu
 
-    # 7. Final evaluation (already done unless resumed after the end) and the summary.
-    final = eval_history[-1] if eval_history and eval_history[-1]["step"] == step else run_eval()
-    skipped = sum(dist.all_gather_object(int(train_loader.stats.get("skipped", 0))))
-    summary = {
-        "final_val_loss": final["val_loss"],
-        "final_val_ppl": final["val_ppl"],
-        "steps": step,
-        "tokens": tokens,
-        "tokens_per_s": tokens / train_time if train_time else None,
-        "optimizer_state_bytes": foam.state_bytes(optimizer),
-        **peaks.record(),
-        "mfu": last_mfu,
-        "wall_time_s": prior_wall + time.perf_counter() - wall_start,
-        "git_sha": git_sha(),
-        "model": cfg.model.name,
-        "optim": optim_choice,
-        "optim_name": cfg.optim.name,
-        "lr": hparams.get("lr"),
-        "alpha": hparams.get("alpha"),
-        "level": hparams.get("level"),
-        "hparams": hparams,
-        "seed": t.seed,
-        "precision": t.precision,
-        "world_size": info.world_size,
-        "global_batch_size": t.global_batch_size,
-        "micro_batch_size": t.micro_batch_size,
-        "seq_len": cfg.data.seq_len,
-        "params_total": counts.total,
-        "params_folded": counts.folded,
-        "data_skipped": skipped,
-        "projections": foam.projections_computed(optimizer),
-        "eval_history": eval_history,
+
+def step_record(
+    run: Run,
+    state: TrainState,
+    interval: IntervalStats,
+    lrs: dict[str, float],
+    interval_mfu: float | None,
+) -> dict:
+    """One line of ``metrics.jsonl``: the newest step, with the interval's rates."""
+    return {
+        "step": state.step,
+        "tokens": state.tokens,
+        "loss": interval.loss,
+        "grad_norm": interval.grad_norm,
+        **{f"lr/{name}": lr for name, lr in lrs.items()},
+        "step_time_s": interval.seconds / interval.steps,
+        "tokens_per_s": interval.tokens / interval.seconds,
+        "mfu": interval_mfu,
+        "optimizer_state_bytes": foam.state_bytes(run.optimizer),
+        **run.peaks.record(),
     }
-    if info.is_main:
-        write_summary(run_dir, summary)
-        export_hf(model, tokenizer, run_dir / HF_DIR)
-        jsonl.close()
-        if wandb:
-            wandb.summary(summary)
-            wandb.close()
-        log.info(
-            "done: %d steps, %d tokens, val ppl %.2f, %.0f s",
-            step,
-            tokens,
-            final["val_ppl"],
-            summary["wall_time_s"],
-        )
-    return summary
+
+
+def evaluate_and_log(run: Run, state: TrainState, sink: MetricSink) -> dict:
+    """Validation loss and perplexity at this step, recorded in the history and the metrics."""
+    run.peaks.enter("eval")
+    result = evaluate(run.model, run.val_batches, device=run.device, autocast=run.autocast)
+    entry = state.record_eval(result["val_loss"], result["val_ppl"])
+    sink.log({**entry, "val_tokens": result["val_tokens"]})
+    log.info(
+        "step %d | val loss %.4f | val ppl %.2f (%d tokens)",
+        state.step,
+        result["val_loss"],
+        result["val_ppl"],
+        result["val_tokens"],
+    )
+    return entry
+
+
+def log_model_and_optimizer(
+    cfg: DictConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
+    counts = params_counts(model)
+    log.info(
+        "model %s: %.2fM params (%.2fM in folded matrices) | params: %s | grads: %s",
+        cfg.model.name,
+        counts["params_total"] / 1e6,
+        counts["params_folded"] / 1e6,
+        format_bytes(bytes_by_dtype(model.parameters())),
+        format_bytes(bytes_by_dtype(p for p in model.parameters() if p.requires_grad)),
+    )
+    log.info(
+        "optimizer %s (%s) %s | planned state: %.2fM elements",
+        optim_choice(cfg),
+        cfg.optim.name,
+        optimizer_hparams(cfg.optim),
+        foam.planned_state_numel(optimizer) / 1e6,
+    )
+
+
+def params_counts(model: torch.nn.Module) -> dict[str, int]:
+    counts = models.count_params(model)
+    return {"params_total": counts.total, "params_folded": counts.folded}
+
+
+def optim_choice(cfg: DictConfig) -> str:
+    """The optim config the user picked (``foam2``), not only the optimizer it builds (``foam``)."""
+    return HydraConfig.get().runtime.choices.get("optim", cfg.optim.name)
+
+
+register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")

@@ -1,6 +1,6 @@
 """``summary.json``: the one-file result of a run that sweep and table scripts read.
 
-Keys (flat; all present, ``null`` where not applicable):
+Keys (flat; all present, ``null`` where not applicable), as ``build_summary`` writes them:
 
 =========================== ================================================================
 final_val_loss              token-weighted validation loss at the last step
@@ -43,6 +43,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from train.state import TrainState
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -62,6 +64,54 @@ def git_sha() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"{sha}-dirty" if dirty else sha
+
+
+def build_summary(
+    cfg: Any,
+    state: TrainState,
+    *,
+    final_eval: dict[str, Any],
+    optim_choice: str,
+    hparams: dict[str, Any],
+    optimizer_state_bytes: int,
+    peak_memory: dict[str, int],
+    mfu: float | None,
+    params_total: int,
+    params_folded: int,
+    data_skipped: int,
+    projections: int | None,
+) -> dict[str, Any]:
+    """The summary of a finished run (the schema above)."""
+    return {
+        "final_val_loss": final_eval["val_loss"],
+        "final_val_ppl": final_eval["val_ppl"],
+        "steps": state.step,
+        "tokens": state.tokens,
+        "tokens_per_s": state.tokens / state.train_time_s if state.train_time_s else None,
+        "optimizer_state_bytes": optimizer_state_bytes,
+        **{"peak_memory_reserved_bytes": None, **peak_memory},
+        "mfu": mfu,
+        "wall_time_s": state.wall_time(),
+        "git_sha": git_sha(),
+        "model": cfg.model.name,
+        "optim": optim_choice,
+        "optim_name": cfg.optim.name,
+        "lr": hparams.get("lr"),
+        "alpha": hparams.get("alpha"),
+        "level": hparams.get("level"),
+        "hparams": hparams,
+        "seed": cfg.trainer.seed,
+        "precision": cfg.trainer.precision,
+        "world_size": state.world_size,
+        "global_batch_size": cfg.trainer.global_batch_size,
+        "micro_batch_size": cfg.trainer.micro_batch_size,
+        "seq_len": cfg.data.seq_len,
+        "params_total": params_total,
+        "params_folded": params_folded,
+        "data_skipped": data_skipped,
+        "projections": projections,
+        "eval_history": state.eval_history,
+    }
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:

@@ -1,7 +1,7 @@
 """Tokenizers: T5 (the protocol's), a local one, or a SentencePiece model the project trains.
 
-`build_tokenizer(data_cfg, vocab_size)` resolves `data.tokenizer` in this order and logs one line
-saying which tokenizer is in use:
+`build_tokenizer(data_cfg, vocab_size, source)` resolves `data.tokenizer` in this order and logs
+one line saying which tokenizer is in use:
 
 1. `spm` (or `sentencepiece`): the project's SentencePiece model, trained on the training text.
 2. an existing path: a `.model` SentencePiece file, or a folder `AutoTokenizer` can load.
@@ -32,7 +32,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from train.corpus import _cfg, hub_reachable, open_source
+from train.corpus import (
+    DataSourceError,
+    Source,
+    count_skip,
+    describe_skips,
+    hub_reachable,
+    open_sources,
+)
+from train.schema import DataConfig, data_config
 
 logger = logging.getLogger(__name__)
 
@@ -140,13 +148,15 @@ class HFTokenizer(Tokenizer):
 # SentencePiece training
 
 
-def spm_training_lines(data_cfg: Any, max_chars: int = SPM_TRAIN_CHARS) -> list[str]:
+def spm_training_lines(source: Source, max_chars: int = SPM_TRAIN_CHARS) -> list[str]:
     """A fixed prefix of the training split (unshuffled, so identical on every rank and run)."""
     lines: list[str] = []
     total = 0
-    for rec in open_source(data_cfg, "train"):
+    skipped: dict[str, int] = {}
+    for rec in source.train:
         text = rec.get("text")
         if not isinstance(text, str):
+            count_skip(skipped, rec)
             continue
         for line in text.splitlines():
             line = line.strip()
@@ -156,7 +166,10 @@ def spm_training_lines(data_cfg: Any, max_chars: int = SPM_TRAIN_CHARS) -> list[
         if total >= max_chars:
             break
     if not lines:
-        raise ValueError("no training text to train a SentencePiece tokenizer on")
+        raise DataSourceError(
+            f"{source.label}: no training text to train the SentencePiece tokenizer on: "
+            f"{describe_skips(skipped)}"
+        )
     return lines
 
 
@@ -185,7 +198,9 @@ def train_sentencepiece(lines: list[str], vocab_size: int) -> bytes:
     return buf.getvalue()
 
 
-def project_sentencepiece(data_cfg: Any, vocab_size: int) -> tuple[bytes, Path, bool]:
+def project_sentencepiece(
+    cfg: DataConfig, vocab_size: int, source: Source
+) -> tuple[bytes, Path, bool]:
     """The cached project model for this training text, training it on a cache miss.
 
     Returns (model bytes, cache path, whether it was trained now). Several ranks may train at
@@ -193,14 +208,14 @@ def project_sentencepiece(data_cfg: Any, vocab_size: int) -> tuple[bytes, Path, 
     """
     import sentencepiece
 
-    pieces = min(vocab_size, int(_cfg(data_cfg, "spm_vocab_size", 8192) or 8192))
-    lines = spm_training_lines(data_cfg)
+    pieces = min(vocab_size, cfg.spm_vocab_size)
+    lines = spm_training_lines(source)
     digest = hashlib.sha256()
     digest.update(f"unigram|{pieces}|{sentencepiece.__version__}|".encode())
     for line in lines:
         digest.update(line.encode())
         digest.update(b"\n")
-    cache_dir = Path(_cfg(data_cfg, "tokenizer_cache_dir") or default_cache_dir()).expanduser()
+    cache_dir = Path(cfg.tokenizer_cache_dir or default_cache_dir()).expanduser()
     path = cache_dir / "tokenizers" / f"spm-unigram{pieces}-{digest.hexdigest()[:16]}.model"
     if path.is_file():
         return path.read_bytes(), path, False
@@ -222,10 +237,12 @@ def _load_hf(name: str, local_only: bool) -> Any:
     return AutoTokenizer.from_pretrained(name, local_files_only=local_only)
 
 
-def _from_project_spm(data_cfg: Any, vocab_size: int, why: str) -> Tokenizer:
+def _from_project_spm(
+    cfg: DataConfig, vocab_size: int, why: str, source: Source | None
+) -> Tokenizer:
     t0 = time.perf_counter()
-    proto, path, trained = project_sentencepiece(data_cfg, vocab_size)
-    threads = max(1, int(_cfg(data_cfg, "num_workers", 1) or 1))
+    proto, path, trained = project_sentencepiece(cfg, vocab_size, source or open_sources(cfg))
+    threads = max(1, cfg.num_workers)
     tok = SentencePieceTokenizer(proto, f"spm:{path.name}", vocab_size, num_threads=threads)
     how = f"trained in {time.perf_counter() - t0:.1f} s" if trained else "loaded from cache"
     msg = f"data: tokenizer = project SentencePiece ({tok.vocab_size} pieces, {how}, {path})"
@@ -236,11 +253,17 @@ def _from_project_spm(data_cfg: Any, vocab_size: int, why: str) -> Tokenizer:
     return tok
 
 
-def build_tokenizer(data_cfg: Any, vocab_size: int) -> Tokenizer:
-    """The tokenizer named by `data.tokenizer`; every id it produces is < `vocab_size`."""
-    spec = str(_cfg(data_cfg, "tokenizer", "t5-base") or "t5-base")
+def build_tokenizer(
+    data_cfg: DataConfig | Any, vocab_size: int, source: Source | None = None
+) -> Tokenizer:
+    """The tokenizer named by `data.tokenizer`; every id it produces is < `vocab_size`.
+
+    The project's SentencePiece model trains on ``source`` (the run's opened source; opened here
+    when not given and needed)."""
+    cfg = data_config(data_cfg)
+    spec = cfg.tokenizer
     if spec.lower() in SPM_NAMES:
-        return _from_project_spm(data_cfg, vocab_size, "")
+        return _from_project_spm(cfg, vocab_size, "", source)
     path = Path(spec).expanduser()
     if path.is_file():
         tok = SentencePieceTokenizer(path.read_bytes(), str(path), vocab_size)
@@ -269,9 +292,10 @@ def build_tokenizer(data_cfg: Any, vocab_size: int) -> Tokenizer:
             tok.vocab_size,
         )
         return tok
-    if _cfg(data_cfg, "tokenizer_fallback", True):
+    if cfg.tokenizer_fallback:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        return _from_project_spm(data_cfg, vocab_size, f"fallback: {spec} unavailable ({reason})")
+        why = f"fallback: {spec} unavailable ({reason})"
+        return _from_project_spm(cfg, vocab_size, why, source)
     raise RuntimeError(
         f"cannot load tokenizer {spec!r} ({error}). Connect to the hub once to cache it, give a "
         "local path (data.tokenizer=/path/to/t5-base), or use data.tokenizer=spm "

@@ -1,4 +1,4 @@
-"""One optimizer step's worth of forward/backward: token-weighted loss over micro-batches and ranks.
+"""One optimizer step: token-weighted loss and gradient over micro-batches and ranks, then the update.
 
 The loss of a step is (sum of next-token losses over the global batch) / (non-pad targets in the
 global batch). The global target count is all-reduced *before* the backward passes, and each
@@ -11,7 +11,7 @@ This replaces the references' mean-of-micro-batch-means, which weights short doc
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -138,3 +138,30 @@ def grad_norm_and_clip(params: Sequence[torch.Tensor], max_norm: float) -> torch
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
     return norm
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    loader: Iterator[Batch],
+    *,
+    accumulation: int,
+    device: torch.device,
+    world_size: int,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+    grad_clip: float,
+) -> tuple[StepResult, torch.Tensor, dict[str, float]]:
+    """One optimizer step: read ``accumulation`` micro-batches, forward/backward, clip, update,
+    advance the schedule. Returns the step's numbers and gradient norm, left on the device
+    (``train/step_stats.py`` reads them), and the learning rate each param group used."""
+    micro_batches = [next(loader) for _ in range(accumulation)]
+    result = accumulate_gradients(
+        model, micro_batches, device=device, world_size=world_size, autocast=autocast
+    )
+    norm = grad_norm_and_clip([p for p in model.parameters() if p.requires_grad], grad_clip)
+    lrs = {g.get("name", str(i)): g["lr"] for i, g in enumerate(optimizer.param_groups)}
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=world_size == 1)  # DDP: keep the bucket views
+    return result, norm, lrs

@@ -1,0 +1,184 @@
+"""The typed shape of a run's config: one dataclass per Hydra group, registered in the ConfigStore.
+
+``configs/config.yaml`` lists ``config_schema`` first in its defaults, so every group it composes
+(``model``, ``data``, ``trainer``, ``logger``) is merged into its dataclass: a key the dataclass
+does not have, or a value of the wrong type, is refused by Hydra at compose time with the key's
+name. The dataclasses hold the defaults; a YAML option states only what makes it that option.
+
+Optim configs are checked against the optimizer itself: each registered optimizer gets a schema
+``optim/<name>_schema`` generated from ``foam.available_optimizers()`` (its keywords and their
+defaults, which come from the optimizer's constructor), and each ``configs/optim/*.yaml`` extends
+the schema of its optimizer through its own defaults list. The optimizer stays the one place where
+its defaults and its rules on values live.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+import foam
+
+# Keys of an optim config that describe it rather than being optimizer keywords.
+DESCRIPTIVE_OPTIM_KEYS = ("name", "paper_lr")
+
+
+@dataclass
+class ModelConfig:
+    """A LLaMA / Qwen size. Every field is required: ``configs/model/*.yaml`` are the size table
+    (``models/config.py`` reads the same files without Hydra), so nothing has a default here."""
+
+    name: str = MISSING
+    family: str = MISSING
+    hidden_size: int = MISSING
+    intermediate_size: int = MISSING
+    num_hidden_layers: int = MISSING
+    num_attention_heads: int = MISSING
+    num_key_value_heads: int = MISSING
+    vocab_size: int = MISSING
+    max_position_embeddings: int = MISSING
+    rope_theta: float = MISSING
+    tie_word_embeddings: bool = MISSING
+    rms_norm_eps: float = MISSING
+    initializer_range: float = MISSING
+    bos_token_id: int = MISSING
+    eos_token_id: int = MISSING
+    pad_token_id: int = MISSING
+
+
+@dataclass
+class DataConfig:
+    """Where documents come from and how they become batches (``train/corpus.py``, ``train/data.py``,
+    ``train/tokenizer.py``). The defaults are the benchmark protocol's."""
+
+    name: str = MISSING
+    """c4 (the hub stream), local (files under ``path``) or embedded (offline corpus)."""
+    path: str | None = None
+    """data=local: a folder (a C4 mirror, or jsonl / json / txt / parquet files) or one file."""
+    hub_name: str = "allenai/c4"
+    hub_config: str = "en"
+    seq_len: int = 256
+    pack: bool = False
+    """true: concatenate documents into full rows (no padding); false: truncate and pad each."""
+    tokenizer: str = "t5-base"
+    """A hub name, a local path (an HF folder or a ``.model`` file), or ``spm``."""
+    tokenizer_fallback: bool = True
+    """Train the project's SentencePiece model when the tokenizer cannot be loaded."""
+    tokenizer_cache_dir: str | None = None
+    """Null: ``$FOAM_CACHE_DIR`` or ``~/.cache/foam``."""
+    spm_vocab_size: int = 8192
+    """Pieces of the project's SentencePiece model (capped by the model's vocabulary)."""
+    val_fraction: float | None = None
+    """Records held out for validation when the source has no validation split."""
+    shuffle_seed: int | None = 42
+    """The protocol's fixed seed; null: the run's seed."""
+    shuffle_buffer: int = 1000
+    num_workers: int = 4
+    """> 0: a background reader thread, and this many tokenizer threads."""
+
+
+@dataclass
+class TrainerConfig:
+    """The run's protocol; the defaults are the paper's (GaLore/APOLLO/FOAM benchmark): pure bf16,
+    global batch 512, 10 % linear warmup, cosine to 10 %, no clipping, eval on 10M tokens."""
+
+    max_steps: int = MISSING
+    """Optimizer steps; ``trainer=paper`` looks them up in ``paper_steps`` by model name."""
+    paper_steps: dict[str, int] = field(default_factory=dict)
+    global_batch_size: int = 512
+    """Sequences per optimizer step = micro_batch_size * accumulation * world size."""
+    micro_batch_size: int = 32
+    """Sequences per rank per forward; lower it (or use grad_checkpointing) if it runs out of memory."""
+    warmup_ratio: float = 0.1
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 0.0
+    """0 = off (the paper); GaLore's 7B recipe uses 1.0."""
+    precision: str = "bf16"
+    """bf16 = pure bf16 (weights, grads, states; the paper) | bf16_mixed | fp32."""
+    grad_checkpointing: bool = False
+    eval_every: int = 1000
+    """Optimizer steps between evaluations; 0 = only at the end."""
+    eval_tokens: int = 10_000_000
+    """Validation budget: non-pad target tokens, all ranks together."""
+    eval_micro_batch_size: int | None = None
+    """Null: micro_batch_size."""
+    log_every: int = 10
+    """Optimizer steps between metrics.jsonl / wandb records."""
+    save_every: int = 1000
+    """Optimizer steps between checkpoints; 0 = only the final one."""
+    save_every_minutes: float = 0.0
+    """Also checkpoint by wall clock (0 = off): a hard kill loses at most this."""
+    keep_last: int = 2
+    """Checkpoints kept; 0 = all."""
+    save_final: bool = True
+    resume: str | None = "auto"
+    """auto = the run directory's newest checkpoint, if any | a path | none."""
+    seed: int = 42
+    device: str = "auto"
+    """auto = cuda:LOCAL_RANK when available, else cpu."""
+
+
+@dataclass
+class LoggerConfig:
+    """Metric sinks besides ``metrics.jsonl`` (always written): ``wandb`` or ``none``."""
+
+    name: str = MISSING
+    project: str = "foam-pretrain"
+    entity: str | None = None
+    mode: str = "auto"
+    """auto: online when logged in (WANDB_API_KEY or ~/.netrc), else offline; WANDB_MODE overrides."""
+    run_name: str | None = None
+    """Null: the run directory's name."""
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Config:
+    """The primary config. ``model`` and ``optim`` are appended by ``+model=`` / ``+optim=``."""
+
+    model: ModelConfig = MISSING
+    optim: Any = MISSING
+    """An ``optim/<name>_schema`` (see ``optim_schema``); its type depends on the optimizer."""
+    data: DataConfig = MISSING
+    trainer: TrainerConfig = MISSING
+    logger: LoggerConfig = MISSING
+
+
+def _field_type(default: Any) -> Any:
+    """The OmegaConf type of an optimizer keyword, from its default. Only bools, floats and strings
+    are typed: ints double as names elsewhere (FOAM's ``level`` is an int or ``"mini"``), None says
+    nothing about a type and tuples are lists in YAML. The optimizer checks the values."""
+    return type(default) if isinstance(default, bool | float | str) else Any
+
+
+def optim_schema(name: str, keywords: Mapping[str, Any]) -> type:
+    """A dataclass for optimizer ``name``: its keywords with the registry's defaults, plus the
+    descriptive ``name`` (fixed to ``name``) and ``paper_lr`` (the paper's lr by model name)."""
+    fields: list[tuple[str, Any, Any]] = [("name", str, field(default=name))]
+    for key, default in keywords.items():
+        value = list(default) if isinstance(default, tuple) else default
+        fields.append((key, _field_type(default), field(default_factory=lambda v=value: v)))
+    fields.append(("paper_lr", dict[str, float], field(default_factory=dict)))
+    return dataclasses.make_dataclass(f"{name}_schema", fields)
+
+
+def register_configs() -> None:
+    """Put the schemas into Hydra's ConfigStore (call before composing ``configs/config.yaml``)."""
+    store = ConfigStore.instance()
+    store.store(name="config_schema", node=Config)
+    for name, keywords in foam.available_optimizers().items():
+        store.store(group="optim", name=f"{name}_schema", node=optim_schema(name, keywords))
+
+
+def data_config(cfg: DataConfig | DictConfig | Mapping[str, Any]) -> DataConfig:
+    """A ``DataConfig`` from the composed ``cfg.data``, a loaded YAML or a plain mapping (scripts
+    and tests), checked against the schema: an unknown key or a value of the wrong type raises
+    naming the key, and values are converted as Hydra would (``"2048"`` for an int)."""
+    if isinstance(cfg, DataConfig):
+        return cfg
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), cfg))
