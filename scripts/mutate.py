@@ -47,7 +47,7 @@ TARGETS: dict[str, list[str]] = {
         "tests/test_adam_mini.py",
     ],
     "foam/optimizer.py": ["tests/test_foam.py"],
-    "train/trainer.py": ["tests/test_train_step.py"],
+    "train/step.py": ["tests/test_train_step.py"],
     "train/evaluate.py": ["tests/test_train_evaluate.py"],
     "foam/schedule.py": ["tests/test_train_schedule.py"],
     "train/checkpoint.py": ["tests/test_train_checkpoint.py"],
@@ -91,12 +91,12 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "strict=True -> strict=False",
     ): SAME_PLAN,
     (
-        "train/trainer.py",
+        "train/step.py",
         "return tensor.pin_memory().to(device, non_blocking=True)",
         "non_blocking=True -> non_blocking=False",
     ): ("a copy to the CPU is synchronous either way; on CUDA only the overlap changes"),
     (
-        "train/trainer.py",
+        "train/step.py",
         "torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)",
         "foreach=True -> foreach=False",
     ): ("foreach is torch's multi-tensor kernel for the same arithmetic"),

@@ -12,7 +12,13 @@ import torch
 
 import foam
 import models
-from train.checkpoint import Resumable, restore_training_state, save_training_state
+from train.checkpoint import (
+    Resumable,
+    load_checkpoint,
+    restore_training_state,
+    save_checkpoint,
+    save_training_state,
+)
 from train.config import ConfigError
 from train.data import build_tokenizer, build_train_loader
 from train.schedule import build_scheduler
@@ -148,3 +154,22 @@ def test_train_state_times_add_up_over_segments():
     entry = second.record_eval(3.0, 20.1)
     assert second.record_eval(3.0, 20.1) == entry and len(second.eval_history) == 1
     assert second.last_eval() == entry
+
+
+def test_a_checkpoint_from_before_train_state_resumes(tmp_path, data_cfg, tokenizer):
+    """Runs checkpointed by the earlier layout (counters at top level) resume with their counters."""
+    run, state = build(data_cfg, tokenizer, seed=0), TrainState(run_id="old")
+    steps(run, state, 2)
+    path = save_training_state(tmp_path, run, state, rank=0, keep_last=0)
+    contents = load_checkpoint(path)
+    flat = {k: v for k, v in contents.items() if k != "train_state"}
+    flat.update(contents["train_state"])
+    legacy = save_checkpoint(tmp_path / "legacy", 2, flat, {}, keep_last=0)
+    resumed, resumed_state = build(data_cfg, tokenizer, seed=1), TrainState()
+    restore_training_state(legacy, resumed, resumed_state, rank=0)
+    assert (resumed_state.step, resumed_state.tokens, resumed_state.run_id) == (
+        2,
+        state.tokens,
+        "old",
+    )
+    assert steps(resumed, resumed_state, 2) == steps(run, state, 2)

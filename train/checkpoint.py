@@ -18,6 +18,7 @@ to a full unpickle of the run's own file, with a warning.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -166,10 +167,18 @@ def save_training_state(
     return path
 
 
+def saved_train_state(contents: dict[str, Any]) -> dict[str, Any]:
+    """The counters of a checkpoint; ones written before ``TrainState`` kept them at top level."""
+    if "train_state" in contents:
+        return contents["train_state"]
+    return {f.name: contents[f.name] for f in dataclasses.fields(TrainState)}
+
+
 def restore_training_state(path: Path, live: Resumable, state: TrainState, *, rank: int) -> None:
     """Load what ``save_training_state`` wrote into the run's live objects."""
     contents = load_checkpoint(path)
-    saved_world = contents["train_state"]["world_size"]
+    saved = saved_train_state(contents)
+    saved_world = saved["world_size"]
     if saved_world != state.world_size:
         raise ConfigError(
             f"trainer.resume: {path} was written by {saved_world} rank(s), this run has "
@@ -180,4 +189,4 @@ def restore_training_state(path: Path, live: Resumable, state: TrainState, *, ra
     live.scheduler.load_state_dict(contents["scheduler"])
     live.loader.load_state_dict(contents["data"][rank])
     set_rng_state(contents["rng"][rank])
-    state.load_state_dict(contents["train_state"])
+    state.load_state_dict(saved)
