@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch.optim.adamw import adamw as functional_adamw
 
+from foam import fused as fused_foam
 from foam.folding import (
     FOLD_AXES,
     FoldPlan,
@@ -70,6 +71,12 @@ class FOAM(torch.optim.Optimizer):
 
     Parameters are processed one at a time, so the transient memory of a step is a few
     temporaries the size of one parameter, never the whole model's.
+
+    ``implementation`` picks how folded matrices step: ``"eager"`` is the readable reference in
+    this file; ``"fused"`` runs the one-pass kernels of foam/fused.py (C++ on the CPU, Triton on
+    CUDA) and fails if the device's kernel cannot be built; ``"auto"`` (default) uses them where
+    they apply and build, else the eager step. Level 0, float16/float64 and sharded parameters
+    always step eagerly.
     """
 
     def __init__(
@@ -88,6 +95,7 @@ class FOAM(torch.optim.Optimizer):
         fold_axis: str = "larger",
         state_dtype: torch.dtype | str | None = None,
         fused_adamw: bool = True,
+        implementation: str = "auto",
     ) -> None:
         defaults = dict(
             lr=lr,
@@ -103,6 +111,7 @@ class FOAM(torch.optim.Optimizer):
             fold_axis=fold_axis,
             state_dtype=state_dtype,
             fused_adamw=fused_adamw,
+            implementation=implementation,
         )
         super().__init__(params, defaults)
 
@@ -148,7 +157,7 @@ class FOAM(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            fused = []
+            fused, folded = [], []
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -156,11 +165,62 @@ class FOAM(torch.optim.Optimizer):
                     raise RuntimeError("FOAM does not support sparse gradients")
                 if self._uses_fused_adamw(p, group):
                     fused.append(p)
+                elif self._uses_fused_step(p, group):
+                    folded.append(p)
                 else:
                     self._update(p, group)
             if fused:
                 self._fused_adamw(fused, group)
+            if folded:
+                self._fused_step(folded, group)
         return loss
+
+    def _uses_fused_step(self, p: torch.Tensor, group: dict[str, Any]) -> bool:
+        """Whether ``p`` takes the fused FOAM step of foam/fused.py (see ``implementation``)."""
+        if group["implementation"] == "eager":
+            return False
+        plan = self.plan_for(p, group)
+        if not fused_foam.applies(p, plan, resolve_dtype(group["state_dtype"], p.dtype)):
+            return False
+        if fused_foam.kernel_available(p.device.type):
+            return True
+        if group["implementation"] == "fused":
+            raise RuntimeError(
+                f"implementation='fused' but the fused FOAM kernel for {p.device.type} is "
+                "unavailable (see the log); use implementation='auto' or 'eager'"
+            )
+        return False
+
+    def _fused_step(self, params: list[torch.Tensor], group: dict[str, Any]) -> None:
+        plans, states, bias_corrections = [], [], []
+        for p in params:
+            plan = self.plan_for(p, group)
+            state = self.state[p]
+            if not state:
+                self._init_state(p, group, plan)
+            plans.append(plan)
+            states.append(state)
+            bias_corrections.append(self._advance_step(state, group))
+        for device in {p.device for p in params}:
+            on = [i for i, p in enumerate(params) if p.device == device]
+            fused_foam.fused_step(
+                [params[i] for i in on],
+                [states[i]["exp_avg"] for i in on],
+                [states[i]["exp_avg_sq"] for i in on],
+                [plans[i] for i in on],
+                [bias_corrections[i] for i in on],
+                fused_foam.StepScalars.of_group(group),
+            )
+
+    @staticmethod
+    def _advance_step(state: dict[str, Any], group: dict[str, Any]) -> tuple[float, float]:
+        """Count one more step; return the bias corrections ``(1 - b1^t, 1 - b2^t)`` (or ones)."""
+        state["step"] += 1
+        if not group["bias_correction"]:
+            return 1.0, 1.0
+        t = int(state["step"].item())
+        beta1, beta2 = group["betas"]
+        return 1 - beta1**t, 1 - beta2**t
 
     def _uses_fused_adamw(self, p: torch.Tensor, group: dict[str, Any]) -> bool:
         """Whether ``p`` takes plain AdamW through torch's fused multi-tensor kernel.
@@ -225,12 +285,9 @@ class FOAM(torch.optim.Optimizer):
         state = self.state[p]
         if not state:
             self._init_state(p, group, plan)
-        state["step"] += 1
-        t = int(state["step"].item())
+        bc1, bc2 = self._advance_step(state, group)
         beta1, beta2 = group["betas"]
         lr, eps = group["lr"], group["eps"]
-        bc1 = 1 - beta1**t if group["bias_correction"] else 1.0
-        bc2 = 1 - beta2**t if group["bias_correction"] else 1.0
 
         wide = compute_dtype(p.dtype)
         grad = p.grad if plan is None else p.grad.reshape(plan.rows, plan.cols)
@@ -328,3 +385,8 @@ def _validate_group(group: dict[str, Any]) -> None:
     if group["fold_axis"] not in FOLD_AXES:
         raise ValueError(f"fold_axis must be one of {FOLD_AXES}, got {group['fold_axis']!r}")
     resolve_dtype(group["state_dtype"], torch.float32)
+    if group["implementation"] not in fused_foam.IMPLEMENTATIONS:
+        raise ValueError(
+            f"implementation must be one of {fused_foam.IMPLEMENTATIONS}, "
+            f"got {group['implementation']!r}"
+        )

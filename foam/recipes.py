@@ -19,6 +19,7 @@ FOAM_OPTIONS: dict[str, Any] = {
     "fold_axis": "larger",
     "state_dtype": None,
     "fused_adamw": True,
+    "implementation": "auto",
 }
 
 
