@@ -104,7 +104,9 @@ def _foam_step_kernel(
         decayed = _rounded(p.to(tl.float32) * decay, p_ptr.dtype.element_ty).to(tl.float32)
         r = x - mean[:, None]
         update = (m_hat + rho * r) / (tl.sqrt(v_hat + rho_sq * r * r) + eps)
-        tl.store(p_ptr + offsets, _rounded(decayed - step_size * update, p_ptr.dtype.element_ty), mask)
+        tl.store(
+            p_ptr + offsets, _rounded(decayed - step_size * update, p_ptr.dtype.element_ty), mask
+        )
 
 
 def triton_step(

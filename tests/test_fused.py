@@ -32,7 +32,9 @@ DTYPES = [torch.float32, torch.bfloat16]
 STEPS = 4
 CASES = [
     (shape, level, dtype, options)
-    for shape, level, dtype, options in itertools.product(SHAPES, [1, 2, 3, "mini"], DTYPES, OPTIONS)
+    for shape, level, dtype, options in itertools.product(
+        SHAPES, [1, 2, 3, "mini"], DTYPES, OPTIONS
+    )
     if level == "mini" or 2**level <= min(shape[0], shape[-1])
 ]
 

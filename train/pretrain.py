@@ -96,6 +96,8 @@ def train(cfg: DictConfig) -> dict:
     model.train()
     if t.grad_checkpointing:
         models.enable_gradient_checkpointing(model)
+    if t.compile:  # compiles forward in place: parameter names and checkpoints stay the same
+        model.compile()
     model.config.use_cache = False
     hparams = optimizer_hparams(cfg.optim)
     optimizer = build_optimizer(cfg.optim, model)
