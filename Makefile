@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -e ".[train,dev]"
+	$(PY) -m pip install -q -e ".[train,dev,fused]"
+	$(PY) -c "import foam.fused as f; print('fused FOAM CPU kernel built:', f.kernel_available('cpu'))"
 	touch $(STAMP)
 
 demo: install
@@ -39,6 +40,7 @@ mutate: install
 
 bench: install
 	$(PY) scripts/bench_optim.py
+	$(PY) scripts/bench_train.py --compile
 	$(PY) scripts/bench_data.py
 
 lint: install

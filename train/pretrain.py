@@ -209,6 +209,8 @@ def build_model_and_optimizer(
     model.train()
     if t.grad_checkpointing:
         models.enable_gradient_checkpointing(model)
+    if t.compile:  # compiles forward in place: parameter names and checkpoints stay the same
+        model.compile()
     model.config.use_cache = False
     optimizer = build_optimizer(cfg.optim, model)
     scheduler = build_scheduler(

@@ -101,6 +101,8 @@ class TrainerConfig:
     precision: str = "bf16"
     """bf16 = pure bf16 (weights, grads, states; the paper) | bf16_mixed | fp32."""
     grad_checkpointing: bool = False
+    compile: bool = False
+    """torch.compile the model (``nn.Module.compile``: parameter and checkpoint names unchanged)."""
     eval_every: int = 1000
     """Optimizer steps between evaluations; 0 = only at the end."""
     eval_tokens: int = 10_000_000
