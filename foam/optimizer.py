@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch.optim.adamw import adamw as functional_adamw
 
+from foam import fused as fused_foam
 from foam.folding import (
     TAIL_BLOCKS,
     FoldPlan,
@@ -89,6 +90,12 @@ class FOAM(DtypeFaithfulOptimizer):
 
     Parameters are processed one at a time, so the transient memory of a step is a few
     temporaries the size of one parameter, never the whole model's.
+
+    ``implementation`` picks how folded matrices step: ``"eager"`` is the readable reference in
+    this file; ``"fused"`` runs the one-pass kernels of foam/fused.py (C++ on the CPU, Triton on
+    CUDA) and fails if the device's kernel cannot be built; ``"auto"`` (default) uses them where
+    they apply and build, else the eager step. Level 0, float16/float64 and sharded parameters
+    always step eagerly.
     """
 
     def __init__(
@@ -110,6 +117,7 @@ class FOAM(DtypeFaithfulOptimizer):
         semantics: str = "paper",
         tail_block: str | None = None,
         decay: str | None = None,
+        implementation: str = "auto",
     ) -> None:
         super().__init__(params, group_defaults(locals()))
 
@@ -170,7 +178,7 @@ class FOAM(DtypeFaithfulOptimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            fused = []
+            fused, folded = [], []
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -178,11 +186,61 @@ class FOAM(DtypeFaithfulOptimizer):
                     raise RuntimeError("FOAM does not support sparse gradients")
                 if self._uses_fused_adamw(p, group):
                     fused.append(p)
+                elif self._uses_fused_step(p, group):
+                    folded.append(p)
                 else:
                     self._update(p, group)
             if fused:
                 self._fused_adamw(fused, group)
+            if folded:
+                self._fused_step(folded, group)
         return loss
+
+    def _uses_fused_step(self, p: torch.Tensor, group: dict[str, Any]) -> bool:
+        """Whether ``p`` takes the fused FOAM step of foam/fused.py (see ``implementation``)."""
+        if group["implementation"] == "eager" or not _paper_update(group):
+            return False  # the kernels implement the paper's update; the release's runs eagerly
+        if is_sharded(p):
+            return False  # the kernels take whole matrices; a DTensor shard steps eagerly
+        plan = self.plan_for(p, group)
+        if not fused_foam.applies(p, plan, resolve_dtype(group["state_dtype"], p.dtype)):
+            return False
+        if fused_foam.kernel_available(p.device.type):
+            return True
+        if group["implementation"] == "fused":
+            raise RuntimeError(
+                f"implementation='fused' but the fused FOAM kernel for {p.device.type} is "
+                "unavailable (see the log); use implementation='auto' or 'eager'"
+            )
+        return False
+
+    def _fused_step(self, params: list[torch.Tensor], group: dict[str, Any]) -> None:
+        plans, states, corrections = [], [], []
+        for p in params:
+            plan = self.plan_for(p, group)
+            state = self.state[p]
+            if not state:
+                self._init_state(p, group, self.shard_fold_for(p, group))
+            plans.append(plan)
+            states.append(state)
+            bc1, bc2, _ = self._advance_step(state, group)  # step_scale is 1: see _uses_fused_step
+            corrections.append((bc1, bc2))
+        for device in {p.device for p in params}:
+            on = [i for i, p in enumerate(params) if p.device == device]
+            fused_foam.fused_step(
+                [params[i] for i in on],
+                [states[i]["exp_avg"] for i in on],
+                [states[i]["exp_avg_sq"] for i in on],
+                [plans[i] for i in on],
+                [corrections[i] for i in on],
+                fused_foam.StepScalars.of_group(group),
+            )
+
+    @staticmethod
+    def _advance_step(state: dict[str, Any], group: dict[str, Any]) -> tuple[float, float, float]:
+        """Count one more step; return ``bias_corrections`` at it: ``(bc1, bc2, step_scale)``."""
+        state["step"] += 1
+        return bias_corrections(group["bias_correction"], group["betas"], int(state["step"].item()))
 
     def _uses_fused_adamw(self, p: torch.Tensor, group: dict[str, Any]) -> bool:
         """Whether ``p`` takes plain AdamW through torch's fused multi-tensor kernel.
@@ -252,11 +310,9 @@ class FOAM(DtypeFaithfulOptimizer):
             self._init_state(param, group, fold_of)
         plan = None if fold_of is None else fold_of.local
         p, moments = local(param), (local(state["exp_avg"]), local(state["exp_avg_sq"]))
-        state["step"] += 1
-        t = int(state["step"].item())
+        bc1, bc2, step_scale = self._advance_step(state, group)
         beta1, beta2 = group["betas"]
         lr, eps = group["lr"], group["eps"]
-        bc1, bc2, step_scale = bias_corrections(group["bias_correction"], group["betas"], t)
 
         wide = compute_dtype(p.dtype)
         grad = local(param.grad)
@@ -335,6 +391,15 @@ class FOAM(DtypeFaithfulOptimizer):
         p.add_(numerator.view(p.shape), alpha=-step_size)
 
 
+def _paper_update(group: dict[str, Any]) -> bool:
+    """Bias correction of the moments (or none), mean tail blocks and decay before the update."""
+    return (
+        group["bias_correction"] != "step_size"
+        and group["tail_block"] == "mean"
+        and group["decay"] == "before_update"
+    )
+
+
 def bias_corrections(
     mode: bool | str, betas: tuple[float, float], t: int
 ) -> tuple[float, float, float]:
@@ -386,3 +451,8 @@ def _validate_group(group: dict[str, Any]) -> None:
         raise ValueError(f"tail_block must be one of {TAIL_BLOCKS}, got {group['tail_block']!r}")
     if group["decay"] not in DECAYS:
         raise ValueError(f"decay must be one of {DECAYS}, got {group['decay']!r}")
+    if group["implementation"] not in fused_foam.IMPLEMENTATIONS:
+        raise ValueError(
+            f"implementation must be one of {fused_foam.IMPLEMENTATIONS}, "
+            f"got {group['implementation']!r}"
+        )

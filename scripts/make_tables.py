@@ -127,8 +127,10 @@ def row_label(row: str) -> str:
 
 
 def table_stage(points: list[Point]) -> str:
-    """The stage Tables 2-3 read: the finals when there are any."""
-    return "final" if any(p.key.stage == "final" for p in points) else ""
+    """The stage Tables 2-3 read: the finals when there are any (else the search: a study in
+    progress; its rows say n=1)."""
+    stages = {p.key.stage for p in points}
+    return next((s for s in ("final", "search") if s in stages), "")
 
 
 def best_points(points: list[Point]) -> dict[tuple[str, str], Point]:

@@ -39,10 +39,9 @@ from pathlib import Path
 
 from methods import PAPER_SWEEP, sweeps_alpha
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # `python scripts/sweep.py` from anywhere
+from train.preemption import STOP_SIGNALS, install_stop_signals, received_signal
 
-from train.preemption import STOP_SIGNALS, install_stop_signals, received_signal  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 # The early warnings a SLURM job asks for with --signal; a job stopped by one requeues itself.
 # SIGTERM is not among them: it is scancel's (stay stopped) or a preemption's, which SLURM

@@ -135,3 +135,43 @@ def step_with(
             p.grad = g.to(p.dtype) if to_param_dtype else g
         for opt in optimizers:
             opt.step()
+
+
+class SpecFold:
+    """FOAM_SPEC section 1's fold A and unfold E written out as dense matrices, independently of
+    ``foam.folding``, so that the reference optimizers of the tests can catch a folding bug.
+
+    The 2-d view is ``(shape[0], prod(rest))``; the fold axis is the larger dim (ties: the last)
+    or always the last; a block is ``2**level`` consecutive entries (``"mini"``: the whole axis).
+    ``averaging`` (nb x n) has ``1 / size`` on each block's entries, where ``size`` counts only
+    the real entries of a shorter last block; ``repeat`` (n x nb) has a 1 where entry i lies in
+    block j. A(X) multiplies the fold axis by ``averaging``, E(Y) by ``repeat``.
+    """
+
+    def __init__(self, shape: Sequence[int], level: int | str, fold_axis: str = "larger"):
+        rows, cols = shape[0], 1
+        for d in shape[1:]:
+            cols *= d
+        self.shape = (rows, cols)
+        self.axis = 1 if fold_axis == "last" or cols >= rows else 0
+        n = self.shape[self.axis]
+        block = n if level == "mini" else 2**level
+        n_blocks = -(-n // block)
+        self.repeat = torch.zeros(n, n_blocks, dtype=torch.float64)
+        for i in range(n):
+            self.repeat[i, i // block] = 1.0
+        self.averaging = (self.repeat / self.repeat.sum(dim=0)).T  # 1 / (real entries of block)
+
+    @property
+    def folded_shape(self) -> tuple[int, int]:
+        rows, cols = self.shape
+        n_blocks = self.repeat.shape[1]
+        return (rows, n_blocks) if self.axis == 1 else (n_blocks, cols)
+
+    def A(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.double()
+        return x @ self.averaging.T if self.axis == 1 else self.averaging @ x
+
+    def E(self, y: torch.Tensor) -> torch.Tensor:
+        y = y.double()
+        return y @ self.repeat.T if self.axis == 1 else self.repeat @ y

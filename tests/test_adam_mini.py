@@ -4,11 +4,10 @@ import copy
 
 import pytest
 import torch
-from optim_helpers import TINY_LLAMA, random_grads, step_with, tiny_llama
+from optim_helpers import TINY_LLAMA, SpecFold, random_grads, step_with, tiny_llama
 from torch import nn
 
 from foam.baselines.adam_mini import AdamMini, second_moment_blocks
-from foam.folding import fold, make_plan, unfold
 from foam.registry import build_optimizer
 from foam.state import planned_state_numel, state_bytes
 
@@ -100,7 +99,7 @@ def test_foam_adam_mini_hand_computed():
     w = torch.zeros(2, 4, dtype=torch.float64, requires_grad=True)
     lr, (b1, b2), eps = 0.1, (0.5, 0.75), 1e-8
     opt = AdamMini([("mlp.w", w)], lr=lr, betas=(b1, b2), eps=eps, level=1)
-    plan = make_plan((2, 4), 1, "larger")
+    spec = SpecFold((2, 4), 1)  # the spec's A and E as matrices
     g1 = torch.tensor([[1.0, 3.0, 0.0, 2.0], [4.0, 4.0, -1.0, 1.0]], dtype=torch.float64)
     g2 = torch.tensor([[2.0, 0.0, 1.0, 1.0], [0.0, -2.0, 3.0, 3.0]], dtype=torch.float64)
 
@@ -114,9 +113,9 @@ def test_foam_adam_mini_hand_computed():
     # step 2: (E(M~)/bc1 + G - E(A(G))) / (sqrt(v/bc2) + eps)
     w.grad = g2
     opt.step()
-    m = b1 * (1 - b1) * fold(g1, plan) + (1 - b1) * fold(g2, plan)
+    m = b1 * (1 - b1) * spec.A(g1) + (1 - b1) * spec.A(g2)
     v = b2 * (1 - b2) * torch.tensor([[3.5], [8.5]]).double() + (1 - b2) * g2.square().mean(1, True)
-    numerator = unfold(m / (1 - b1**2), plan) + g2 - unfold(fold(g2, plan), plan)
+    numerator = spec.E(m / (1 - b1**2)) + g2 - spec.E(spec.A(g2))
     second = first - lr * numerator / ((v / (1 - b2**2)).sqrt() + eps)
     torch.testing.assert_close(w.detach(), second, rtol=0, atol=1e-15)
 

@@ -2,8 +2,9 @@
 
 import pytest
 import torch
+from optim_helpers import SpecFold
 
-from foam.folding import fold, make_plan, unfold
+from foam.folding import fold, make_plan, unfold, unfold_with_residual
 
 
 def test_divisible_fold_is_block_mean_along_last_axis():
@@ -67,3 +68,25 @@ def test_level_zero_is_the_identity():
 def test_bad_plans_raise(shape, level, message):
     with pytest.raises(ValueError, match=message):
         make_plan(shape, level, "larger")
+
+
+def test_square_matrices_fold_the_last_axis():
+    x = torch.tensor([[1.0, 3.0], [5.0, 9.0]])
+    plan = make_plan(x.shape, level=1, fold_axis="larger")
+    assert plan.axis == 1
+    assert torch.equal(fold(x, plan), torch.tensor([[2.0], [7.0]]))
+
+
+@pytest.mark.parametrize("rho", [1.0, 0.5, 2.0])
+@pytest.mark.parametrize(("shape", "level"), [((3, 10), 2), ((11, 4), 3)])
+def test_unfold_with_residual_against_the_spec_matrices(shape, level, rho):
+    """E(Y) + rho (G - E(A(G))) with the dense A and E of FOAM_SPEC section 1 (tail included)."""
+    gen = torch.Generator().manual_seed(0)
+    g = torch.randn(shape, generator=gen, dtype=torch.float64)
+    spec = SpecFold(shape, level)
+    y = torch.randn(spec.folded_shape, generator=gen, dtype=torch.float64)
+    plan = make_plan(shape, level, "larger")
+    got = unfold_with_residual(g, fold(g, plan), y, plan, rho)
+    expected = spec.E(y) + rho * (g - spec.E(spec.A(g)))
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(fold(g, plan), spec.A(g), rtol=1e-12, atol=1e-14)

@@ -4,11 +4,10 @@ import copy
 
 import pytest
 import torch
-from optim_helpers import random_grads, step_with, tiny_llama
+from optim_helpers import SpecFold, random_grads, step_with, tiny_llama
 
 import foam.combinations.foam_muon
 from foam.combinations.foam_muon import FoldedMuon
-from foam.folding import fold, make_plan, unfold
 from foam.param_groups import split_params
 from foam.registry import build_optimizer
 from foam.state import planned_state_numel, state_bytes
@@ -103,18 +102,18 @@ def test_foam_muon_hands_unfolded_momentum_plus_residual_to_newton_schulz(monkey
     g1 = torch.tensor([[1.0, 3.0, 0.0, 2.0], [4.0, 4.0, -1.0, 1.0], [0.0, 2.0, 5.0, 7.0]])
     g2 = torch.tensor([[2.0, 0.0, 1.0, 1.0], [0.0, -2.0, 3.0, 3.0], [1.0, 1.0, 1.0, 1.0]])
     b = torch.zeros(3, 2, dtype=torch.float64)
-    plan = make_plan((3, 4), 1, "larger")
+    spec = SpecFold((3, 4), 1)  # the spec's A and E as matrices
     for g in (g1, g2):
         w.grad = g.double()
         opt.step()
-        b = mu * b + (1 - mu) * fold(w.grad, plan)
-        full = unfold(b, plan) + w.grad - unfold(fold(w.grad, plan), plan)
+        b = mu * b + (1 - mu) * spec.A(w.grad)
+        full = spec.E(b) + w.grad - spec.E(spec.A(w.grad))
         expected = (1 - mu) * w.grad + mu * full if nesterov else full
         torch.testing.assert_close(seen[-1], expected, rtol=0, atol=1e-15)
         torch.testing.assert_close(opt.state[w]["momentum_buffer"], b, rtol=0, atol=1e-15)
     # the block means of step 1 written out: rows (2, 1), (4, 0), (1, 6)
     torch.testing.assert_close(
-        fold(g1.double(), plan), torch.tensor([[2.0, 1.0], [4.0, 0.0], [1.0, 6.0]]).double()
+        spec.A(g1.double()), torch.tensor([[2.0, 1.0], [4.0, 0.0], [1.0, 6.0]]).double()
     )
 
 

@@ -10,11 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
+import sweep
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import sweep  # noqa: E402
 
 submitit = pytest.importorskip("submitit", reason="the SLURM launcher needs submitit (dev extra)")
 

@@ -2,6 +2,7 @@
 modes, weights-only trainer state, and the model consolidated from the DCP files."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,11 +58,82 @@ def test_round_trip(tmp_path):
     assert (state.step, state.tokens) == (3, 30)
 
 
-def test_keep_last_k(tmp_path):
+@pytest.mark.parametrize(("keep_last", "kept"), [(2, [3, 4]), (1, [4]), (0, [1, 2, 3, 4])])
+def test_keep_last_k(tmp_path, keep_last, kept):
     run = live()
     for step in (1, 2, 3, 4):
+        save(tmp_path, run, step, keep_last=keep_last)
+    assert [s for s, _ in ckpt.list_checkpoints(ckpt.checkpoint_root(tmp_path))] == kept
+
+
+def test_resume_picks_the_newest_of_several_checkpoints(tmp_path):
+    run = live()
+    for step in (2, 10, 4):
+        save(tmp_path, run, step, keep_last=0)
+    newest = ckpt.checkpoint_root(tmp_path) / "step_00000010"
+    assert ckpt.find_resume_checkpoint("auto", tmp_path) == newest
+    assert ckpt.find_resume_checkpoint(str(tmp_path), tmp_path / "other") == newest
+    assert ckpt.find_resume_checkpoint(str(newest.parent), tmp_path / "other") == newest
+
+
+def test_incomplete_or_foreign_directories_are_not_checkpoints(tmp_path):
+    root = ckpt.checkpoint_root(tmp_path)
+    save(tmp_path, live(), 1, keep_last=0)
+    for step, missing in ((7, ckpt.META_FILE), (8, ckpt.TRAINER_FILE), (9, ckpt.DCP_METADATA)):
+        copy = root / f"step_{step:08d}"
+        shutil.copytree(root / "step_00000001", copy)
+        (copy / missing).unlink()
+    shutil.copytree(root / "step_00000001", root / "notes")
+    assert [s for s, _ in ckpt.list_checkpoints(root)] == [1]
+
+
+def test_saving_a_step_again_replaces_it(tmp_path):
+    run = live()
+    save(tmp_path, run, 3, keep_last=0)
+    with torch.no_grad():
+        run.model.bias.fill_(5.0)
+    path = save(tmp_path, run, 3, keep_last=0)
+    resumed = live()
+    ckpt.restore_training_state(path, resumed, TrainState(), rank=0)
+    assert torch.equal(resumed.model.bias, torch.full((4,), 5.0))
+
+
+def test_a_single_file_checkpoint_from_before_dcp_still_resumes(tmp_path):
+    """The format before DCP (one ``state.pt``, counters at top level before ``TrainState``)."""
+    run = live()
+    with torch.no_grad():
+        run.model.weight.fill_(2.0)
+    path = ckpt.checkpoint_root(tmp_path) / "step_00000002"
+    path.mkdir(parents=True)
+    old = {
+        "model": run.model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "data": [{"records": 6}],
+        "rng": [rng_state()],
+        **{**TrainState(step=2, tokens=20).state_dict()},
+    }
+    torch.save(old, path / ckpt.LEGACY_FILE)
+    (path / ckpt.META_FILE).write_text("{}")
+    assert ckpt.find_resume_checkpoint("auto", tmp_path) == path
+    resumed, state = live(), TrainState()
+    resumed.loader.load_state_dict = lambda position: setattr(
+        resumed.loader, "records", position["records"]
+    )
+    ckpt.restore_training_state(path, resumed, state, rank=0)
+    assert torch.equal(resumed.model.weight, torch.full((4, 4), 2.0))
+    assert (state.step, state.tokens, resumed.loader.records) == (2, 20, 6)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc (Linux)")
+def test_saving_leaves_no_file_descriptor_open(tmp_path):
+    """A run saves thousands of checkpoints: each save must close what it opens."""
+    run = live()
+    save(tmp_path, run, 1)  # first-use imports and caches
+    before = len(list(Path("/proc/self/fd").iterdir()))
+    for step in (2, 3, 4):
         save(tmp_path, run, step)
-    assert [s for s, _ in ckpt.list_checkpoints(ckpt.checkpoint_root(tmp_path))] == [3, 4]
+    assert len(list(Path("/proc/self/fd").iterdir())) == before
 
 
 def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):

@@ -61,7 +61,14 @@ def test_defaults_and_keys_other_tools_rely_on():
     assert (t.max_steps, t.global_batch_size, cfg.data.seq_len) == (60_000, 512, 256)
     assert (t.warmup_ratio, t.min_lr_ratio, t.grad_clip, t.precision) == (0.1, 0.1, 0.0, "bf16")
     assert (t.eval_tokens, t.seed, t.resume, t.device) == (10_000_000, 42, "auto", "auto")
-    for key in ("micro_batch_size", "grad_checkpointing", "eval_every", "save_every", "keep_last"):
+    for key in (
+        "micro_batch_size",
+        "grad_checkpointing",
+        "compile",
+        "eval_every",
+        "save_every",
+        "keep_last",
+    ):
         assert key in t
     assert t.save_every_minutes == 0  # wall-clock checkpoints are opt-in
     assert cfg.data.name == "embedded" and cfg.logger.name == "wandb"

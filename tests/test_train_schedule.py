@@ -44,12 +44,20 @@ def test_min_lr_ratio_and_midpoint():
     assert mid == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 46 / 90)))
 
 
-@pytest.mark.parametrize("max_steps", [1, 2, 7, 10_000])
-def test_warmup_steps_leave_room_for_decay(max_steps):
-    w = warmup_steps(max_steps, 0.1)
-    assert 0 <= w < max_steps
-    lrs = lrs_of_run(max_steps) if max_steps < 100 else [1.0]
+@pytest.mark.parametrize(
+    ("max_steps", "warmup"), [(1, 0), (2, 0), (7, 1), (10, 1), (15, 2), (10_000, 1000)]
+)
+def test_warmup_is_a_tenth_rounded_and_every_step_moves(max_steps, warmup):
+    assert warmup_steps(max_steps, 0.1) == warmup
+    lrs = lrs_of_run(max_steps)
     assert all(lr > 0 for lr in lrs)
+    if warmup:
+        assert lrs[warmup - 1] == pytest.approx(1.0) and lrs[0] == pytest.approx(1 / warmup)
+    assert lrs[-1] == pytest.approx(0.1)  # min_lr_ratio, also when there is no room to warm up
+
+
+def test_warmup_never_takes_the_whole_run():
+    assert warmup_steps(3, 1.0) == 2 and warmup_steps(5, 0.0) == 0
 
 
 def test_scheduler_state_dict_is_plain_numbers():
@@ -57,3 +65,10 @@ def test_scheduler_state_dict_is_plain_numbers():
     opt = torch.optim.SGD([param], lr=1.0)
     sched = build_scheduler(opt, max_steps=10, warmup_ratio=0.1, min_lr_ratio=0.1)
     assert sched.state_dict()["lr_lambdas"] == [None]
+
+
+def test_multiplier_stays_at_the_floor_after_the_last_step():
+    """The scheduler is stepped once more after the last update; the lr it leaves in the
+    optimizer (and in the final checkpoint) is the floor, not a cosine coming back up."""
+    for step in (100, 101, 150):
+        assert lr_multiplier(step, max_steps=100, warmup=10, min_lr_ratio=0.1) == pytest.approx(0.1)

@@ -12,11 +12,18 @@ import torch
 
 import foam
 import models
-from train.checkpoint import Resumable, restore_training_state, save_training_state
+from train.checkpoint import (
+    LEGACY_FILE,
+    META_FILE,
+    Resumable,
+    restore_training_state,
+    save_training_state,
+)
 from train.config import ConfigError
 from train.data import build_tokenizer, build_train_loader
 from train.schedule import build_scheduler
 from train.schema import DataConfig
+from train.seeding import rng_state
 from train.state import TrainState
 from train.step import train_step
 
@@ -164,3 +171,27 @@ def test_train_state_times_add_up_over_segments():
     entry = second.record_eval(3.0, 20.1)
     assert second.record_eval(3.0, 20.1) == entry and len(second.eval_history) == 1
     assert second.last_eval() == entry
+
+
+def test_a_checkpoint_from_before_train_state_resumes(tmp_path, data_cfg, tokenizer):
+    """Runs checkpointed by the earlier layout (counters at top level) resume with their counters."""
+    run, state = build(data_cfg, tokenizer, seed=0), TrainState(run_id="old")
+    steps(run, state, 2)
+    legacy = tmp_path / "legacy" / "checkpoints" / "step_00000002"
+    legacy.mkdir(parents=True)
+    flat = {  # the single-file format before DCP, counters at top level
+        **{name: getattr(run, name).state_dict() for name in ("model", "optimizer", "scheduler")},
+        "data": [run.loader.state_dict()],
+        "rng": [rng_state()],
+        **state.state_dict(),
+    }
+    torch.save(flat, legacy / LEGACY_FILE)
+    (legacy / META_FILE).write_text("{}")
+    resumed, resumed_state = build(data_cfg, tokenizer, seed=1), TrainState()
+    restore_training_state(legacy, resumed, resumed_state, rank=0)
+    assert (resumed_state.step, resumed_state.tokens, resumed_state.run_id) == (
+        2,
+        state.tokens,
+        "old",
+    )
+    assert steps(resumed, resumed_state, 2) == steps(run, state, 2)

@@ -2,6 +2,7 @@
 accumulation, gradient checkpointing or data parallelism."""
 
 import contextlib
+import math
 import os
 import socket
 from datetime import timedelta
@@ -17,7 +18,6 @@ from train.step import (
     StepResult,
     TrainingDiverged,
     accumulate_gradients,
-    count_targets,
     forward_loss_sum,
     grad_norm,
     grad_norm_and_clip,
@@ -64,24 +64,45 @@ def step(model, micro, world_size=1):
     )
 
 
-def test_loss_is_the_token_weighted_mean_over_the_global_batch():
-    model, micro = tiny_model(), batches(3, 2)
-    result = step(model, micro)
-    with torch.no_grad():
-        total = sum(
-            float(
-                next_token_loss_sum(
-                    model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits,
-                    b["labels"],
-                )
-            )
-            for b in micro
-        )
-    targets, tokens, slots = result.counts.tolist()
-    assert targets == sum(count_targets(b) for b in micro)
-    assert float(result.loss) == pytest.approx(total / targets, rel=1e-6)
-    assert tokens == sum(int(b["attention_mask"].sum()) for b in micro)
-    assert slots == sum(b["input_ids"].numel() for b in micro)
+def hf_targets(batch: dict[str, torch.Tensor]) -> int:
+    """Next-token targets as transformers counts them: labels after the shift that are not -100."""
+    return int((batch["labels"][:, 1:] != -100).sum())
+
+
+def test_loss_and_gradient_match_transformers_own_loss():
+    """The reference is transformers' ``model(..., labels=...).loss`` (which shifts the labels
+    and ignores -100, our padding label), weighted by each micro-batch's target count: the
+    token-weighted mean over the whole step, and its gradient."""
+    micro = batches(3, 2)
+    ours, ref = tiny_model(), tiny_model()
+    result = step(ours, micro)
+    counts = [hf_targets(b) for b in micro]
+    total = sum(
+        ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"]).loss
+        * n
+        for b, n in zip(micro, counts, strict=True)
+    )
+    (total / sum(counts)).backward()
+    assert len(set(counts)) > 1  # uneven micro-batches: a mean of means would differ
+    assert int(result.counts[0]) == sum(counts)
+    assert float(result.loss) == pytest.approx(float(total.detach()) / sum(counts), rel=1e-6)
+    assert int(result.counts[1]) == sum(int(b["attention_mask"].sum()) for b in micro)
+    assert int(result.counts[2]) == sum(b["input_ids"].numel() for b in micro)
+    for g_ours, g_ref in zip(grads(ours), grads(ref), strict=True):
+        torch.testing.assert_close(g_ours, g_ref, rtol=1e-5, atol=1e-7)
+
+
+def test_padding_targets_do_not_count():
+    """A row that is all padding after its first token adds nothing: no target, no loss."""
+    (batch,) = batches(1, 2)
+    padded = {k: v.clone() for k, v in batch.items()}
+    padded["labels"][1, 1:] = -100
+    padded["attention_mask"][1, 1:] = 0
+    only_first = {k: v[:1] for k, v in batch.items()}
+    a, b = tiny_model(), tiny_model()
+    ra, rb = step(a, [padded]), step(b, [only_first])
+    assert int(ra.counts[0]) == int(rb.counts[0]) == hf_targets(only_first)
+    assert float(ra.loss) == pytest.approx(float(rb.loss), rel=1e-6)
 
 
 def test_accumulation_equals_one_big_batch():
@@ -103,6 +124,98 @@ def test_gradient_checkpointing_changes_nothing():
     assert torch.equal(r1.loss, r2.loss)
     for g1, g2 in zip(grads(plain), grads(ckpt), strict=True):
         torch.testing.assert_close(g1, g2, rtol=1e-6, atol=1e-8)
+
+
+def test_one_target_and_no_target_steps():
+    """Edge counts: a single target is its own mean; a step of padding only has loss 0 and a
+    zero (not NaN) gradient."""
+    (batch,) = batches(1, 1)
+    one = {k: v.clone() for k, v in batch.items()}
+    one["labels"][0, 2:] = -100
+    one["attention_mask"][0, 2:] = 0
+    ours, ref = tiny_model(), tiny_model()
+    result = step(ours, [one])
+    expected = ref(**one).loss  # input_ids, attention_mask and labels
+    expected.backward()
+    assert int(result.counts[0]) == 1
+    assert float(result.loss) == pytest.approx(float(expected.detach()), rel=1e-6)
+    for g_ours, g_ref in zip(grads(ours), grads(ref), strict=True):
+        torch.testing.assert_close(g_ours, g_ref, rtol=1e-5, atol=1e-7)
+
+    empty = {k: v.clone() for k, v in batch.items()}
+    empty["labels"][:] = -100
+    model = tiny_model()
+    result = step(model, [empty])
+    assert int(result.counts[0]) == 0 and float(result.loss) == 0.0
+    assert all(torch.equal(g, torch.zeros_like(g)) for g in grads(model))
+
+
+def test_each_rank_scales_its_loss_by_the_world_size():
+    """DDP averages gradients over ranks, so a rank's gradient must be world_size times its share
+    of the global token sum (checked here in one process, where the all-reduce is the identity)."""
+    micro = batches(2, 2)
+    one, two = tiny_model(), tiny_model()
+    r1, r2 = step(one, micro, world_size=1), step(two, micro, world_size=2)
+    assert float(r1.loss) == pytest.approx(float(r2.loss), rel=1e-12)
+    for g1, g2 in zip(grads(one), grads(two), strict=True):
+        torch.testing.assert_close(g2, 2 * g1, rtol=1e-6, atol=1e-9)
+
+
+class SyncRecorder(torch.nn.Module):
+    """A stand-in for DDP that records, per forward, whether it ran under ``no_sync``."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model, self.syncing, self.seen = model, True, []
+
+    def forward(self, **inputs):
+        self.seen.append(self.syncing)
+        return self.model(**inputs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.syncing = False
+        try:
+            yield
+        finally:
+            self.syncing = True
+
+
+def test_gradients_are_all_reduced_only_on_the_last_micro_batch():
+    wrapper = SyncRecorder(tiny_model())
+    step(wrapper, batches(3, 2))
+    assert wrapper.seen == [False, False, True]
+
+
+def gradients_with_norm(norm: float) -> list[torch.Tensor]:
+    """Three parameters whose gradients have total L2 norm ``norm``."""
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.zeros(shape, requires_grad=True) for shape in ((3, 4), (5,), (2, 2, 2))]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen)
+    total = math.sqrt(sum(float(p.grad.double().square().sum()) for p in params))
+    for p in params:
+        p.grad.mul_(norm / total)
+    return params
+
+
+def test_clipping_reports_the_total_norm_and_scales_gradients_to_the_limit():
+    params = gradients_with_norm(4.0)
+    before = [p.grad.clone() for p in params]
+    assert grad_norm_and_clip(params, max_norm=1.0) == pytest.approx(4.0, rel=1e-6)
+    for p, g in zip(params, before, strict=True):
+        torch.testing.assert_close(p.grad, g / 4.0, rtol=1e-5, atol=0)
+    after = math.sqrt(sum(float(p.grad.square().sum()) for p in params))
+    assert after == pytest.approx(1.0, rel=1e-5)  # 1.0: the GaLore 7B recipe's grad_clip
+
+
+@pytest.mark.parametrize("max_norm", [0.0, 8.5])
+def test_clipping_off_or_under_the_limit_leaves_gradients_alone(max_norm):
+    params = gradients_with_norm(8.0)
+    before = [p.grad.clone() for p in params]
+    assert grad_norm_and_clip(params, max_norm=max_norm) == pytest.approx(8.0, rel=1e-6)
+    for p, g in zip(params, before, strict=True):
+        assert torch.equal(p.grad, g)
 
 
 def _ddp_worker(rank: int, world_size: int, port: int, out: dict) -> None:

@@ -26,6 +26,7 @@ the saved rank with its number, rank 0's for ranks the saved run did not have.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -58,6 +59,8 @@ log = logging.getLogger(__name__)
 DCP_METADATA = ".metadata"
 TRAINER_FILE = "trainer.pt"
 META_FILE = "meta.json"
+LEGACY_FILE = "state.pt"
+"""The single-file format before DCP; such checkpoints still resume (``_restore_legacy``)."""
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -74,8 +77,12 @@ def _fsync(path: Path) -> None:
 
 
 def is_complete(path: Path) -> bool:
-    """Whether ``path`` is a finished checkpoint directory (its three parts are there)."""
-    return all((Path(path) / name).is_file() for name in (DCP_METADATA, TRAINER_FILE, META_FILE))
+    """Whether ``path`` is a finished checkpoint directory (its three parts are there, or the
+    two of the older single-file format)."""
+    parts = (DCP_METADATA, TRAINER_FILE, META_FILE)
+    if (Path(path) / LEGACY_FILE).is_file():
+        parts = (LEGACY_FILE, META_FILE)
+    return all((Path(path) / name).is_file() for name in parts)
 
 
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
@@ -190,9 +197,19 @@ def save_training_state(
     return path
 
 
+def saved_train_state(contents: dict[str, Any]) -> dict[str, Any]:
+    """The counters of a checkpoint; ones written before ``TrainState`` kept them at top level."""
+    if "train_state" in contents:
+        return contents["train_state"]
+    return {f.name: contents[f.name] for f in dataclasses.fields(TrainState)}
+
+
 def restore_training_state(path: Path, live: Resumable, state: TrainState, *, rank: int) -> None:
     """Load what ``save_training_state`` wrote into the run's live objects (every rank calls
     this), on this run's world size and parallelism."""
+    if (Path(path) / LEGACY_FILE).is_file():
+        _restore_legacy(path, live, state, rank=rank)
+        return
     trainer = torch.load(Path(path) / TRAINER_FILE, weights_only=True)
     positions = trainer["data"]
     try:  # first: a refused data position changes nothing
@@ -219,6 +236,24 @@ def restore_training_state(path: Path, live: Resumable, state: TrainState, *, ra
     set_rng_state(rngs[rank] if rank < len(rngs) else rngs[0])
     saved = trainer["train_state"]
     state.load_state_dict({**saved, "world_size": state.world_size})
+
+
+def _restore_legacy(path: Path, live: Resumable, state: TrainState, *, rank: int) -> None:
+    """Resume from a checkpoint of the single-file format that came before DCP (``state.pt``
+    holds everything; counters at top level before ``TrainState``): same world size only."""
+    contents = torch.load(Path(path) / LEGACY_FILE, weights_only=True)
+    saved = saved_train_state(contents)
+    if saved["world_size"] != state.world_size:
+        raise ConfigError(
+            f"trainer.resume: {path} (single-file format) was written by {saved['world_size']} "
+            f"rank(s), this run has {state.world_size}; resume it on as many"
+        )
+    live.model.load_state_dict(contents["model"])
+    live.optimizer.load_state_dict(contents["optimizer"])
+    live.scheduler.load_state_dict(contents["scheduler"])
+    live.loader.load_state_dict(contents["data"][rank])
+    set_rng_state(contents["rng"][rank])
+    state.load_state_dict(saved)
 
 
 def load_model_weights(path: Path, model: nn.Module) -> nn.Module:

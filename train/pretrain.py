@@ -215,6 +215,8 @@ def build_model_and_optimizer(
     model.train()
     if t.grad_checkpointing:
         models.enable_gradient_checkpointing(model)
+    if t.compile:  # compiles forward in place: parameter names and checkpoints stay the same
+        model.compile()
     model.config.use_cache = False
     replica = parallelize(
         model,

@@ -50,6 +50,10 @@ class FOAM8bit(FOAM):
         """Quantised states need this class's own step; small ones may use FOAM's fused path."""
         return not self.quantizes(p, group) and super()._uses_fused_adamw(p, group)
 
+    def _uses_fused_step(self, p: torch.Tensor, group: dict[str, Any]) -> bool:
+        """Quantised states need this class's own step (the fused kernels read float states)."""
+        return not self.quantizes(p, group) and super()._uses_fused_step(p, group)
+
     def planned_state_bytes(self) -> int:
         """Bytes of moment state once every parameter has stepped (step counters excluded)."""
         total = 0

@@ -1,0 +1,312 @@
+// One fused FOAM step for a list of folded matrices on the CPU (FOAM_SPEC section 2).
+//
+// The eager step in foam/optimizer.py makes about ten full-size passes per matrix (fold, two
+// EMAs, residual, square, sqrt, divide, update) through full-size temporaries. Here each matrix
+// is read once for the fold and once for the update, from a cache-sized slice, and the folded
+// states are updated in the same pass: per element the step reads the gradient and the parameter
+// and writes the parameter, which is less memory traffic than fused AdamW's. Arithmetic is float32;
+// parameters, gradients and states may each be float32 or bfloat16 (rounded to nearest even).
+//
+// Every per-step number (bias corrections, step size, decay, residual scales) is an argument, so
+// the Python side decides the semantics and this file only does the arithmetic.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+inline float to_float(float x) { return x; }
+
+inline float to_float(at::BFloat16 x) {
+  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+inline void store(float* dst, float x) { *dst = x; }
+
+inline void store(at::BFloat16* dst, float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  dst->x = static_cast<uint16_t>(std::isnan(x) ? 0x7FC0u : rounded);
+}
+
+// x rounded to T and back: the eager step decays the parameter in its own dtype before the
+// update, and this keeps bfloat16 results equal to it.
+template <typename T>
+inline float rounded_to(float x) {
+  T out;
+  store(&out, x);
+  return to_float(out);
+}
+
+// The scalars of one step, shared by every matrix of a call.
+struct Scalars {
+  float beta1, beta2, rho, rho_sq, eps, step_size, decay;
+  bool mean_of_squares;
+};
+
+// Updates n folded moments from their blocks' gradient sums and sums of squares (blocks of len
+// entries), with the formulas of torch's lerp_ and mul_/addcmul_ (foam/optimizer.py ema_).
+// Writes each block's mean gradient and bias-corrected moments.
+template <typename S>
+inline void update_moments(const float* sum, const float* sum_sq, int64_t n, int64_t len, S* m,
+                           S* v, const Scalars& s, float bc1, float bc2, float* mean,
+                           float* m_hat, float* v_hat) {
+  const float w1 = 1.0f - s.beta1, w2 = 1.0f - s.beta2, count = static_cast<float>(len);
+#pragma omp simd
+  for (int64_t b = 0; b < n; ++b) {
+    const float mu = sum[b] / count;
+    const float m_old = to_float(m[b]), v_old = to_float(v[b]);
+    const float m_new = m_old + w1 * (mu - m_old);
+    const float v_new = s.mean_of_squares ? v_old + w2 * (sum_sq[b] / count - v_old)
+                                          : v_old * s.beta2 + w2 * mu * mu;
+    store(m + b, m_new);
+    store(v + b, v_new);
+    mean[b] = mu;
+    m_hat[b] = m_new / bc1;
+    v_hat[b] = v_new / bc2;
+  }
+}
+
+// p = round(p * decay) - step_size * (m_hat + rho R) / (sqrt(v_hat + rho_sq R^2) + eps),
+// R = g - mean, over n contiguous entries whose block values are given per entry.
+template <typename P, typename G>
+inline void apply_update(P* p, const G* g, const float* mean, const float* m_hat,
+                         const float* v_hat, int64_t n, const Scalars& s) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    const float r = to_float(g[j]) - mean[j];
+    const float num = m_hat[j] + s.rho * r;
+    const float den = std::sqrt(v_hat[j] + s.rho_sq * r * r) + s.eps;
+    const float decayed = rounded_to<P>(to_float(p[j]) * s.decay);
+    store(p + j, decayed - s.step_size * (num / den));
+  }
+}
+
+// apply_update over n full blocks of a compile-time K entries, block values given per block: the
+// block loop vectorises with interleaved loads, so nothing is expanded.
+template <int64_t K, typename P, typename G>
+inline void apply_update_blocks(P* p, const G* g, const float* mean, const float* m_hat,
+                                const float* v_hat, int64_t n, const Scalars& s) {
+#pragma omp simd
+  for (int64_t b = 0; b < n; ++b) {
+    for (int64_t i = 0; i < K; ++i) {
+      const int64_t j = b * K + i;
+      const float r = to_float(g[j]) - mean[b];
+      const float num = m_hat[b] + s.rho * r;
+      const float den = std::sqrt(v_hat[b] + s.rho_sq * r * r) + s.eps;
+      const float decayed = rounded_to<P>(to_float(p[j]) * s.decay);
+      store(p + j, decayed - s.step_size * (num / den));
+    }
+  }
+}
+
+// Sum and sum of squares of n blocks of `block` consecutive entries of g. K > 0 is the block size
+// known at compile time (small blocks: the block loop vectorises across blocks); K = 0 reads it
+// from `block` (large blocks: each block's reduction vectorises).
+template <int64_t K, typename G>
+inline void block_sums(const G* g, int64_t n, int64_t block, float* sum, float* sum_sq) {
+  if constexpr (K > 0) {
+#pragma omp simd
+    for (int64_t b = 0; b < n; ++b) {
+      float acc = 0.0f, acc_sq = 0.0f;
+      for (int64_t i = 0; i < K; ++i) {
+        const float x = to_float(g[b * K + i]);
+        acc += x;
+        acc_sq += x * x;
+      }
+      sum[b] = acc;
+      sum_sq[b] = acc_sq;
+    }
+  } else {
+    for (int64_t b = 0; b < n; ++b) {
+      float acc = 0.0f, acc_sq = 0.0f;
+#pragma omp simd reduction(+ : acc, acc_sq)
+      for (int64_t i = 0; i < block; ++i) {
+        const float x = to_float(g[b * block + i]);
+        acc += x;
+        acc_sq += x * x;
+      }
+      sum[b] = acc;
+      sum_sq[b] = acc_sq;
+    }
+  }
+}
+
+// Each block's value repeated over its entries (E of FOAM_SPEC section 1), into `out`.
+inline void expand(const float* values, int64_t n, int64_t block, float* out) {
+  for (int64_t b = 0; b < n; ++b) {
+#pragma omp simd
+    for (int64_t i = 0; i < block; ++i) out[b * block + i] = values[b];
+  }
+}
+
+// Fold along the columns: blocks of `block` consecutive entries of a row, the last one possibly
+// shorter.
+template <int64_t K, typename P, typename G, typename S>
+void step_along_cols(P* p, const G* g, S* m, S* v, int64_t rows, int64_t cols, int64_t block,
+                     const Scalars& s, float bc1, float bc2) {
+  const int64_t full = cols / block, tail = cols - full * block, nb = full + (tail > 0);
+  const int64_t grain = std::max<int64_t>(1, 32768 / cols);
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    // Per-block values; for large blocks also expanded over the row (one contiguous update loop).
+    std::vector<float> sum(nb), sum_sq(nb), mean(nb), m_hat(nb), v_hat(nb);
+    std::vector<float> mean_e(cols), m_hat_e(cols), v_hat_e(cols);
+    for (int64_t r = begin; r < end; ++r) {
+      const G* g_row = g + r * cols;
+      S *m_row = m + r * nb, *v_row = v + r * nb;
+      block_sums<K>(g_row, full, block, sum.data(), sum_sq.data());
+      update_moments(sum.data(), sum_sq.data(), full, block, m_row, v_row, s, bc1, bc2,
+                     mean.data(), m_hat.data(), v_hat.data());
+      if (tail) {
+        block_sums<0>(g_row + full * block, 1, tail, &sum[full], &sum_sq[full]);
+        update_moments(&sum[full], &sum_sq[full], 1, tail, m_row + full, v_row + full, s, bc1,
+                       bc2, &mean[full], &m_hat[full], &v_hat[full]);
+      }
+      P* p_row = p + r * cols;
+      if constexpr (K > 0) {
+        apply_update_blocks<K>(p_row, g_row, mean.data(), m_hat.data(), v_hat.data(), full, s);
+      } else {
+        expand(mean.data(), full, block, mean_e.data());
+        expand(m_hat.data(), full, block, m_hat_e.data());
+        expand(v_hat.data(), full, block, v_hat_e.data());
+        apply_update(p_row, g_row, mean_e.data(), m_hat_e.data(), v_hat_e.data(), full * block,
+                     s);
+      }
+      if (tail) {
+        const int64_t at = full * block;
+        std::fill_n(mean_e.data(), tail, mean[full]);
+        std::fill_n(m_hat_e.data(), tail, m_hat[full]);
+        std::fill_n(v_hat_e.data(), tail, v_hat[full]);
+        apply_update(p_row + at, g_row + at, mean_e.data(), m_hat_e.data(), v_hat_e.data(), tail,
+                     s);
+      }
+    }
+  });
+}
+
+// Fold along the rows: blocks of `block` consecutive rows, one value per block and column.
+// Work items are (block, slice of columns), so FOAM-Mini (one block) still runs in parallel.
+template <typename P, typename G, typename S>
+void step_along_rows(P* p, const G* g, S* m, S* v, int64_t rows, int64_t cols, int64_t block,
+                     const Scalars& s, float bc1, float bc2) {
+  constexpr int64_t kSlice = 512;
+  const int64_t nb = (rows + block - 1) / block;
+  const int64_t slices = (cols + kSlice - 1) / kSlice;
+  at::parallel_for(0, nb * slices, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> sum(kSlice), sum_sq(kSlice), mean(kSlice), m_hat(kSlice), v_hat(kSlice);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / slices, c0 = (item % slices) * kSlice;
+      const int64_t width = std::min(kSlice, cols - c0);
+      const int64_t r0 = b * block, len = std::min(block, rows - r0);
+      std::fill_n(sum.data(), width, 0.0f);
+      std::fill_n(sum_sq.data(), width, 0.0f);
+      for (int64_t i = 0; i < len; ++i) {
+        const G* g_row = g + (r0 + i) * cols + c0;
+#pragma omp simd
+        for (int64_t j = 0; j < width; ++j) {
+          const float x = to_float(g_row[j]);
+          sum[j] += x;
+          sum_sq[j] += x * x;
+        }
+      }
+      const int64_t at = b * cols + c0;
+      update_moments(sum.data(), sum_sq.data(), width, len, m + at, v + at, s, bc1, bc2,
+                     mean.data(), m_hat.data(), v_hat.data());
+      for (int64_t i = 0; i < len; ++i) {
+        const int64_t offset = (r0 + i) * cols + c0;
+        apply_update(p + offset, g + offset, mean.data(), m_hat.data(), v_hat.data(), width, s);
+      }
+    }
+  });
+}
+
+// The column fold with the block size a compile-time constant where it is small.
+template <typename P, typename G, typename S>
+void step_along_cols_any(P* p, const G* g, S* m, S* v, int64_t rows, int64_t cols,
+                         int64_t block, const Scalars& s, float bc1, float bc2) {
+  switch (block) {
+    case 2: return step_along_cols<2>(p, g, m, v, rows, cols, block, s, bc1, bc2);
+    case 4: return step_along_cols<4>(p, g, m, v, rows, cols, block, s, bc1, bc2);
+    case 8: return step_along_cols<8>(p, g, m, v, rows, cols, block, s, bc1, bc2);
+    case 16: return step_along_cols<16>(p, g, m, v, rows, cols, block, s, bc1, bc2);
+    default: return step_along_cols<0>(p, g, m, v, rows, cols, block, s, bc1, bc2);
+  }
+}
+
+template <typename F>
+void with_type(at::ScalarType type, F&& f) {
+  if (type == at::kFloat) {
+    f(float{});
+  } else if (type == at::kBFloat16) {
+    f(at::BFloat16{});
+  } else {
+    TORCH_CHECK(false, "foam::step_ supports float32 and bfloat16 tensors, got ", type);
+  }
+}
+
+// geometry: (rows, cols, fold axis, block) per matrix; bias_corrections: (bc1, bc2) per matrix;
+// scalars: beta1, beta2, rho, rho_sq, eps, step_size, decay.
+void step_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+           at::TensorList exp_avg_sqs, at::IntArrayRef geometry,
+           at::ArrayRef<double> bias_corrections, at::ArrayRef<double> scalars,
+           bool mean_of_squares) {
+  const size_t n = params.size();
+  TORCH_CHECK(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n &&
+                  geometry.size() == 4 * n && bias_corrections.size() == 2 * n &&
+                  scalars.size() == 7,
+              "foam::step_: argument lengths do not match");
+  const Scalars s{static_cast<float>(scalars[0]), static_cast<float>(scalars[1]),
+                  static_cast<float>(scalars[2]), static_cast<float>(scalars[3]),
+                  static_cast<float>(scalars[4]), static_cast<float>(scalars[5]),
+                  static_cast<float>(scalars[6]), mean_of_squares};
+  for (size_t k = 0; k < n; ++k) {
+    const at::Tensor &p = params[k], &g = grads[k], &m = exp_avgs[k], &v = exp_avg_sqs[k];
+    TORCH_CHECK(p.is_contiguous() && g.is_contiguous() && m.is_contiguous() &&
+                    v.is_contiguous() && m.scalar_type() == v.scalar_type(),
+                "foam::step_ needs contiguous tensors and same-dtype states");
+    const int64_t rows = geometry[4 * k], cols = geometry[4 * k + 1];
+    const int64_t axis = geometry[4 * k + 2], block = geometry[4 * k + 3];
+    const float bc1 = static_cast<float>(bias_corrections[2 * k]);
+    const float bc2 = static_cast<float>(bias_corrections[2 * k + 1]);
+    with_type(p.scalar_type(), [&](auto p_tag) {
+      with_type(g.scalar_type(), [&](auto g_tag) {
+        with_type(m.scalar_type(), [&](auto s_tag) {
+          using P = decltype(p_tag);
+          using G = decltype(g_tag);
+          using S = decltype(s_tag);
+          auto* pp = p.data_ptr<P>();
+          const auto* gp = g.data_ptr<G>();
+          auto* mp = m.data_ptr<S>();
+          auto* vp = v.data_ptr<S>();
+          if (axis == 1) {
+            step_along_cols_any(pp, gp, mp, vp, rows, cols, block, s, bc1, bc2);
+          } else {
+            step_along_rows(pp, gp, mp, vp, rows, cols, block, s, bc1, bc2);
+          }
+        });
+      });
+    });
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(foam, lib) {
+  lib.def(
+      "step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+      "Tensor(c!)[] exp_avg_sqs, int[] geometry, float[] bias_corrections, float[] scalars, "
+      "bool mean_of_squares) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(foam, CPU, lib) { lib.impl("step_", &step_); }

@@ -1,0 +1,153 @@
+"""The fused FOAM step: one pass per folded matrix instead of the eager chain of ops.
+
+The eager step (``FOAM._update`` in foam/optimizer.py) is the readable reference; this module
+runs the same arithmetic (FOAM_SPEC section 2) as one kernel call for a whole parameter group:
+a C++ operator on the CPU (foam/csrc/foam_step.cpp, built on first use with
+``torch.utils.cpp_extension``) and a Triton kernel on CUDA (foam/triton_kernels.py, imported
+only when a CUDA parameter steps). A device whose kernel cannot be built falls back to the eager
+step after one log line. Per-step numbers (bias corrections, step size, decay) are computed here
+and passed in, so the kernels know nothing of how they are derived.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from foam.folding import FoldPlan
+
+log = logging.getLogger(__name__)
+
+IMPLEMENTATIONS = ("auto", "fused", "eager")
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+CPU_SOURCE = Path(__file__).with_name("csrc") / "foam_step.cpp"
+
+
+@functools.cache
+def kernel_available(device_type: str) -> bool:
+    """Whether the fused kernel for ``device_type`` can run here; builds the CPU one on first call.
+
+    The CPU operator is compiled once per machine into torch's extension cache (``make install``
+    does it up front); a missing compiler or a failed build logs one line and returns False.
+    """
+    if device_type == "cuda":
+        if importlib.util.find_spec("triton") is None:
+            log.warning("foam: triton is not installed; CUDA parameters take the eager FOAM step")
+            return False
+        return True
+    if device_type != "cpu":
+        return False
+    try:
+        from torch.utils.cpp_extension import load
+
+        load(
+            name="foam_step_cpu",
+            sources=[str(CPU_SOURCE)],
+            extra_cflags=["-O3", "-march=native", "-fno-math-errno", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+        )
+    except Exception as error:  # any build or load failure means: use the eager step
+        log.warning(
+            "foam: the fused CPU step could not be built (%s: %s); using the eager step",
+            type(error).__name__,
+            str(error).splitlines()[0] if str(error) else "",
+        )
+        return False
+    return True
+
+
+def applies(p: torch.Tensor, plan: FoldPlan | None, state_dtype: torch.dtype) -> bool:
+    """Whether the fused kernels cover ``p``: a folded matrix (block > 1) of plain contiguous
+    float32/bfloat16 tensors on the CPU or CUDA. Level 0, float16/float64 and sharded (DTensor)
+    parameters take the eager step."""
+    grad = p.grad
+    return (
+        plan is not None
+        and plan.block > 1
+        and p.device.type in ("cpu", "cuda")
+        and type(p.data) is torch.Tensor
+        and p.dtype in KERNEL_DTYPES
+        and grad.dtype in KERNEL_DTYPES
+        and state_dtype in KERNEL_DTYPES
+        and p.is_contiguous()
+        and grad.is_contiguous()
+    )
+
+
+@dataclass(frozen=True)
+class StepScalars:
+    """The numbers one FOAM step of a group needs, beyond each matrix's bias corrections.
+
+    The update is ``p = p * decay - step_size * (m_hat + rho R) / (sqrt(v_hat + rho_sq R^2) + eps)``
+    with ``m_hat = m / bc1`` and ``v_hat = v / bc2``.
+    """
+
+    beta1: float
+    beta2: float
+    rho: float
+    rho_sq: float
+    eps: float
+    step_size: float
+    decay: float
+    mean_of_squares: bool
+
+    @classmethod
+    def of_group(cls, group: dict[str, Any]) -> StepScalars:
+        rho = float(group["residual"])
+        beta1, beta2 = group["betas"]
+        return cls(
+            beta1=beta1,
+            beta2=beta2,
+            rho=rho,
+            rho_sq=rho * rho if group["residual_in_second_moment"] else 0.0,
+            eps=group["eps"],
+            step_size=group["lr"] * group["alpha"],
+            decay=1 - group["lr"] * group["weight_decay"],
+            mean_of_squares=group["second_moment"] == "mean_of_squares",
+        )
+
+    def as_list(self) -> list[float]:
+        return [
+            self.beta1,
+            self.beta2,
+            self.rho,
+            self.rho_sq,
+            self.eps,
+            self.step_size,
+            self.decay,
+        ]
+
+
+def fused_step(
+    params: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    plans: list[FoldPlan],
+    bias_corrections: list[tuple[float, float]],
+    scalars: StepScalars,
+) -> None:
+    """One FOAM step for folded matrices on one device, in place on params and states."""
+    grads = [p.grad for p in params]
+    if params[0].device.type == "cuda":
+        from foam.triton_kernels import triton_step
+
+        triton_step(params, grads, exp_avgs, exp_avg_sqs, plans, bias_corrections, scalars)
+        return
+    geometry = [n for plan in plans for n in (plan.rows, plan.cols, plan.axis, plan.block)]
+    torch.ops.foam.step_(
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        geometry,
+        [c for pair in bias_corrections for c in pair],
+        scalars.as_list(),
+        scalars.mean_of_squares,
+    )

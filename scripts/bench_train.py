@@ -1,0 +1,239 @@
+"""End-to-end training throughput: tokens/s and peak memory of each optimizer, as ratios to AdamW.
+
+Every optimizer trains its own copy of the same model (same seed) on the same token batches, with
+the trainer's forward/backward (train/trainer.py). Optimizers are interleaved: each round runs a
+few steps of every one in turn, so load that comes and goes on a shared machine hits them alike;
+the median step time over all rounds gives tokens/s. Peak memory is the persistent bytes (params,
+grads, optimizer state) plus the peak allocated during one training step (CUDA: the allocator's
+peak; CPU: foam.profiling's count of every allocation). ``--compile`` repeats the measurement with
+``torch.compile`` of the model (``trainer.compile=true``) and reports its effect per optimizer.
+
+    python scripts/bench_train.py                                  # llama_1m, fp32, CPU
+    python scripts/bench_train.py --compile --out results/bench/train_cpu.md
+    python scripts/bench_train.py --model llama_60m --precision bf16 --optimizers adamw foam2
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import foam
+from foam.profiling import peak_transient_bytes
+from models import build_model, load_model_config
+from train.metrics import peak_memory, reset_peak_memory
+from train.step import Batch, accumulate_gradients
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# Label -> (registry name, keywords); labels name the FOAM level like the optim configs do.
+# "adamw" is the project's AdamW as the trainer builds it; "adamw_fused" is torch's fused kernel.
+OPTIMIZERS: dict[str, tuple[str, dict]] = {
+    "adamw": ("adamw", {}),
+    "adamw_fused": ("adamw", {}),
+    "foam2": ("foam", {"level": 2}),
+    "foam3": ("foam", {"level": 3}),
+    "foam_mini": ("foam_mini", {}),
+    "foam2_eager": ("foam", {"level": 2, "implementation": "eager"}),
+    "adam_mini": ("adam_mini", {}),
+    "galore": ("galore", {}),
+    "apollo_mini": ("apollo_mini", {}),
+    "muon": ("muon", {}),
+}
+BASELINE = "adamw"
+FUSED_BASELINE = "adamw_fused"
+
+
+@dataclass
+class Runner:
+    """One optimizer training its own model copy."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    times: list[float]
+
+
+@dataclass
+class Result:
+    label: str
+    tokens_per_s: float
+    peak_bytes: int
+
+
+def batches(vocab: int, batch: int, seq: int, count: int) -> list[Batch]:
+    """``count`` fixed batches of random tokens (no padding), the same for every optimizer."""
+    generator = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(count):
+        ids = torch.randint(2, vocab, (batch, seq), generator=generator)
+        out.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids})
+    return out
+
+
+def build_runner(label: str, model_cfg: dict, args: argparse.Namespace, compiled: bool) -> Runner:
+    torch.manual_seed(0)
+    model = build_model(model_cfg, device=args.device, dtype=DTYPES[args.precision])
+    model.train()
+    model.config.use_cache = False
+    if compiled:
+        model.compile()
+    if label == FUSED_BASELINE:
+        return Runner(model, torch.optim.AdamW(model.parameters(), fused=True), [])
+    name, keywords = OPTIMIZERS[label]
+    extra = {"n_heads": model_cfg["num_attention_heads"], "dim": model_cfg["hidden_size"]}
+    accepted = foam.available_optimizers()[name]
+    keywords = {**keywords, **{k: v for k, v in extra.items() if k in accepted}}
+    return Runner(model, foam.build_optimizer(name, model, **keywords), [])
+
+
+def train_step(runner: Runner, batch: Batch, device: torch.device) -> int:
+    result = accumulate_gradients(
+        runner.model, [batch], device=device, world_size=1, autocast=contextlib.nullcontext
+    )
+    runner.optimizer.step()
+    runner.optimizer.zero_grad(set_to_none=True)
+    return result.tokens
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def persistent_bytes(runner: Runner) -> int:
+    params = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    return 2 * params + foam.state_bytes(runner.optimizer)  # + the gradients, as big as params
+
+
+def peak_step_bytes(runner: Runner, step: Callable[[], int], device: torch.device) -> int:
+    if device.type == "cuda":
+        reset_peak_memory(device)
+        step()
+        return peak_memory(device)["peak_memory_bytes"]
+    peak, _ = peak_transient_bytes(step)
+    return persistent_bytes(runner) + peak
+
+
+def measure(labels: list[str], args: argparse.Namespace, compiled: bool) -> list[Result]:
+    model_cfg = load_model_config(args.model)
+    device = torch.device(args.device)
+    data = batches(model_cfg["vocab_size"], args.batch_size, args.seq_len, args.steps)
+    runners = {label: build_runner(label, model_cfg, args, compiled) for label in labels}
+    tokens = args.batch_size * args.seq_len
+    peaks = {}
+    for label, runner in runners.items():  # warm-up (and compilation), then the memory peak
+        for batch in data[: args.warmup]:
+            train_step(runner, batch, device)
+        peaks[label] = peak_step_bytes(
+            runner, lambda r=runner: train_step(r, data[0], device), device
+        )
+    for round_index in range(args.rounds):
+        for runner in runners.values():
+            for batch in data:
+                synchronize(device)
+                start = time.perf_counter()
+                train_step(runner, batch, device)
+                synchronize(device)
+                runner.times.append(time.perf_counter() - start)
+        print(
+            f"  {'compiled' if compiled else 'eager'} round {round_index + 1} done", file=sys.stderr
+        )
+    results = [
+        Result(label, tokens / statistics.median(r.times), peaks[label])
+        for label, r in runners.items()
+    ]
+    del runners
+    gc.collect()
+    return results
+
+
+def table(title: str, results: list[Result]) -> str:
+    base = next(r for r in results if r.label == BASELINE)
+    fused = next((r for r in results if r.label == FUSED_BASELINE), None)
+    lines = [
+        f"### {title}",
+        "",
+        "| optimizer | tokens/s | tokens/s / AdamW | tokens/s / AdamW-fused | peak MiB | "
+        "peak / AdamW |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        to_fused = f"{r.tokens_per_s / fused.tokens_per_s:.3f}" if fused else "-"
+        lines.append(
+            f"| {r.label} | {r.tokens_per_s:.0f} | {r.tokens_per_s / base.tokens_per_s:.3f} | "
+            f"{to_fused} | {r.peak_bytes / 2**20:.1f} | {r.peak_bytes / base.peak_bytes:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def compile_table(eager: list[Result], compiled: list[Result]) -> str:
+    lines = [
+        "### Effect of trainer.compile=true (torch.compile of the model)",
+        "",
+        "| optimizer | tokens/s eager | tokens/s compiled | speed-up | peak MiB eager | "
+        "peak MiB compiled |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for e, c in zip(eager, compiled, strict=True):
+        lines.append(
+            f"| {e.label} | {e.tokens_per_s:.0f} | {c.tokens_per_s:.0f} | "
+            f"{c.tokens_per_s / e.tokens_per_s:.2f} | {e.peak_bytes / 2**20:.1f} | "
+            f"{c.peak_bytes / 2**20:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama_1m")
+    parser.add_argument("--precision", default="fp32", choices=sorted(DTYPES))
+    parser.add_argument(
+        "--optimizers", nargs="+", default=list(OPTIMIZERS), choices=sorted(OPTIMIZERS)
+    )
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per optimizer and round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--compile", action="store_true", help="also measure a compiled model")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, default=None, help="also write the tables here")
+    args = parser.parse_args()
+    labels = [BASELINE] + [label for label in args.optimizers if label != BASELINE]
+
+    load_before = os.getloadavg()
+    eager = measure(labels, args, compiled=False)
+    sections = [table(f"{args.model}, {args.precision}, eager model", eager)]
+    if args.compile:
+        compiled = measure(labels, args, compiled=True)
+        sections += [
+            table(f"{args.model}, {args.precision}, compiled model", compiled),
+            compile_table(eager, compiled),
+        ]
+    load = "/".join(f"{x:.2f}" for x in load_before), "/".join(f"{x:.2f}" for x in os.getloadavg())
+    command = "python scripts/bench_train.py " + " ".join(sys.argv[1:])
+    header = (
+        f"# Training throughput benchmark\n\nCommand: `{command}`\n\n"
+        f"Device: {args.device} ({torch.get_num_threads()} threads), torch {torch.__version__}; "
+        f"load average (1/5/15 min) {load[0]} at the start, {load[1]} at the end. "
+        f"Batch {args.batch_size} x {args.seq_len} tokens; median over {args.rounds} interleaved "
+        f"rounds x {args.steps} steps after {args.warmup} warm-up steps.\n\n"
+    )
+    report = header + "\n".join(sections)
+    print(report)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(report)
+
+
+if __name__ == "__main__":
+    main()
