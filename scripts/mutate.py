@@ -95,21 +95,11 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "return tensor.pin_memory().to(device, non_blocking=True)",
         "non_blocking=True -> non_blocking=False",
     ): ("a copy to the CPU is synchronous either way; on CUDA only the overlap changes"),
-    (
-        "train/step.py",
-        "torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)",
-        "foreach=True -> foreach=False",
-    ): ("foreach is torch's multi-tensor kernel for the same arithmetic"),
     ("train/checkpoint.py", "os.fsync(fd)", "remove call"): DURABILITY,
     ("train/checkpoint.py", "f.flush()", "remove call"): DURABILITY + " (closing flushes)",
     ("train/checkpoint.py", "os.fsync(f.fileno())", "remove call"): DURABILITY,
-    ("train/checkpoint.py", "_fsync_dir(tmp)", "remove call"): DURABILITY,
-    ("train/checkpoint.py", "_fsync_dir(root)", "remove call"): DURABILITY,
-    (
-        "train/checkpoint.py",
-        'json.dump({"step": step, **meta}, f, indent=2)',
-        "indent=2 -> indent=3",
-    ): ("the indentation of meta.json: the same JSON"),
+    ("train/checkpoint.py", "_fsync(tmp)", "remove call"): DURABILITY,
+    ("train/checkpoint.py", "_fsync(root)", "remove call"): DURABILITY,
     (
         "train/checkpoint.py",
         "shutil.rmtree(stale, ignore_errors=True)",
@@ -123,11 +113,6 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("train/checkpoint.py", "if keep_last > 0:", "> -> >="): (
         "keep_last = 0 then prunes list[:-0], which is empty"
     ),
-    (
-        "train/checkpoint.py",
-        "return torch.load(file, map_location=map_location, weights_only=True, mmap=True)",
-        "mmap=True -> mmap=False",
-    ): "mmap=False reads the same tensors into memory",
 }
 
 COPIED = ("foam", "train", "models", "configs", "tests", "scripts", "pyproject.toml")

@@ -26,7 +26,6 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard
-from torch.nn.parallel import DistributedDataParallel
 
 import foam
 from foam.optimizer import SEMANTICS
@@ -93,7 +92,7 @@ def parallelize(
 def no_gradient_sync(model: nn.Module) -> Iterator[None]:
     """Accumulate gradients locally (all micro-batches of a step but the last): DDP's ``no_sync``,
     FSDP2's ``set_requires_gradient_sync(False)``; nothing to do with one rank."""
-    if isinstance(model, DistributedDataParallel):
+    if hasattr(model, "no_sync"):  # DDP (and stand-ins for it)
         with model.no_sync():
             yield
     elif isinstance(model, FSDPModule):
