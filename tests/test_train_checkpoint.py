@@ -123,6 +123,9 @@ def test_a_single_file_checkpoint_from_before_dcp_still_resumes(tmp_path):
     ckpt.restore_training_state(path, resumed, state, rank=0)
     assert torch.equal(resumed.model.weight, torch.full((4, 4), 2.0))
     assert (state.step, state.tokens, resumed.loader.records) == (2, 20, 6)
+    consolidated = ckpt.load_model_weights(path, torch.nn.Linear(4, 4))
+    assert torch.equal(consolidated.weight, torch.full((4, 4), 2.0))
+    assert ckpt.saved_model_dtype(path) == torch.float32
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc (Linux)")

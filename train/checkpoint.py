@@ -256,11 +256,19 @@ def _restore_legacy(path: Path, live: Resumable, state: TrainState, *, rank: int
     state.load_state_dict(saved)
 
 
+def _legacy_model(path: Path) -> dict[str, torch.Tensor]:
+    """The model weights of a single-file checkpoint (memory-mapped, not read in full)."""
+    return torch.load(Path(path) / LEGACY_FILE, weights_only=True, mmap=True)["model"]
+
+
 def load_model_weights(path: Path, model: nn.Module) -> nn.Module:
     """Load a checkpoint's model weights into the unsharded ``model`` (one process, any world size
     the checkpoint was written with): the consolidation that exports and scripts use."""
     if not is_complete(path):
         raise FileNotFoundError(f"{path} is not a complete checkpoint directory")
+    if (Path(path) / LEGACY_FILE).is_file():
+        model.load_state_dict(_legacy_model(path))
+        return model
     weights = {"model": model.state_dict()}
     with _single_process_quiet():
         dcp.load(weights, checkpoint_id=path, no_dist=True)
@@ -270,6 +278,8 @@ def load_model_weights(path: Path, model: nn.Module) -> nn.Module:
 
 def saved_model_dtype(path: Path) -> torch.dtype:
     """The dtype the checkpoint's model weights were saved in (read from the DCP metadata)."""
+    if (Path(path) / LEGACY_FILE).is_file():
+        return next(iter(_legacy_model(path).values())).dtype
     metadata = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
     tensors = (
         m for key, m in metadata.items() if key.startswith("model.") and hasattr(m, "properties")
