@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from test_train_cli import command, run, train_losses
 
 REPO = Path(__file__).resolve().parents[1]
@@ -211,3 +212,22 @@ def test_fsdp_trains_in_bf16_with_checkpointing_and_accumulation(tmp_path, preci
     assert f"params: {dtype}" in (run_dir / "pretrain.log").read_text()
     hf = json.loads((run_dir / "hf" / "config.json").read_text())
     assert hf.get("torch_dtype", hf.get("dtype")) == dtype
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_consolidated_fsdp_checkpoint_equals_the_exported_model(tmp_path, curves):
+    """The 2-rank checkpoint's shards, consolidated in one process, are the model the run
+    gathered and exported at its end."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    step6 = curves["fsdp"] / "checkpoints" / "step_00000006"
+    out = tmp_path / "model.safetensors"
+    script = [sys.executable, "scripts/consolidate_checkpoint.py", str(step6), str(out)]
+    subprocess.run(script, cwd=REPO, env=ENV, check=True, capture_output=True, timeout=300)
+    weights = load_file(out)
+    exported = AutoModelForCausalLM.from_pretrained(curves["fsdp"] / "hf").state_dict()
+    assert weights.keys() <= exported.keys() and len(weights) > 10
+    for key, value in weights.items():
+        assert torch.equal(value, exported[key]), key
