@@ -1,0 +1,67 @@
+"""scripts/reproduce_cpu.py: the coordinate search brackets each method's optimum."""
+
+import math
+from pathlib import Path
+
+import reproduce_cpu
+from reproduce_cpu import METHODS, Method, Setting, Study
+
+
+def fake_study(tmp_path: Path, ppl) -> tuple[Study, list[Setting]]:
+    """A study whose runs return ``ppl(setting)`` instantly, recording what was run."""
+    study = Study(tmp_path / "data", tmp_path / "runs", jobs=2)
+    ran: list[Setting] = []
+
+    def run(stage, name, optim, setting, seed, overrides=()):
+        ran.append(setting)
+        return ppl(setting)
+
+    study.run = run
+    return study, ran
+
+
+def bowl(best_lr: float, best_alpha: float | None = None, best_gap: int | None = None):
+    def ppl(s: Setting) -> float:
+        value = 100 + 10 * math.log2(s.lr / best_lr) ** 2
+        if best_alpha is not None:
+            value += 5 * abs(math.log2(s.alpha / best_alpha))
+        if best_gap is not None and s.gap != best_gap:
+            value += 3
+        return value
+
+    return ppl
+
+
+def test_lr_search_walks_to_an_interior_optimum(tmp_path):
+    method = Method("muon", "muon", 1e-2)
+    study, ran = fake_study(tmp_path, bowl(best_lr=1e-2 / 8))
+    best = study.search(method)
+    assert best == Setting(1e-2 / 8, None, None)
+    lrs = {s.lr for s in ran}
+    assert {best.lr / 2, best.lr * 2} <= lrs  # bracketed on both sides
+    assert max(lrs) == 2e-2  # it started at 1e-2 and only walked down
+
+
+def test_search_over_lr_alpha_and_gap(tmp_path):
+    galore = next(m for m in METHODS if m.name == "galore_1_4")
+    study, ran = fake_study(tmp_path, bowl(best_lr=2e-2, best_alpha=0.5, best_gap=20))
+    best = study.search(galore)
+    assert best == Setting(2e-2, 0.5, 20)
+    for neighbour in best.neighbours(galore):
+        assert neighbour in ran
+
+
+def test_diverged_neighbours_count_as_worse(tmp_path):
+    method = Method("adamw", "adamw", 2.5e-3, alphas=(1.0,), start_alpha=1.0)
+    study, _ = fake_study(tmp_path, lambda s: math.inf if s.lr > 3e-3 else 100 + 1 / s.lr * 1e-3)
+    assert study.search(method).lr == 2.5e-3
+
+
+def test_the_protocol_is_what_protocol_md_says():
+    overrides = reproduce_cpu.protocol(Path("/data"), reproduce_cpu.FINAL_STEPS, seed=2)
+    assert "trainer.max_steps=1000" in overrides and "data.shuffle_seed=2" in overrides
+    tokens = 1000 * 16 * 256
+    assert tokens == 4_096_000 and "trainer.global_batch_size=16" in overrides
+    assert reproduce_cpu.GAPS == (200, 20) and reproduce_cpu.SEEDS == (0, 1, 2)
+    text = (Path(__file__).resolve().parents[1] / "results" / "repro" / "PROTOCOL.md").read_text()
+    assert "4,096,000 tokens" in text and "{200, 20}" in text
