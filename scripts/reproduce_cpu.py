@@ -35,7 +35,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sweep import REPO, Point, train_command, uncommitted_changes
+from sweep import REPO, Point, train_command
+
+from train.summary import uncommitted_changes
 
 MODEL = "llama_2m"
 SEARCH_STEPS = 500

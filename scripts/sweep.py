@@ -40,6 +40,7 @@ from pathlib import Path
 from methods import PAPER_SWEEP, sweeps_alpha
 
 from train.preemption import STOP_SIGNALS, install_stop_signals, received_signal
+from train.summary import uncommitted_changes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -111,17 +112,6 @@ def train_command(point: Point, run_dir: Path, nproc: int, overrides: list[str])
     if point.alpha is not None:
         args.append(f"optim.alpha={point.alpha:g}")
     return args + overrides
-
-
-def uncommitted_changes(repo: Path = REPO) -> str:
-    """``git status`` of tracked files that differ from HEAD (empty when the tree is clean)."""
-    return subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
 
 
 def run_local(commands: list[list[str]], jobs: int) -> int:

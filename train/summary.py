@@ -49,19 +49,25 @@ from train.state import TrainState
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def uncommitted_changes(repo: Path = REPO_ROOT) -> str:
+    """``git status`` of the tracked files that differ from HEAD (empty when the tree is clean)."""
+    return subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
 def git_sha() -> str:
-    """HEAD of the repository holding this code, or "unknown" outside a git checkout."""
+    """HEAD of the repository holding this code (``-dirty`` with uncommitted changes to tracked
+    files), or "unknown" outside a git checkout."""
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
         ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        dirty = uncommitted_changes()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"{sha}-dirty" if dirty else sha
