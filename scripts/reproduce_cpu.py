@@ -154,6 +154,8 @@ class Study:
     root: Path
     jobs: int
     dry_run: bool = False
+    finished: Path | None = None
+    """Where earlier sessions' finished runs were committed (``--collect``): they count as done."""
     slots: threading.Semaphore = field(init=False)
     planned: list[Path] = field(default_factory=list)
     _locks: dict[Path, threading.Lock] = field(default_factory=dict)
@@ -177,10 +179,14 @@ class Study:
 
     def result(self, run_dir: Path) -> float | None:
         """Final validation perplexity; inf if it diverged; None if not run yet."""
-        if (run_dir / "summary.json").exists():
-            return json.loads((run_dir / "summary.json").read_text())["final_val_ppl"]
-        if (run_dir / "diverged.json").exists():
-            return math.inf
+        places = [run_dir]
+        if self.finished is not None:
+            places.append(self.finished / run_dir.relative_to(self.root))
+        for place in places:
+            if (place / "summary.json").exists():
+                return json.loads((place / "summary.json").read_text())["final_val_ppl"]
+            if (place / "diverged.json").exists():
+                return math.inf
         return None
 
     def run(
@@ -302,14 +308,15 @@ class Study:
 
 
 def collect(root: Path, dest: Path) -> int:
-    """Copy each finished run's ``summary.json`` and ``config.yaml`` to ``dest`` (same layout)."""
+    """Copy each finished run's ``summary.json`` (or ``diverged.json``) and ``config.yaml`` to
+    ``dest`` (same layout), so the next session (``--finished``) and the tables see them."""
     copied = 0
-    for summary in sorted(root.rglob("summary.json")):
-        target = dest / summary.parent.relative_to(root)
+    for done in sorted([*root.rglob("summary.json"), *root.rglob("diverged.json")]):
+        target = dest / done.parent.relative_to(root)
         target.mkdir(parents=True, exist_ok=True)
-        for name in ("summary.json", "config.yaml"):
-            if (summary.parent / name).exists():
-                shutil.copy2(summary.parent / name, target / name)
+        for name in (done.name, "config.yaml"):
+            if (done.parent / name).exists():
+                shutil.copy2(done.parent / name, target / name)
         copied += 1
     return copied
 
@@ -323,6 +330,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--plan", action="store_true", help="list the runs that can start now")
     parser.add_argument("--collect", type=Path, help="copy finished summaries here, run nothing")
+    parser.add_argument(
+        "--finished",
+        type=Path,
+        default=REPO / "results" / "repro" / "runs",
+        help="finished runs committed by earlier sessions (skipped); default: the committed ones",
+    )
     parser.add_argument("--allow-dirty", action="store_true")
     args = parser.parse_args(argv)
     if args.collect:
@@ -333,7 +346,13 @@ def main(argv: list[str] | None = None) -> int:
     dirty = uncommitted_changes()
     if dirty and not (args.plan or args.allow_dirty):
         parser.error(f"uncommitted changes; commit them or pass --allow-dirty:\n{dirty}")
-    study = Study(args.data.resolve(), args.root.resolve(), args.jobs, dry_run=args.plan)
+    study = Study(
+        args.data.resolve(),
+        args.root.resolve(),
+        args.jobs,
+        dry_run=args.plan,
+        finished=args.finished.resolve(),
+    )
     study.all()
     if args.plan:
         for run_dir in study.planned:

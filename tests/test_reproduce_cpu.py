@@ -65,3 +65,16 @@ def test_the_protocol_is_what_protocol_md_says():
     assert reproduce_cpu.GAPS == (200, 20) and reproduce_cpu.SEEDS == (0, 1, 2)
     text = (Path(__file__).resolve().parents[1] / "results" / "repro" / "PROTOCOL.md").read_text()
     assert "4,096,000 tokens" in text and "{200, 20}" in text
+
+
+def test_runs_committed_by_an_earlier_session_count_as_done(tmp_path):
+    finished = tmp_path / "committed"
+    study = Study(tmp_path / "data", tmp_path / "runs", jobs=1, finished=finished)
+    setting = Setting(1e-2, 0.25, None)
+    run_dir = study.run_dir("search", "foam2", setting, 0)
+    assert study.result(run_dir) is None
+    committed = finished / run_dir.relative_to(study.root)
+    committed.mkdir(parents=True)
+    (committed / "summary.json").write_text('{"final_val_ppl": 42.0}')
+    assert study.result(run_dir) == 42.0
+    assert reproduce_cpu.collect(finished, tmp_path / "copy") == 1
