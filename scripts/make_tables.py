@@ -155,13 +155,14 @@ def best_points(points: list[Point]) -> dict[tuple[str, str], Point]:
     return best
 
 
-def edge_notes(point: Point, points: list[Point]) -> list[str]:
+def edge_notes(point: Point, points: list[Point], row: str) -> list[str]:
     """Why ``point`` may not be the optimum: an lr neighbour not run, or alpha on the grid edge."""
     search = "search" if any(p.key.stage == "search" for p in points) else point.key.stage
     same = [
         p
         for p in points
         if (p.key.stage, p.key.model, p.key.method) == (search, point.key.model, point.key.method)
+        and (row == CONTROL or row_of(p) == row)  # Full-Adam's alpha is 1 by definition
     ]
     k = point.key
     ran = [p.key for p in same if (p.key.alpha, p.key.gap) == (k.alpha, k.gap)]
@@ -247,7 +248,7 @@ def table2(best: dict[tuple[str, str], Point], points: list[Point], latex: bool)
         cells = []
         for model in models:
             point = best.get((model, row))
-            why = edge_notes(point, points) if point else []
+            why = edge_notes(point, points, row) if point else []
             notes += [f"{model} {row_label(row)}: {note}" for note in why]
             cells += [fmt_ppl(point, latex, flag=bool(why)), fmt_gb(estimated_gb(model, row))]
         sep = " & " if latex else " | "
