@@ -164,9 +164,12 @@ class FOAM(DtypeFaithfulOptimizer):
         return total
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        """torch's hook for loaded groups: ones saved before ``semantics`` existed are paper's."""
+        """torch's hook for loaded groups: options added since they were saved take this
+        optimizer's defaults (so groups saved before ``semantics`` existed are paper's)."""
         super().__setstate__(state)
         for group in self.param_groups:
+            for key, value in self.defaults.items():  # options added since it was saved
+                group.setdefault(key, value)
             _apply_semantics(group)
 
     # -- the step --------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import torch
 from omegaconf.errors import ConfigKeyError
 
 from train import corpus, data, tokenizer
+from train.config import ConfigError
 from train.data import build_tokenizer, build_train_loader, build_val_batches, rank_stream
 
 REPO = Path(__file__).resolve().parents[1]
@@ -234,8 +235,22 @@ def test_resume_refuses_other_settings(c4_dir, tok):
     a = build_train_loader(c, tok, micro_batch_size=4, rank=0, world_size=2, seed=0)
     next(a)
     b = build_train_loader(c, tok, micro_batch_size=4, rank=0, world_size=4, seed=0)
-    with pytest.raises(ValueError, match="world_size"):
+    with pytest.raises(ConfigError, match=r"trainer\.resume: .*world_size"):
         b.load_state_dict(a.state_dict())
+
+
+def test_a_position_saved_before_the_split_mode_was_recorded_resumes(c4_dir, tok):
+    """Checkpoints of earlier versions lack the (derived) split mode: same world size resumes."""
+    c = cfg(path=str(c4_dir))
+    a = build_train_loader(c, tok, micro_batch_size=4, rank=0, world_size=2, seed=0)
+    take(a, 2)
+    state = a.state_dict()
+    old = {**state, "config": {k: v for k, v in state["config"].items() if k != "split"}}
+    b = build_train_loader(c, tok, micro_batch_size=4, rank=0, world_size=2, seed=0)
+    b.load_state_dict(old)
+    assert_same(take(b, 3), take(a, 3))
+    a.close()
+    b.close()
 
 
 # ------------------------------------------------------------------------------------- bad input

@@ -223,7 +223,7 @@ def test_a_composite_checkpoint_from_before_semantics_loads_as_paper():
     opt = build_optimizer("muon", model, lr=1e-2)
     step_with(opt, model, random_grads(model, 1))
     saved = copy.deepcopy(opt.state_dict())  # torch's loader shares step tensors otherwise
-    new_keys = ("semantics", "tail_block", "decay")
+    new_keys = ("semantics", "tail_block", "decay", "implementation")
     for group in saved["param_groups"]:
         for key in new_keys:
             group.pop(key, None)

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from train.config import ConfigError
 from train.corpus import (
     SKIP_REASONS,
     DataSourceError,
@@ -61,6 +62,9 @@ logger = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
 STATE_VERSION = 1
+# Fingerprint keys that follow from the others (the split mode from the source and the world
+# size), so a checkpoint written before they were recorded is compared without them.
+DERIVED_FINGERPRINT_KEYS = ("split",)
 _READ_CHUNK = 256  # raw records tokenized together (batch encoding is much faster per document)
 
 
@@ -294,11 +298,15 @@ class TrainLoader:
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"unsupported data state version {state.get('version')}")
         saved = state.get("config", {})
-        diff = {k: (saved.get(k), v) for k, v in self._fingerprint.items() if saved.get(k) != v}
+        diff = {
+            k: (saved.get(k), v)
+            for k, v in self._fingerprint.items()
+            if saved.get(k) != v and not (k in DERIVED_FINGERPRINT_KEYS and k not in saved)
+        }
         if diff:
-            raise ValueError(
-                "the data checkpoint was taken with different settings (saved, now): "
-                f"{diff}; resume with the same data config, batch size and world size"
+            raise ConfigError(
+                "trainer.resume: the data checkpoint was taken with different settings (saved, "
+                f"now): {diff}; resume with the same data config, batch size and world size"
             )
         self.close()
         stats = _new_stats()
