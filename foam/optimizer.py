@@ -23,7 +23,7 @@ from foam.folding import (
     validate_fold_settings,
     values_of,
 )
-from foam.hparams import group_defaults, validate_adam_hparams
+from foam.hparams import group_defaults, signature_defaults, validate_adam_hparams
 from foam.numerics import compute_dtype, ema_, resolve_dtype
 from foam.sharding import ShardFold, fold_shard, is_sharded, local, shard_fold, zeros_state
 from foam.state import DtypeFaithfulOptimizer
@@ -168,8 +168,9 @@ class FOAM(DtypeFaithfulOptimizer):
         optimizer's defaults (so groups saved before ``semantics`` existed are paper's)."""
         super().__setstate__(state)
         for group in self.param_groups:
-            for key, value in self.defaults.items():  # options added since it was saved
-                group.setdefault(key, value)
+            for key in signature_defaults(FOAM):  # options added since it was saved
+                if key not in ("semantics", "tail_block", "decay"):  # absent: it was paper's
+                    group.setdefault(key, self.defaults[key])
             _apply_semantics(group)
 
     # -- the step --------------------------------------------------------------------------------
