@@ -172,10 +172,8 @@ class Study:
     # -- one run -----------------------------------------------------------------------------
 
     def run_dir(self, stage: str, name: str, setting: Setting, seed: int) -> Path:
-        gap = "" if setting.gap is None else f"_gap{setting.gap}"
-        point = Point(MODEL, name, setting.lr, setting.alpha, seed, name)
-        base = point.run_dir(self.root / stage)
-        return base.with_name(base.name.replace("_seed", f"{gap}_seed"))
+        point = Point(MODEL, name, setting.lr, setting.alpha, seed, name, setting.gap)
+        return point.run_dir(self.root / stage)
 
     def result(self, run_dir: Path) -> float | None:
         """Final validation perplexity; inf if it diverged; None if not run yet."""

@@ -65,10 +65,13 @@ class Point:
     alpha: float | None
     seed: int
     name: str  # the method directory: the optim config, or a variant's name (ablations)
+    gap: int | None = None  # GaLore/APOLLO update_proj_gap, when the study tunes it
 
     def run_dir(self, root: Path) -> Path:
+        """``lr{lr}[_alpha{a}][_gap{g}]_seed{s}``: the layout scripts/make_tables.py reads."""
         alpha = "" if self.alpha is None else f"_alpha{self.alpha:g}"
-        return root / self.model / self.name / f"lr{self.lr:g}{alpha}_seed{self.seed}"
+        gap = "" if self.gap is None else f"_gap{self.gap}"
+        return root / self.model / self.name / f"lr{self.lr:g}{alpha}{gap}_seed{self.seed}"
 
 
 def grid(
