@@ -4,9 +4,11 @@ For each model shape and dtype it reports the median ``optimizer.step()`` time, 
 state bytes and the peak transient memory of one step, with time ratios to fused AdamW (the
 kernel users run) and to foreach AdamW. Methods are interleaved: each round builds and steps every
 method once, so load that comes and goes on a shared machine hits all of them alike, and the
-median over rounds is reported. Ratios, not absolute times, are the result. ``foam2_eager`` is
+median over rounds is reported. Ratios, not absolute times, are the result. Each method is its
+optim config built as a training run builds it (scripts/bench_methods.py); ``foam2_eager`` is
 FOAM-2 through its readable reference step (``implementation="eager"``), to show what the fused
-step (foam/fused.py) buys.
+step (foam/fused.py) buys. GaLore's and APOLLO's projection refresh falls in the warm-up step, so
+their times are those of the steps between refreshes.
 
     python scripts/bench_optim.py                       # llama_60m + llama_130m, fp32 + bf16
     python scripts/bench_optim.py --models llama_60m --dtypes bf16 --methods adamw_fused foam2
@@ -21,11 +23,11 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from bench_methods import DEFAULT_LABELS, builder
 
 import foam
 from foam.profiling import peak_transient_bytes
@@ -43,30 +45,6 @@ class Result:
     step_ms: float
     state_bytes: int
     transient_bytes: int
-
-
-def method_table(model_cfg: dict) -> dict[str, Callable[[torch.nn.Module], torch.optim.Optimizer]]:
-    """Label -> builder. Torch's AdamW flavours first, then every registered method."""
-    hidden = model_cfg["hidden_size"]
-    table: dict[str, Callable] = {
-        "adamw_foreach": lambda m: torch.optim.AdamW(m.parameters(), foreach=True),
-        "adamw_fused": lambda m: torch.optim.AdamW(m.parameters(), fused=True),
-        "foam2": lambda m: foam.build_optimizer("foam", m, level=2),
-        "foam3": lambda m: foam.build_optimizer("foam", m, level=3),
-        "foam2_eager": lambda m: foam.build_optimizer("foam", m, level=2, implementation="eager"),
-    }
-    model_keywords = {
-        "rank": hidden // 4,
-        "n_heads": model_cfg["num_attention_heads"],
-        "n_kv_heads": model_cfg["num_key_value_heads"],
-        "dim": hidden,
-    }
-    for name, accepted in foam.available_optimizers().items():
-        if name in ("foam", "adamw"):
-            continue
-        extra = {k: v for k, v in model_keywords.items() if k in accepted}
-        table[name] = lambda m, name=name, extra=extra: foam.build_optimizer(name, m, **extra)
-    return table
 
 
 def synchronize(device: torch.device) -> None:
@@ -93,10 +71,7 @@ def run(model_name: str, dtype: str, methods: list[str], args: argparse.Namespac
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3
     device = next(model.parameters()).device
-    table = method_table(model_cfg)
-    unknown = sorted(set(methods) - set(table))
-    if unknown:
-        raise SystemExit(f"unknown method(s) {unknown}; available: {sorted(table)}")
+    table = {label: builder(label, model_name) for label in methods}
     times: dict[str, list[float]] = {}
     memory: dict[str, tuple[int, int]] = {}
     for round_index in range(args.rounds):
@@ -169,7 +144,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["llama_60m", "llama_130m"])
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=sorted(DTYPES))
-    parser.add_argument("--methods", nargs="+", default=None, help="default: all")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(DEFAULT_LABELS),
+        help="optim config names (configs/optim), NAME_eager for a FOAM one's eager step, "
+        "adamw_fused, adamw_foreach; default: every method of the paper's tables",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of all methods")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per method and round")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per method and round")
@@ -181,9 +162,8 @@ def main() -> None:
     load_before = os.getloadavg()
     sections, headline = [], []
     for model_name in args.models:
-        methods = args.methods or list(method_table(load_model_config(model_name)))
         for dtype in args.dtypes:
-            results = run(model_name, dtype, methods, args)
+            results = run(model_name, dtype, args.methods, args)
             sections.append(markdown(model_name, dtype, results))
             headline += headline_lines(model_name, dtype, results)
     header = (

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from bench_methods import DEFAULT_LABELS, available_labels, builder
 
 import foam
 from foam.profiling import peak_transient_bytes
@@ -35,22 +36,10 @@ from train.metrics import peak_memory, reset_peak_memory
 from train.step import Batch, accumulate_gradients
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-# Label -> (registry name, keywords); labels name the FOAM level like the optim configs do.
-# "adamw" is the project's AdamW as the trainer builds it; "adamw_fused" is torch's fused kernel.
-OPTIMIZERS: dict[str, tuple[str, dict]] = {
-    "adamw": ("adamw", {}),
-    "adamw_fused": ("adamw", {}),
-    "foam2": ("foam", {"level": 2}),
-    "foam3": ("foam", {"level": 3}),
-    "foam_mini": ("foam_mini", {}),
-    "foam2_eager": ("foam", {"level": 2, "implementation": "eager"}),
-    "adam_mini": ("adam_mini", {}),
-    "galore": ("galore", {}),
-    "apollo_mini": ("apollo_mini", {}),
-    "muon": ("muon", {}),
-}
 BASELINE = "adamw"
+"""The project's AdamW as the trainer builds it (configs/optim/adamw.yaml)."""
 FUSED_BASELINE = "adamw_fused"
+DEFAULT_OPTIMIZERS = tuple(label for label in DEFAULT_LABELS if label != "adamw_foreach")
 
 
 @dataclass
@@ -80,28 +69,22 @@ def batches(vocab: int, batch: int, seq: int, count: int) -> list[Batch]:
 
 
 def build_runner(label: str, model_cfg: dict, args: argparse.Namespace, compiled: bool) -> Runner:
+    make_optimizer = builder(label, args.model)
     torch.manual_seed(0)
     model = build_model(model_cfg, device=args.device, dtype=DTYPES[args.precision])
     model.train()
     model.config.use_cache = False
     if compiled:
         model.compile()
-    if label == FUSED_BASELINE:
-        return Runner(model, torch.optim.AdamW(model.parameters(), fused=True), [])
-    name, keywords = OPTIMIZERS[label]
-    extra = {"n_heads": model_cfg["num_attention_heads"], "dim": model_cfg["hidden_size"]}
-    accepted = foam.available_optimizers()[name]
-    keywords = {**keywords, **{k: v for k, v in extra.items() if k in accepted}}
-    return Runner(model, foam.build_optimizer(name, model, **keywords), [])
+    return Runner(model, make_optimizer(model), [])
 
 
-def train_step(runner: Runner, batch: Batch, device: torch.device) -> int:
-    result = accumulate_gradients(
+def train_step(runner: Runner, batch: Batch, device: torch.device) -> None:
+    accumulate_gradients(
         runner.model, [batch], device=device, world_size=1, autocast=contextlib.nullcontext
     )
     runner.optimizer.step()
     runner.optimizer.zero_grad(set_to_none=True)
-    return result.tokens
 
 
 def synchronize(device: torch.device) -> None:
@@ -114,7 +97,7 @@ def persistent_bytes(runner: Runner) -> int:
     return 2 * params + foam.state_bytes(runner.optimizer)  # + the gradients, as big as params
 
 
-def peak_step_bytes(runner: Runner, step: Callable[[], int], device: torch.device) -> int:
+def peak_step_bytes(runner: Runner, step: Callable[[], None], device: torch.device) -> int:
     if device.type == "cuda":
         reset_peak_memory(device)
         step()
@@ -197,7 +180,13 @@ def main() -> None:
     parser.add_argument("--model", default="llama_1m")
     parser.add_argument("--precision", default="fp32", choices=sorted(DTYPES))
     parser.add_argument(
-        "--optimizers", nargs="+", default=list(OPTIMIZERS), choices=sorted(OPTIMIZERS)
+        "--optimizers",
+        nargs="+",
+        default=list(DEFAULT_OPTIMIZERS),
+        choices=available_labels(),
+        metavar="LABEL",
+        help="optim config names, NAME_eager, adamw_fused, adamw_foreach (scripts/bench_methods.py);"
+        " default: every method of the paper's tables",
     )
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=256)

@@ -1,0 +1,111 @@
+"""scripts/bench_methods.py, bench_optim.py and bench_train.py: the optimizers they compare are the
+ones a training run builds, and both benchmarks run end to end through their command lines."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import bench_methods
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from foam.optimizer import FOAM
+from models import build_model, load_model_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(load_model_config("llama_tiny"))
+
+
+def test_a_label_builds_its_optim_config_for_the_model(tiny_model):
+    galore = bench_methods.builder("galore_1_4", "llama_tiny")(tiny_model)
+    hidden = load_model_config("llama_tiny")["hidden_size"]
+    config = OmegaConf.load(ROOT / "configs/optim/galore_1_4.yaml")
+    projected = [g for g in galore.param_groups if g.get("rank")]
+    assert projected and {g["rank"] for g in projected} == {int(hidden * config.rank_fraction)}
+    assert {g["update_proj_gap"] for g in projected} == {config.update_proj_gap}
+
+
+def test_eager_label_is_the_same_config_with_the_eager_step(tiny_model):
+    fused = bench_methods.builder("foam3", "llama_tiny")(tiny_model)
+    eager = bench_methods.builder("foam3_eager", "llama_tiny")(tiny_model)
+    assert isinstance(eager, FOAM)
+    folded = [g for g in eager.param_groups if g["level"] == 3]
+    assert folded and all(g["implementation"] == "eager" for g in folded)
+    assert {g["implementation"] for g in fused.param_groups} == {"auto"}
+    assert "foam_muon_eager" not in bench_methods.available_labels()  # not a FOAM config
+
+
+def test_torch_adamw_labels_and_an_unknown_label(tiny_model):
+    fused = bench_methods.builder("adamw_fused", "llama_tiny")(tiny_model)
+    assert isinstance(fused, torch.optim.AdamW) and fused.defaults["fused"]
+    with pytest.raises(SystemExit, match="unknown optimizer 'adamw9'"):
+        bench_methods.builder("adamw9", "llama_tiny")
+
+
+def test_default_labels_cover_the_papers_tables():
+    from methods import TABLE2, TABLE3
+
+    available = set(bench_methods.available_labels())
+    assert set(bench_methods.DEFAULT_LABELS) <= available
+    expected = {m.name for m in TABLE2} | set(TABLE3) | set(bench_methods.COMBINATIONS)
+    assert expected <= set(bench_methods.DEFAULT_LABELS)
+
+
+def run_script(script: str, *args: str, out: Path) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, f"scripts/{script}", *args, "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert out.read_text() in done.stdout
+    return done.stdout
+
+
+def table_rows(report: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in report.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| ") and not line.startswith("| method") and cells[1][:1].isdigit():
+            rows.setdefault(cells[0], cells)
+    return rows
+
+
+def test_bench_optim_end_to_end(tmp_path):
+    report = run_script(
+        "bench_optim.py",
+        *("--models", "llama_tiny", "--dtypes", "fp32", "--rounds", "1", "--steps", "1"),
+        *("--methods", "adamw_fused", "adamw_foreach", "foam2", "foam2_eager", "galore_1_4"),
+        out=tmp_path / "optim.md",
+    )
+    assert "* llama_tiny fp32: foam2 / fused AdamW = " in report
+    rows = table_rows(report)
+    assert set(rows) == {"adamw_fused", "adamw_foreach", "foam2", "foam2_eager", "galore_1_4"}
+    assert rows["adamw_fused"][2] == "1.00" and rows["adamw_foreach"][3] == "1.00"
+    state_ratio = {label: float(cells[5]) for label, cells in rows.items()}
+    assert state_ratio["adamw_foreach"] == 1.0
+    assert state_ratio["foam2"] == state_ratio["foam2_eager"] < 1.0  # same state, another step
+
+
+def test_bench_train_end_to_end(tmp_path):
+    report = run_script(
+        "bench_train.py",
+        *("--model", "llama_tiny", "--rounds", "1", "--steps", "1", "--warmup", "1"),
+        *("--batch-size", "2", "--seq-len", "32", "--optimizers", "adamw_fused", "foam2"),
+        out=tmp_path / "train.md",
+    )
+    rows = table_rows(report)
+    assert set(rows) == {"adamw", "adamw_fused", "foam2"}  # AdamW, the baseline, always runs
+    assert rows["adamw"][2] == "1.000" and rows["adamw_fused"][3] == "1.000"
+    assert float(rows["foam2"][5]) < 1.0  # its state is smaller than AdamW's
