@@ -40,7 +40,8 @@ mutate: install
 
 bench: install
 	$(PY) scripts/bench_optim.py
-	$(PY) scripts/bench_train.py --compile
+	$(PY) scripts/bench_train.py
+	$(PY) scripts/bench_train.py --compile --optimizers adamw_fused foam2
 	$(PY) scripts/bench_data.py
 
 lint: install
