@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -107,21 +108,33 @@ inline void apply_update(P* p, const G* g, const float* mean, const float* m_hat
 }
 
 // apply_update over n full blocks of a compile-time K entries, block values given per block: the
-// block loop vectorises with interleaved loads, so nothing is expanded.
-template <int64_t K, typename P, typename G>
-inline void apply_update_blocks(P* p, const G* g, const float* mean, const float* m_hat,
+// block loop vectorises with interleaved loads, so nothing is expanded. The entries are float32
+// (bfloat16 rows are widened first, see step_along_cols); R is the parameter's own dtype, to which
+// the decayed value is rounded as in apply_update.
+template <int64_t K, typename R>
+inline void apply_update_blocks(float* p, const float* g, const float* mean, const float* m_hat,
                                 const float* v_hat, int64_t n, const Scalars& s) {
 #pragma omp simd
   for (int64_t b = 0; b < n; ++b) {
     for (int64_t i = 0; i < K; ++i) {
       const int64_t j = b * K + i;
-      const float r = to_float(g[j]) - mean[b];
+      const float r = g[j] - mean[b];
       const float num = m_hat[b] + s.rho * r;
       const float den = std::sqrt(v_hat[b] + s.rho_sq * r * r) + s.eps;
-      const float decayed = rounded_to<P>(to_float(p[j]) * s.decay);
-      store(p + j, decayed - s.step_size * (num / den));
+      const float decayed = rounded_to<R>(p[j] * s.decay);
+      p[j] = decayed - s.step_size * (num / den);
     }
   }
+}
+
+// n entries of x as float32: x itself, or a copy widened into `buffer`.
+inline const float* as_float(const float* x, int64_t, float*) { return x; }
+inline float* as_float(float* x, int64_t, float*) { return x; }
+
+inline float* as_float(const at::BFloat16* x, int64_t n, float* buffer) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) buffer[j] = to_float(x[j]);
+  return buffer;
 }
 
 // Sum and sum of squares of n blocks of `block` consecutive entries of g. K > 0 is the block size
@@ -165,31 +178,37 @@ inline void expand(const float* values, int64_t n, int64_t block, float* out) {
 }
 
 // Fold along the columns: blocks of `block` consecutive entries of a row, the last one possibly
-// shorter.
+// shorter. K > 0 is the block size known at compile time: the block loops then vectorise with
+// interleaved loads, which GCC does only for 32-bit entries, so bfloat16 rows go through float32
+// copies of themselves (in cache). K = 0 expands the block values over the row instead.
 template <int64_t K, typename P, typename G, typename S>
 void step_along_cols(P* p, const G* g, S* m, S* v, int64_t rows, int64_t cols, int64_t block,
                      const Scalars& s, float bc1, float bc2) {
   const int64_t full = cols / block, tail = cols - full * block, nb = full + (tail > 0);
   const int64_t grain = std::max<int64_t>(1, 32768 / cols);
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    // Per-block values; for large blocks also expanded over the row (one contiguous update loop).
     std::vector<float> sum(nb), sum_sq(nb), mean(nb), m_hat(nb), v_hat(nb);
-    std::vector<float> mean_e(cols), m_hat_e(cols), v_hat_e(cols);
+    std::vector<float> mean_e(cols), m_hat_e(cols), v_hat_e(cols), g_wide(cols), p_wide(cols);
     for (int64_t r = begin; r < end; ++r) {
       const G* g_row = g + r * cols;
-      S *m_row = m + r * nb, *v_row = v + r * nb;
-      block_sums<K>(g_row, full, block, sum.data(), sum_sq.data());
-      update_moments(sum.data(), sum_sq.data(), full, block, m_row, v_row, s, bc1, bc2,
-                     mean.data(), m_hat.data(), v_hat.data());
-      if (tail) {
-        block_sums<0>(g_row + full * block, 1, tail, &sum[full], &sum_sq[full]);
-        update_moments(&sum[full], &sum_sq[full], 1, tail, m_row + full, v_row + full, s, bc1,
-                       bc2, &mean[full], &m_hat[full], &v_hat[full]);
-      }
       P* p_row = p + r * cols;
+      S *m_row = m + r * nb, *v_row = v + r * nb;
       if constexpr (K > 0) {
-        apply_update_blocks<K>(p_row, g_row, mean.data(), m_hat.data(), v_hat.data(), full, s);
+        const float* g_full = as_float(g_row, full * K, g_wide.data());
+        float* p_full = as_float(p_row, full * K, p_wide.data());
+        block_sums<K>(g_full, full, K, sum.data(), sum_sq.data());
+        update_moments(sum.data(), sum_sq.data(), full, K, m_row, v_row, s, bc1, bc2, mean.data(),
+                       m_hat.data(), v_hat.data());
+        apply_update_blocks<K, P>(p_full, g_full, mean.data(), m_hat.data(), v_hat.data(), full,
+                                  s);
+        if constexpr (!std::is_same_v<P, float>) {
+#pragma omp simd
+          for (int64_t j = 0; j < full * K; ++j) store(p_row + j, p_full[j]);
+        }
       } else {
+        block_sums<0>(g_row, full, block, sum.data(), sum_sq.data());
+        update_moments(sum.data(), sum_sq.data(), full, block, m_row, v_row, s, bc1, bc2,
+                       mean.data(), m_hat.data(), v_hat.data());
         expand(mean.data(), full, block, mean_e.data());
         expand(m_hat.data(), full, block, m_hat_e.data());
         expand(v_hat.data(), full, block, v_hat_e.data());
@@ -198,6 +217,9 @@ void step_along_cols(P* p, const G* g, S* m, S* v, int64_t rows, int64_t cols, i
       }
       if (tail) {
         const int64_t at = full * block;
+        block_sums<0>(g_row + at, 1, tail, &sum[full], &sum_sq[full]);
+        update_moments(&sum[full], &sum_sq[full], 1, tail, m_row + full, v_row + full, s, bc1,
+                       bc2, &mean[full], &m_hat[full], &v_hat[full]);
         std::fill_n(mean_e.data(), tail, mean[full]);
         std::fill_n(m_hat_e.data(), tail, m_hat[full]);
         std::fill_n(v_hat_e.data(), tail, v_hat[full]);
