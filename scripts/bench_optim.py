@@ -68,7 +68,8 @@ def run(model_name: str, dtype: str, methods: list[str], args: argparse.Namespac
     model_cfg = load_model_config(model_name)
     torch.manual_seed(0)
     model = build_model(model_cfg, device=args.device, dtype=DTYPES[dtype])
-    for p in model.parameters():
+    stepped = foam.split_params(model).matrices if args.matrices_only else model.named_parameters()
+    for _, p in stepped:
         p.grad = torch.randn_like(p) * 1e-3
     device = next(model.parameters()).device
     table = {label: builder(label, model_name) for label in methods}
@@ -154,6 +155,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of all methods")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per method and round")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per method and round")
+    parser.add_argument(
+        "--matrices-only",
+        action="store_true",
+        help="time the attention/MLP matrices' update alone: the other parameters get no gradient, "
+        "so every method skips them (the whole-model step gives them all the same fused AdamW)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None, help="also write the tables here")
     args = parser.parse_args()
@@ -172,7 +179,13 @@ def main() -> None:
         f"load average (1/5/15 min) {format_load(load_before)} at the start, "
         f"{format_load(os.getloadavg())} at the end. Median over {args.rounds} interleaved rounds "
         f"x {args.steps} steps (after {args.warmup} warm-up step(s) per round); transient = peak "
-        "memory allocated during one step beyond the persistent state (foam.profiling).\n\n"
+        "memory allocated during one step beyond the persistent state (foam.profiling)."
+        + (
+            " **Matrices only**: the other parameters have no gradient."
+            if args.matrices_only
+            else ""
+        )
+        + "\n\n"
         + "\n".join(headline)
         + "\n\n"
     )

@@ -109,3 +109,15 @@ def test_bench_train_end_to_end(tmp_path):
     assert set(rows) == {"adamw", "adamw_fused", "foam2"}  # AdamW, the baseline, always runs
     assert rows["adamw"][2] == "1.000" and rows["adamw_fused"][3] == "1.000"
     assert float(rows["foam2"][5]) < 1.0  # its state is smaller than AdamW's
+
+
+def test_bench_optim_matrices_only_times_the_folded_update_alone(tmp_path):
+    report = run_script(
+        "bench_optim.py",
+        *("--models", "llama_tiny", "--dtypes", "fp32", "--rounds", "1", "--steps", "1"),
+        *("--methods", "adamw_fused", "foam2", "--matrices-only"),
+        out=tmp_path / "matrices.md",
+    )
+    assert "**Matrices only**" in report
+    # FOAM-2 keeps both moments as means of 4 entries: exactly a quarter of AdamW's state.
+    assert table_rows(report)["foam2"][5] == "0.250"
