@@ -413,6 +413,7 @@ def provenance(points: list[Point]) -> str:
     shas = Counter(r.get("git_sha", "unknown") for p in points for r in p.runs)
     lines = ["| git sha | runs |", "|---|---:|"]
     lines += [f"| {sha} | {count} |" for sha, count in sorted(shas.items())]
+    lines.append(f"| all | {sum(shas.values())} |")
     return "\n".join(lines) + "\n"
 
 
