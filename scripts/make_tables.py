@@ -426,6 +426,7 @@ def plot_curves(best: dict[tuple[str, str], Point], out: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     written = []
     for model in sorted({m for m, _ in best}, key=model_order):
@@ -447,6 +448,13 @@ def plot_curves(best: dict[tuple[str, str], Point], out: Path) -> list[Path]:
             )
         ax.set(xlabel="training tokens (M)", ylabel="validation perplexity", title=model)
         ax.set_yscale("log")
+        # Plain numbers on the log axis: a decade rarely fits, so the minor ticks carry the labels.
+        ax.yaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:.0f}"))
+        ax.yaxis.set_minor_locator(
+            matplotlib.ticker.LogLocator(subs=(1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8))
+        )
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.StrMethodFormatter("{x:.0f}"))
+        ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()
         path = out / f"curves_{model}.png"
