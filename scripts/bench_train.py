@@ -1,7 +1,7 @@
 """End-to-end training throughput: tokens/s and peak memory of each optimizer, as ratios to AdamW.
 
 Every optimizer trains its own copy of the same model (same seed) on the same token batches, with
-the trainer's forward/backward (train/trainer.py). Optimizers are interleaved: each round runs a
+the trainer's forward/backward (train/step.py). Optimizers are interleaved: each round runs a
 few steps of every one in turn, so load that comes and goes on a shared machine hits them alike;
 the median step time over all rounds gives tokens/s. Peak memory is the persistent bytes (params,
 grads, optimizer state) plus the peak allocated during one training step (CUDA: the allocator's
