@@ -8,7 +8,7 @@ reStructuredText sources of the Linux kernel's and of Python's documentation (ab
 document with ``text``, ``timestamp`` and ``url``), so training reads them through
 ``data=local data.path=OUT`` exactly as it would read a C4 mirror.
 
-    python scripts/make_corpus.py --out data/docs-c4                      # apt-get download + dpkg -x
+    python scripts/make_corpus.py --out data/docs-c4                      # pinned .debs + dpkg -x
     python scripts/make_corpus.py --out data/x --source-root DIR          # packages unpacked in DIR
 
 Cleaning follows the spirit of C4's filters on markup: paragraphs are re-joined from wrapped lines;
@@ -30,12 +30,15 @@ import json
 import re
 import subprocess
 import tempfile
+import urllib.request
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 SUFFIX = ".rst.txt"
+MANIFEST = "corpus.json"  # beside en/: what the mirror was built from, and its digest
 TERMINAL = (".", "!", "?", '"', "'", ":")  # C4 keeps lines ending in terminal punctuation
 MIN_WORDS = 3
 MIN_PARAGRAPHS = 3
@@ -110,23 +113,52 @@ _FOOTNOTE = re.compile(r"\s*\[[#*\d\w-]*\]_")
 _SPACE = re.compile(r"\s+")
 
 
+class CorpusError(Exception):
+    """The pinned sources cannot be had or are not where they should be (a one-line reason)."""
+
+
+DEBIAN = "http://deb.debian.org/debian/pool/main/"
+DEBIAN_SECURITY = "http://deb.debian.org/debian-security/pool/updates/main/"
+
+
 @dataclass(frozen=True)
 class Package:
-    """A Debian package that ships Sphinx ``_sources``, and where its pages live on the web."""
+    """A Debian package that ships Sphinx ``_sources``, pinned to one build of it.
+
+    The pin is what makes a rebuild on a fresh machine give the same corpus: Debian replaces a
+    package's files in its pool with each point release, and a study spread over several working
+    sessions must not train its later runs on other text than its earlier ones. The pool paths
+    are tried in order; the file must match ``sha256``.
+    """
 
     name: str
+    version: str
+    sha256: str
+    pools: tuple[str, ...]  # directories that may hold the .deb, e.g. DEBIAN + "l/linux/"
     sources: str  # the _sources directory inside the unpacked package
     url_root: str
+
+    @property
+    def deb(self) -> str:
+        return f"{self.name}_{self.version}_all.deb"
 
 
 PACKAGES = (
     Package(
         "linux-doc-6.1",
+        "6.1.170-3",
+        "8a0e80e4f14407d0d96058b9eec7afa4ae57e6408d3f4e2bed35462d14b99342",
+        (DEBIAN + "l/linux/", DEBIAN_SECURITY + "l/linux/"),
         "usr/share/doc/linux-doc-6.1/html/_sources",
         "https://www.kernel.org/doc/html/v6.1/",
     ),
     Package(
-        "python3.11-doc", "usr/share/doc/python3.11/html/_sources", "https://docs.python.org/3.11/"
+        "python3.11-doc",
+        "3.11.2-6+deb12u8",
+        "50eb63e7f636c4281e9ce1b8f10386f1def42159eddce34fc1f41c46261df71b",
+        (DEBIAN + "p/python3.11/", DEBIAN_SECURITY + "p/python3.11/"),
+        "usr/share/doc/python3.11/html/_sources",
+        "https://docs.python.org/3.11/",
     ),
 )
 
@@ -213,7 +245,7 @@ def source_files(unpacked: Path) -> Iterator[tuple[Package, Path, Path]]:
     for package in PACKAGES:
         root = unpacked / package.sources
         if not root.is_dir():
-            raise FileNotFoundError(f"{package.name}: no {root}; unpack it with dpkg -x")
+            raise CorpusError(f"{package.name}: no {root}; unpack it with dpkg -x")
         for file in sorted(root.rglob("*" + SUFFIX)):
             yield package, root, file
 
@@ -256,24 +288,57 @@ def write_shards(docs: Iterable[Document], out: Path, split: str, shards: int) -
     return count
 
 
+def download(package: Package, workdir: Path) -> Path:
+    """The pinned ``.deb`` from the first pool that has it with the pinned checksum."""
+    tried = []
+    for pool in package.pools:
+        url = pool + package.deb
+        try:
+            with urllib.request.urlopen(url, timeout=120) as response:
+                data = response.read()
+        except OSError as error:
+            tried.append(f"{url} ({error})")
+            continue
+        digest = hashlib.sha256(data).hexdigest()
+        if digest == package.sha256:
+            path = workdir / package.deb
+            path.write_bytes(data)
+            return path
+        tried.append(f"{url} (sha256 {digest})")
+    raise CorpusError(
+        f"{package.name} {package.version} with sha256 {package.sha256} is in no pool any more: "
+        + "; ".join(tried)
+    )
+
+
 def fetch_packages(workdir: Path) -> Path:
-    """``apt-get download`` every package and unpack it into one root; return that root."""
-    names = [package.name for package in PACKAGES]
-    subprocess.run(["apt-get", "download", *names], cwd=workdir, check=True)
-    for name in names:
-        (deb,) = workdir.glob(f"{name}_*.deb")
+    """Download every pinned package and unpack it into one root; return that root."""
+    for package in PACKAGES:
+        deb = download(package, workdir)
         subprocess.run(["dpkg", "-x", str(deb), str(workdir / "root")], check=True)
     return workdir / "root"
 
 
-def count_tokens(out: Path, vocab_size: int) -> dict[str, int]:
-    """Tokens per split with the SentencePiece tokenizer training would build on this mirror."""
+def corpus_digest(out: Path) -> str:
+    """sha256 of the mirror's records: the shards' names and their uncompressed lines.
+
+    The gzip containers are left out (they carry the time they were written), so two builds
+    of the same text have the same digest.
+    """
+    digest = hashlib.sha256()
+    for shard in sorted((out / "en").glob("c4-*.json.gz")):
+        digest.update(shard.name.encode() + b"\n")
+        with gzip.open(shard, "rb") as f:
+            for line in f:
+                digest.update(line)
+    return digest.hexdigest()
+
+
+def mirror_config(out: Path, vocab_size: int) -> Any:
+    """The ``data`` config training reads this mirror with (``data=local``, project tokenizer)."""
     from omegaconf import OmegaConf
 
-    from train.corpus import open_source
-    from train.data import build_tokenizer
-
-    cfg = OmegaConf.create(
+    return OmegaConf.create(
         {
             "name": "local",
             "path": str(out),
@@ -285,12 +350,31 @@ def count_tokens(out: Path, vocab_size: int) -> dict[str, int]:
             "seq_len": 256,
         }
     )
+
+
+def count_tokens(out: Path, vocab_size: int) -> dict[str, int]:
+    """Tokens per split with the SentencePiece tokenizer training would build on this mirror."""
+    from train.corpus import open_source
+    from train.data import build_tokenizer
+
+    cfg = mirror_config(out, vocab_size)
     tokenizer = build_tokenizer(cfg, vocab_size)
     counts = {}
     for split in ("train", "validation"):
         texts = [r["text"] for r in open_source(cfg, split) if r["text"]]
         counts[split] = sum(len(ids) for ids in tokenizer.encode_batch(texts))
     return counts
+
+
+def tokenizer_sha256(out: Path, vocab_size: int) -> str:
+    """sha256 of the SentencePiece model training builds on this mirror (from its cache when it
+    was built before). It depends on the text and on the installed ``sentencepiece``."""
+    from train.corpus import open_sources
+    from train.tokenizer import project_sentencepiece
+
+    cfg = mirror_config(out, vocab_size)
+    proto, _, _ = project_sentencepiece(cfg, vocab_size, open_sources(cfg))
+    return hashlib.sha256(proto).hexdigest()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         metavar="VOCAB",
         default=None,
-        help="also count tokens with the project's SentencePiece tokenizer of this vocabulary size",
+        help="also count tokens with the project's SentencePiece tokenizer of this vocabulary "
+        "size, and record that tokenizer's sha256",
     )
     args = parser.parse_args(argv)
     if args.source_root is not None and not args.source_root.is_dir():
@@ -315,10 +400,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--out {args.out}/en already has files; remove them or pick another --out")
 
     with tempfile.TemporaryDirectory() as tmp:
-        root = args.source_root or fetch_packages(Path(tmp))
         try:
+            root = args.source_root or fetch_packages(Path(tmp))
             newest = max(file.stat().st_mtime for _, _, file in source_files(root))
-        except FileNotFoundError as error:
+        except CorpusError as error:
             parser.error(str(error))
         stamp = datetime.fromtimestamp(newest, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         docs = list(documents(root, stamp))
@@ -326,12 +411,25 @@ def main(argv: list[str] | None = None) -> int:
     train = [d for d in docs if not is_validation(d.url, args.validation_percent)]
     write_shards(train, args.out, "train", args.train_shards)
     write_shards(val, args.out, "validation", 1)
+    manifest: dict[str, Any] = {
+        "packages": "unpacked by hand: " + str(args.source_root)
+        if args.source_root
+        else [{"name": p.name, "version": p.version, "sha256": p.sha256} for p in PACKAGES],
+        "corpus_digest": corpus_digest(args.out),
+    }
     for name, split in (("train", train), ("validation", val)):
         words = sum(len(d.text.split()) for d in split)
+        manifest[name] = {"documents": len(split), "words": words}
         print(f"{name}: {len(split)} documents, {words} words")
     if args.count_tokens:
         for name, tokens in count_tokens(args.out, args.count_tokens).items():
+            manifest[name][f"tokens_spm{args.count_tokens}"] = tokens
             print(f"{name}: {tokens} tokens (SentencePiece, vocabulary {args.count_tokens})")
+        manifest[f"tokenizer_spm{args.count_tokens}_sha256"] = tokenizer_sha256(
+            args.out, args.count_tokens
+        )
+    (args.out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    print(f"corpus digest: {manifest['corpus_digest']} (written to {args.out / MANIFEST})")
     return 0
 
 

@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from make_corpus import corpus_digest, tokenizer_sha256
 from sweep import REPO, Point, train_command
 
 from train.summary import uncommitted_changes
@@ -47,6 +48,12 @@ DIVERGED = 3  # train/pretrain.py's exit status for a NaN/inf loss
 ALPHAS = (0.25, 0.5, 1.0)
 APOLLO_MINI_ALPHAS = (64.0, 128.0, 256.0)
 GAPS = (200, FINAL_STEPS // 50)  # the paper's interval, and the paper's ~50 refreshes per run
+VOCAB = 4096
+# The data every run of the study trains on (PROTOCOL.md, "Data"): scripts/make_corpus.py's
+# digest of the mirror built from its pinned packages, and the sha256 of the SentencePiece model
+# trained on it (which also depends on the installed sentencepiece, 0.2.3 here).
+CORPUS_DIGEST = "12a03e98ed77c868617147fd074ced3580037184bbd2e1101a01eb0ca7b3bc4d"
+TOKENIZER_SHA256 = "5ca8d1cdd1ad3d27f37d01b5e7b7c2b4fbbe52a6ef9b08cd4906b87959f1994e"
 
 
 def protocol(data: Path, steps: int, seed: int) -> list[str]:
@@ -66,7 +73,7 @@ def protocol(data: Path, steps: int, seed: int) -> list[str]:
         "trainer.keep_last=1",
         "data=local",
         f"data.path={data}",
-        "data.spm_vocab_size=4096",
+        f"data.spm_vocab_size={VOCAB}",
         "data.pack=true",
         "data.seq_len=256",
         "data.num_workers=1",
@@ -84,16 +91,23 @@ class Method:
     alphas: tuple[float, ...] = ()  # () keeps the config's alpha
     start_alpha: float | None = None
     gaps: tuple[int, ...] = ()  # GaLore / APOLLO update_proj_gap candidates
+    start_gap: int | None = None  # None: the first of ``gaps``
     overrides: tuple[str, ...] = ()
 
+    def start(self) -> Setting:
+        gap = self.start_gap or (self.gaps[0] if self.gaps else None)
+        return Setting(self.start_lr, self.start_alpha, gap)
 
+
+# Start points: the best points the withdrawn first corpus's search found (PROTOCOL.md,
+# "Restart on a pinned corpus"); the search still runs every neighbour of wherever it ends.
 METHODS = (
     # AdamW is the module-wise-lr control at alpha 1: both read the same runs.
     Method("adamw", "adamw", 2.5e-3, alphas=(1.0,), start_alpha=1.0),
-    Method("adamw", "adamw", 2.5e-3, alphas=ALPHAS, start_alpha=0.25),
+    Method("adamw", "adamw", 5e-3, alphas=ALPHAS, start_alpha=0.25),
     Method("muon", "muon", 1e-2),
-    Method("adam_mini", "adam_mini", 2.5e-3),
-    Method("galore_1_4", "galore_1_4", 1e-2, alphas=ALPHAS, start_alpha=0.25, gaps=GAPS),
+    Method("adam_mini", "adam_mini", 1.25e-3),
+    Method("galore_1_4", "galore_1_4", 2e-2, alphas=ALPHAS, start_alpha=0.25, gaps=GAPS),
     Method("apollo_1_4", "apollo_1_4", 1e-2, alphas=ALPHAS, start_alpha=1.0, gaps=GAPS),
     Method("foam2", "foam2", 5e-3, alphas=ALPHAS, start_alpha=0.25),
     Method("foam3", "foam3", 5e-3, alphas=ALPHAS, start_alpha=0.25),
@@ -102,8 +116,9 @@ METHODS = (
         "apollo_mini",
         5e-3,
         alphas=APOLLO_MINI_ALPHAS,
-        start_alpha=128.0,
+        start_alpha=64.0,
         gaps=GAPS,
+        start_gap=FINAL_STEPS // 50,
     ),
     Method("foam_mini", "foam_mini", 5e-3, alphas=ALPHAS, start_alpha=0.25),
 )
@@ -241,11 +256,8 @@ class Study:
 
     def search(self, method: Method) -> Setting | None:
         """Coordinate search from the method's start until the best point is a local optimum."""
-        start = Setting(
-            method.start_lr, method.start_alpha, method.gaps[0] if method.gaps else None
-        )
         seen: dict[Setting, float] = {}
-        best = start
+        best = method.start()
         while True:
             todo = [s for s in (best, *best.neighbours(method)) if s not in seen]
             if not todo:
@@ -319,6 +331,23 @@ def collect(root: Path, dest: Path) -> int:
     return copied
 
 
+def data_mismatch(data: Path) -> str | None:
+    """Why ``data`` is not the study's corpus (or its tokenizer not the study's), or None."""
+    digest = corpus_digest(data)
+    if digest != CORPUS_DIGEST:
+        return (
+            f"--data {data}: corpus digest {digest[:16]}... is not the study's "
+            f"{CORPUS_DIGEST[:16]}...; build it with scripts/make_corpus.py (pinned packages)"
+        )
+    tokenizer = tokenizer_sha256(data, VOCAB)
+    if tokenizer != TOKENIZER_SHA256:
+        return (
+            f"--data {data}: its SentencePiece model (sha256 {tokenizer[:16]}...) is not the "
+            f"study's ({TOKENIZER_SHA256[:16]}...); install the sentencepiece the study used (0.2.3)"
+        )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -341,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not (args.data / "en").is_dir():
         parser.error(f"--data {args.data}: no en/ directory; build it with scripts/make_corpus.py")
+    mismatch = data_mismatch(args.data)
+    if mismatch:
+        parser.error(mismatch)
     dirty = uncommitted_changes()
     if dirty and not (args.plan or args.allow_dirty):
         parser.error(f"uncommitted changes; commit them or pass --allow-dirty:\n{dirty}")

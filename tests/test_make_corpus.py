@@ -1,6 +1,7 @@
 """scripts/make_corpus.py: a C4-format mirror from Sphinx sources (record format, cleaning, split, dedup)."""
 
 import gzip
+import hashlib
 import json
 import subprocess
 import sys
@@ -146,3 +147,47 @@ def test_refuses_to_overwrite_and_a_missing_package(packages, tmp_path, capsys):
     with pytest.raises(SystemExit):
         make_corpus.main(["--out", str(tmp_path / "x"), "--source-root", str(empty)])
     assert "linux-doc-6.1: no " in capsys.readouterr().err
+
+
+def test_mirror_digest_depends_on_the_text_only(packages, tmp_path):
+    """Two builds of the same sources have one digest (the gzip headers' times are left out),
+    recorded in the manifest; changing one record changes it."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    make_corpus.main(["--out", str(a), "--source-root", str(packages)])
+    make_corpus.main(["--out", str(b), "--source-root", str(packages)])
+    digest = make_corpus.corpus_digest(a)
+    assert digest == make_corpus.corpus_digest(b)
+    manifest = json.loads((a / make_corpus.MANIFEST).read_text())
+    assert manifest["corpus_digest"] == digest
+    assert manifest["train"]["documents"] == len(read_split(a, "train"))
+    shard = sorted((b / "en").glob("c4-train.*.json.gz"))[0]
+    with gzip.open(shard, "rt") as f:
+        lines = f.readlines()
+    with gzip.open(shard, "wt") as f:
+        f.writelines([lines[0].replace("paragraph", "Paragraph", 1), *lines[1:]])
+    assert make_corpus.corpus_digest(b) != digest
+
+
+def test_download_takes_the_first_pool_with_the_pinned_checksum(tmp_path):
+    good, bad = b"the pinned package", b"a newer build"
+    pools = [tmp_path / "gone", tmp_path / "newer", tmp_path / "kept"]
+    package = make_corpus.Package(
+        "doc",
+        "1.0-1",
+        hashlib.sha256(good).hexdigest(),
+        tuple(pool.as_uri() + "/" for pool in pools),
+        "usr/share/doc",
+        "https://example.org/",
+    )
+    for pool, data in ((pools[1], bad), (pools[2], good)):
+        pool.mkdir()
+        (pool / package.deb).write_bytes(data)
+    work = tmp_path / "work"
+    work.mkdir()
+    assert make_corpus.download(package, work).read_bytes() == good
+    (pools[2] / package.deb).unlink()
+    with pytest.raises(make_corpus.CorpusError) as error:
+        make_corpus.download(package, work)
+    message = str(error.value)
+    assert "doc 1.0-1" in message and "gone" in message
+    assert f"sha256 {hashlib.sha256(bad).hexdigest()}" in message

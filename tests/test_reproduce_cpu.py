@@ -1,8 +1,11 @@
 """scripts/reproduce_cpu.py: the coordinate search brackets each method's optimum."""
 
+import gzip
+import json
 import math
 from pathlib import Path
 
+import pytest
 import reproduce_cpu
 from reproduce_cpu import METHODS, Method, Setting, Study
 
@@ -78,3 +81,29 @@ def test_runs_committed_by_an_earlier_session_count_as_done(tmp_path):
     (committed / "summary.json").write_text('{"final_val_ppl": 42.0}')
     assert study.result(run_dir) == 42.0
     assert reproduce_cpu.collect(finished, tmp_path / "copy") == 1
+
+
+def test_the_search_starts_where_the_protocol_says():
+    apollo_mini = next(m for m in METHODS if m.name == "apollo_mini")
+    assert apollo_mini.start() == Setting(5e-3, 64.0, 20)
+    galore = next(m for m in METHODS if m.name == "galore_1_4")
+    assert galore.start() == Setting(2e-2, 0.25, 200)  # the first of its gaps
+
+
+def test_a_corpus_that_is_not_the_studys_is_refused(tmp_path, monkeypatch, capsys):
+    data = tmp_path / "mirror"
+    (data / "en").mkdir(parents=True)
+    with gzip.open(data / "en" / "c4-train.00000-of-00001.json.gz", "wt") as f:
+        f.write(json.dumps({"text": "Other text.", "timestamp": "", "url": "u"}) + "\n")
+    assert "corpus digest" in reproduce_cpu.data_mismatch(data)
+    with pytest.raises(SystemExit):
+        reproduce_cpu.main(["--data", str(data), "--plan"])
+    assert "is not the study's" in capsys.readouterr().err
+    # the right text, but a tokenizer trained differently (another sentencepiece)
+    monkeypatch.setattr(reproduce_cpu, "corpus_digest", lambda _: reproduce_cpu.CORPUS_DIGEST)
+    monkeypatch.setattr(reproduce_cpu, "tokenizer_sha256", lambda *_: "0" * 64)
+    assert "sentencepiece" in reproduce_cpu.data_mismatch(data)
+    monkeypatch.setattr(
+        reproduce_cpu, "tokenizer_sha256", lambda *_: reproduce_cpu.TOKENIZER_SHA256
+    )
+    assert reproduce_cpu.data_mismatch(data) is None

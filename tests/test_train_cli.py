@@ -26,6 +26,7 @@ TINY = [
     "data.num_workers=0",
 ]
 SUMMARY_KEYS = {
+    "tokenizer",
     "final_val_loss",
     "final_val_ppl",
     "steps",
@@ -82,6 +83,7 @@ def test_tiny_run_writes_its_run_directory(tmp_path):
     )
     assert (summary["lr"], summary["alpha"], summary["level"]) == (0.01, 0.25, 2)
     assert [e["step"] for e in summary["eval_history"]] == [2, 3]
+    assert isinstance(summary["tokenizer"], str) and summary["tokenizer"]
     assert summary["final_val_ppl"] == pytest.approx(
         2.718281828 ** summary["final_val_loss"], rel=1e-6
     )

@@ -154,6 +154,7 @@ def train(cfg: DictConfig) -> dict:
         **params_counts(run.model),
         data_skipped=sum(dist.all_gather_object(int(run.train_loader.stats.get("skipped", 0)))),
         projections=foam.projections_computed(run.optimizer),
+        tokenizer=run.tokenizer.name,
     )
     exported = unsharded_model(run.model, cfg.model)  # all ranks: a collective under FSDP2
     if info.is_main:

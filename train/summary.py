@@ -29,6 +29,8 @@ world_size                  number of ranks
 global_batch_size           sequences per optimizer step
 micro_batch_size            sequences per rank per forward
 seq_len                     data.seq_len
+tokenizer                   the tokenizer's name; the project SentencePiece's carries a hash of its
+                            training text and sentencepiece version, so it tells corpora apart
 params_total                parameters of the model
 params_folded               parameters in the attention/MLP matrices (the method's share)
 data_skipped                documents the data pipeline skipped as malformed (all ranks)
@@ -87,6 +89,7 @@ def build_summary(
     params_folded: int,
     data_skipped: int,
     projections: int | None,
+    tokenizer: str,
 ) -> dict[str, Any]:
     """The summary of a finished run (the schema above)."""
     return {
@@ -113,6 +116,7 @@ def build_summary(
         "global_batch_size": cfg.trainer.global_batch_size,
         "micro_batch_size": cfg.trainer.micro_batch_size,
         "seq_len": cfg.data.seq_len,
+        "tokenizer": tokenizer,
         "params_total": params_total,
         "params_folded": params_folded,
         "data_skipped": data_skipped,
