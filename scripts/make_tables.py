@@ -409,11 +409,25 @@ def sweep_table(points: list[Point]) -> str:
 
 
 def provenance(points: list[Point]) -> str:
-    """The commits the runs came from (a ``-dirty`` one means uncommitted changes)."""
-    shas = Counter(r.get("git_sha", "unknown") for p in points for r in p.runs)
-    lines = ["| git sha | runs |", "|---|---:|"]
-    lines += [f"| {sha} | {count} |" for sha, count in sorted(shas.items())]
-    lines.append(f"| all | {sum(shas.values())} |")
+    """The commits and tokenizers the runs came from (a ``-dirty`` sha means uncommitted changes).
+
+    The tokenizer's name carries a hash of its training text, so runs on different corpora show
+    as different rows, and a table that mixes them says so: their perplexities do not compare.
+    """
+    origins = Counter(
+        (r.get("git_sha", "unknown"), r.get("tokenizer") or "unrecorded")
+        for p in points
+        for r in p.runs
+    )
+    lines = ["| git sha | tokenizer | runs |", "|---|---|---:|"]
+    lines += [f"| {sha} | {tok} | {count} |" for (sha, tok), count in sorted(origins.items())]
+    lines.append(f"| all | | {sum(origins.values())} |")
+    tokenizers = sorted({tok for _, tok in origins})
+    if len(tokenizers) > 1:
+        lines.append(
+            f"\n**Warning**: these runs used {len(tokenizers)} tokenizers "
+            f"({', '.join(tokenizers)}); perplexities across them are not comparable."
+        )
     return "\n".join(lines) + "\n"
 
 

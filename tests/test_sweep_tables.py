@@ -96,7 +96,12 @@ def write_runs(root, method, model, points, gap=None, steps=20):
             (run / "diverged.json").write_text('{"returncode": 3}')
             continue
         record = summary(model, lr, alpha, seed, ppl)
-        record.update(steps=steps, git_sha="abc123", projections=None if gap is None else 3)
+        record.update(
+            steps=steps,
+            git_sha="abc123",
+            tokenizer="spm:a.model",
+            projections=None if gap is None else 3,
+        )
         (run / "summary.json").write_text(json.dumps(record))
 
 
@@ -132,7 +137,20 @@ def test_tables_take_the_best_point_with_sample_std(tmp_path):
     assert "| - | llama_60m | foam2 | 0.02 | 0.25 | - | - | - | diverged |" in sweep_md
     # FOAM-2 - AdamW over seeds 0 and 1: (28.5 - 30) and (28.5 - 32)
     assert "| llama_60m | Full-Adam | -2.50 ± 1.41 (n=2) |" in (out / "paired.md").read_text()
-    assert "| abc123 | 7 |" in (out / "provenance.md").read_text()
+    assert "| abc123 | spm:a.model | 7 |" in (out / "provenance.md").read_text()
+    assert "Warning" not in (out / "provenance.md").read_text()
+
+
+def test_provenance_flags_runs_on_different_tokenizers(tmp_path):
+    write_runs(tmp_path, "adamw", "llama_60m", [(1e-3, None, 0, 30.0), (2e-3, None, 0, 31.0)])
+    other = tmp_path / "llama_60m" / "adamw" / "lr0.002_seed0" / "summary.json"
+    record = json.loads(other.read_text())
+    other.write_text(json.dumps({**record, "tokenizer": "spm:b.model"}))
+    out = tmp_path / "tables"
+    assert make_tables.main([str(tmp_path), "--out", str(out)]) == 0
+    text = (out / "provenance.md").read_text()
+    assert "| abc123 | spm:a.model | 1 |" in text and "| abc123 | spm:b.model | 1 |" in text
+    assert "used 2 tokenizers (spm:a.model, spm:b.model)" in text
 
 
 def test_staged_study_layout(tmp_path):
