@@ -7,6 +7,9 @@ TORCH_SPEC ?= torch==2.13.0
 PY         := $(VENV)/bin/python
 STAMP      := $(VENV)/.installed
 PYTEST_ARGS ?=
+# A pip constraints file that fixes every package's version, e.g. the CPU study's environment:
+# `make install PIP_CONSTRAINTS=results/repro/environment.txt`.
+PIP_CONSTRAINTS ?=
 MUTATE_ARGS ?=
 
 .PHONY: install demo test test-all test-gpu mutate bench lint format clean
@@ -17,7 +20,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -e ".[train,dev,fused]"
+	$(PY) -m pip install -q -e ".[train,dev,fused]" $(if $(PIP_CONSTRAINTS),-c $(PIP_CONSTRAINTS))
 	$(PY) -c "import foam.fused as f; print('fused FOAM CPU kernel built:', f.kernel_available('cpu'))"
 	touch $(STAMP)
 

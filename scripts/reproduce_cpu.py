@@ -24,6 +24,7 @@ Points run ``--jobs`` at a time (two single-thread runs on the 2-core machine); 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import math
 import shutil
@@ -52,6 +53,7 @@ VOCAB = 4096
 # The data every run of the study trains on (PROTOCOL.md, "Data"): scripts/make_corpus.py's
 # digest of the mirror built from its pinned packages, and the sha256 of the SentencePiece model
 # trained on it (which also depends on the installed sentencepiece, 0.2.3 here).
+ENVIRONMENT = REPO / "results" / "repro" / "environment.txt"  # the packages the runs were made with
 CORPUS_DIGEST = "12a03e98ed77c868617147fd074ced3580037184bbd2e1101a01eb0ca7b3bc4d"
 TOKENIZER_SHA256 = "5ca8d1cdd1ad3d27f37d01b5e7b7c2b4fbbe52a6ef9b08cd4906b87959f1994e"
 
@@ -348,6 +350,31 @@ def data_mismatch(data: Path) -> str | None:
     return None
 
 
+def environment_mismatch(pins: Path = ENVIRONMENT) -> str | None:
+    """Which installed packages are not at the versions the study's runs were made with, or None.
+
+    The model (transformers), the kernels (torch) and the reference optimizers all shape a run's
+    numbers; runs made in later sessions on fresh machines must use the same ones.
+    """
+    wrong = []
+    for line in pins.read_text().splitlines():
+        name, _, pinned = line.strip().partition("==")
+        if not pinned:
+            continue
+        try:
+            installed = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            installed = "missing"
+        if installed != pinned:
+            wrong.append(f"{name} {installed} (study: {pinned})")
+    if not wrong:
+        return None
+    return (
+        f"packages differ from the study's ({', '.join(wrong)}); "
+        f"install them with: make install PIP_CONSTRAINTS={pins}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -370,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not (args.data / "en").is_dir():
         parser.error(f"--data {args.data}: no en/ directory; build it with scripts/make_corpus.py")
-    mismatch = data_mismatch(args.data)
+    mismatch = environment_mismatch() or data_mismatch(args.data)
     if mismatch:
         parser.error(mismatch)
     dirty = uncommitted_changes()

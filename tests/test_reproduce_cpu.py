@@ -96,6 +96,7 @@ def test_a_corpus_that_is_not_the_studys_is_refused(tmp_path, monkeypatch, capsy
     with gzip.open(data / "en" / "c4-train.00000-of-00001.json.gz", "wt") as f:
         f.write(json.dumps({"text": "Other text.", "timestamp": "", "url": "u"}) + "\n")
     assert "corpus digest" in reproduce_cpu.data_mismatch(data)
+    monkeypatch.setattr(reproduce_cpu, "environment_mismatch", lambda: None)
     with pytest.raises(SystemExit):
         reproduce_cpu.main(["--data", str(data), "--plan"])
     assert "is not the study's" in capsys.readouterr().err
@@ -107,3 +108,13 @@ def test_a_corpus_that_is_not_the_studys_is_refused(tmp_path, monkeypatch, capsy
         reproduce_cpu, "tokenizer_sha256", lambda *_: reproduce_cpu.TOKENIZER_SHA256
     )
     assert reproduce_cpu.data_mismatch(data) is None
+
+
+def test_packages_other_than_the_studys_are_refused(tmp_path):
+    pins = tmp_path / "environment.txt"
+    pins.write_text(f"pytest=={pytest.__version__}\nno-such-package==1.0\n# a comment\n")
+    message = reproduce_cpu.environment_mismatch(pins)
+    assert message is not None and "no-such-package missing (study: 1.0)" in message
+    assert "pytest" not in message.split(";")[0]  # the installed pytest is the pinned one
+    pins.write_text(f"pytest=={pytest.__version__}\n")
+    assert reproduce_cpu.environment_mismatch(pins) is None
