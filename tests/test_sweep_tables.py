@@ -137,7 +137,8 @@ def test_tables_take_the_best_point_with_sample_std(tmp_path):
     assert "| - | llama_60m | foam2 | 0.02 | 0.25 | - | - | - | diverged |" in sweep_md
     # FOAM-2 - AdamW over seeds 0 and 1: (28.5 - 30) and (28.5 - 32)
     assert "| llama_60m | Full-Adam | -2.50 ± 1.41 (n=2) |" in (out / "paired.md").read_text()
-    assert "| abc123 | spm:a.model | 7 |" in (out / "provenance.md").read_text()
+    # 7 runs of summary()'s 3600 s each
+    assert "| abc123 | spm:a.model | 7 | 7.0 |" in (out / "provenance.md").read_text()
     assert "Warning" not in (out / "provenance.md").read_text()
 
 
@@ -149,7 +150,11 @@ def test_provenance_flags_runs_on_different_tokenizers(tmp_path):
     out = tmp_path / "tables"
     assert make_tables.main([str(tmp_path), "--out", str(out)]) == 0
     text = (out / "provenance.md").read_text()
-    assert "| abc123 | spm:a.model | 1 |" in text and "| abc123 | spm:b.model | 1 |" in text
+    assert (
+        "| abc123 | spm:a.model | 1 | 1.0 |" in text
+        and "| abc123 | spm:b.model | 1 | 1.0 |" in text
+    )
+    assert "| all | | 2 | 2.0 |" in text
     assert "used 2 tokenizers (spm:a.model, spm:b.model)" in text
 
 
