@@ -12,6 +12,7 @@ and passed in, so the kernels know nothing of how they are derived.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import logging
 from dataclasses import dataclass
@@ -27,6 +28,21 @@ log = logging.getLogger(__name__)
 IMPLEMENTATIONS = ("auto", "fused", "eager")
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 CPU_SOURCE = Path(__file__).with_name("csrc") / "foam_step.cpp"
+CPU_CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp")
+
+
+def cpu_extension_name() -> str:
+    """The CPU operator's name in torch's extension cache, unique to its source file and flags.
+
+    torch keys the cache by name alone and rebuilds whenever the build's source path or content
+    differ from the cached build, so two checkouts (a study's and a development tree) under one
+    name would rebuild it for each other on every load (about 30 s, and a process that loads it
+    meanwhile waits). Hashing the path and content gives each checkout its own build, made once.
+    """
+    digest = hashlib.sha256(str(CPU_SOURCE.resolve()).encode())
+    digest.update(CPU_SOURCE.read_bytes())
+    digest.update(" ".join(CPU_CFLAGS).encode())
+    return f"foam_step_cpu_{digest.hexdigest()[:16]}"
 
 
 @functools.cache
@@ -47,9 +63,9 @@ def kernel_available(device_type: str) -> bool:
         from torch.utils.cpp_extension import load
 
         load(
-            name="foam_step_cpu",
+            name=cpu_extension_name(),
             sources=[str(CPU_SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fno-math-errno", "-fopenmp"],
+            extra_cflags=list(CPU_CFLAGS),
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
         )

@@ -159,3 +159,16 @@ def test_triton_kernel_matches_eager_in_the_interpreter():
     )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert f"{len(TRITON_CASES)} cases agree" in done.stdout
+
+
+def test_each_source_file_has_its_own_extension_build(tmp_path, monkeypatch):
+    """Two checkouts must not share one cached build (torch would rebuild it for each in turn)."""
+    name = fused.cpu_extension_name()
+    assert name == fused.cpu_extension_name() and name.startswith("foam_step_cpu_")
+    copy = tmp_path / "foam_step.cpp"
+    copy.write_bytes(fused.CPU_SOURCE.read_bytes())
+    monkeypatch.setattr(fused, "CPU_SOURCE", copy)
+    assert fused.cpu_extension_name() != name  # same text, another checkout
+    other = fused.cpu_extension_name()
+    copy.write_text(copy.read_text() + "\n// changed\n")
+    assert fused.cpu_extension_name() != other
