@@ -50,10 +50,10 @@ ALPHAS = (0.25, 0.5, 1.0)
 APOLLO_MINI_ALPHAS = (64.0, 128.0, 256.0)
 GAPS = (200, FINAL_STEPS // 50)  # the paper's interval, and the paper's ~50 refreshes per run
 VOCAB = 4096
+ENVIRONMENT = REPO / "results" / "repro" / "environment.txt"  # the packages the runs were made with
 # The data every run of the study trains on (PROTOCOL.md, "Data"): scripts/make_corpus.py's
 # digest of the mirror built from its pinned packages, and the sha256 of the SentencePiece model
-# trained on it (which also depends on the installed sentencepiece, 0.2.3 here).
-ENVIRONMENT = REPO / "results" / "repro" / "environment.txt"  # the packages the runs were made with
+# trained on it (which also depends on the sentencepiece that ENVIRONMENT pins).
 CORPUS_DIGEST = "12a03e98ed77c868617147fd074ced3580037184bbd2e1101a01eb0ca7b3bc4d"
 TOKENIZER_SHA256 = "5ca8d1cdd1ad3d27f37d01b5e7b7c2b4fbbe52a6ef9b08cd4906b87959f1994e"
 
@@ -345,7 +345,7 @@ def data_mismatch(data: Path) -> str | None:
     if tokenizer != TOKENIZER_SHA256:
         return (
             f"--data {data}: its SentencePiece model (sha256 {tokenizer[:16]}...) is not the "
-            f"study's ({TOKENIZER_SHA256[:16]}...); install the sentencepiece the study used (0.2.3)"
+            f"study's ({TOKENIZER_SHA256[:16]}...): sentencepiece or the tokenizer code differs"
         )
     return None
 
