@@ -347,11 +347,19 @@ def ablation_table(best: dict[tuple[str, str], Point], points: list[Point]) -> s
         if reference is None:
             continue
         rows = [(label(REFERENCE), reference)]
+        at_reference = {
+            (p.key.method, p.key.lr, p.key.alpha): p
+            for p in points
+            if (p.key.stage, p.key.model) == (stage, model)
+        }
         for ablation in ABLATIONS:
-            for point in points:
-                k = point.key
-                if (k.stage, k.model, k.method) == (stage, model, ABLATION_PREFIX + ablation.name):
-                    rows.append((ablation.label, point))
+            # A variant that is itself a Table 2 method (FOAM-3, FOAM-Mini) whose search chose
+            # FOAM-2's point has no ablation_ runs: its finals are the same runs.
+            k = reference.key
+            point = at_reference.get((ABLATION_PREFIX + ablation.name, k.lr, k.alpha))
+            point = point or at_reference.get((ablation.name, k.lr, k.alpha))
+            if point is not None:
+                rows.append((ablation.label, point))
         for name, point in rows:
             alpha = point.key.alpha_or_none
             diff = "-" if point is reference else fmt_diff(paired(point, reference))

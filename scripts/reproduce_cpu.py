@@ -15,7 +15,8 @@ checkpoint):
 2. **Finals** (``final/``, seeds 0-2, ``FINAL_STEPS``): every method at its best point; FOAM-2 and
    AdamW also at their neighbouring lrs (seed 0) to check that the search's optimum carries over
    to the longer runs.
-3. **Ablations** (``final/``, seeds 0-2): FOAM-2's variants at FOAM-2's best lr and alpha.
+3. **Ablations** (``final/``, seeds 0-2): FOAM-2's variants at FOAM-2's best lr and alpha; a
+   variant that is a Table 2 method whose search chose the same point reuses that method's finals.
 
 Points run ``--jobs`` at a time (two single-thread runs on the 2-core machine); a run that diverges
 (the trainer's exit status 3) counts as infinitely bad and is not retried.
@@ -139,6 +140,16 @@ ABLATIONS = (
     ("foam2_fold_last", "foam2", ("optim.fold_axis=last",)),
     ("foam2_release", "foam2_release", ()),  # the authors' release semantics as a whole
 )
+
+
+def twin_method(optim: str, overrides: tuple[str, ...]) -> Method | None:
+    """The Table 2 method an ablation is identical to (FOAM-3, FOAM-Mini), or None.
+
+    Where that method's own search also chose FOAM-2's best point, its finals are exactly the
+    ablation's runs (same command, same seeds), so they are not run twice; make_tables.py reads
+    the method's finals for that ablation row.
+    """
+    return next((m for m in METHODS if (m.optim, m.overrides) == (optim, overrides)), None)
 
 
 @dataclass(frozen=True, order=True)
@@ -297,6 +308,13 @@ class Study:
     def ablations(self, best: Setting) -> None:
         def one(ablation: tuple[str, str, tuple[str, ...]]) -> None:
             name, optim, overrides = ablation
+            twin = twin_method(optim, overrides)
+            if twin is not None:
+                twin_best = self.search(twin)
+                if twin_best is None:  # dry run: depends on the twin's search
+                    return
+                if twin_best == best:  # the twin's finals are this variant's runs
+                    return
             self.finals(f"ablation_{name}", optim, best, overrides)
 
         with ThreadPoolExecutor(max_workers=len(ABLATIONS)) as pool:

@@ -118,3 +118,25 @@ def test_packages_other_than_the_studys_are_refused(tmp_path):
     assert "pytest" not in message.split(";")[0]  # the installed pytest is the pinned one
     pins.write_text(f"pytest=={pytest.__version__}\n")
     assert reproduce_cpu.environment_mismatch(pins) is None
+
+
+def test_an_ablation_that_is_a_table2_method_at_the_same_point_is_not_run_twice(tmp_path):
+    """FOAM-3's finals serve as the FOAM-3 ablation when its search chose FOAM-2's point."""
+    best = Setting(5e-3, 0.25, None)
+    study = Study(tmp_path / "data", tmp_path / "runs", jobs=2)
+    ran: list[tuple[str, Setting]] = []
+
+    def run(stage, name, optim, setting, seed, overrides=()):
+        ran.append((name, setting))
+        if stage == "search":  # FOAM-3 at FOAM-2's point, FOAM-Mini one lr step lower
+            target = 2.5e-3 if optim == "foam_mini" else 5e-3
+            return bowl(target, 0.25)(setting)
+        return 100.0
+
+    study.run = run
+    study.ablations(best)
+    names = {name for name, _ in ran}
+    assert "ablation_foam3" not in names  # its twin, FOAM-3, chose the same point
+    assert "ablation_foam_mini" in names and "ablation_foam1" in names
+    assert {s for name, s in ran if name.startswith("ablation_")} == {best}
+    assert reproduce_cpu.twin_method("foam2", ("optim.residual=false",)) is None

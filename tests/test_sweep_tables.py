@@ -177,6 +177,11 @@ def test_staged_study_layout(tmp_path):
     write_runs(
         final, "ablation_foam2_no_residual", "llama_2m", [(1e-2, 0.25, s, 50.0) for s in range(3)]
     )
+    # FOAM-3's search chose FOAM-2's point: its finals are the FOAM-3 ablation's runs;
+    # FOAM-Mini's chose another, so only its ablation_ runs at FOAM-2's point count.
+    write_runs(final, "foam3", "llama_2m", [(1e-2, 0.25, s, 43.0 + s) for s in range(3)])
+    write_runs(final, "foam_mini", "llama_2m", [(5e-3, 0.5, s, 45.0) for s in range(3)])
+    write_runs(final, "ablation_foam_mini", "llama_2m", [(1e-2, 0.25, s, 46.0) for s in range(3)])
     write_runs(final, "adamw", "llama_2m", [(4e-3, 0.5, s, 47.0) for s in range(3)])
     write_runs(final, "adamw", "llama_2m", [(4e-3, 1.0, s, 48.0) for s in range(3)])
     out = tmp_path / "tables"
@@ -192,6 +197,11 @@ def test_staged_study_layout(tmp_path):
         "| llama_2m | FOAM-2 without the residual (rho = 0) | 0.01 | 0.25 | 50.00 ± 0.00 (n=3) | +8.00 ± 2.00 (n=3) |"
         in ablations
     )
+    assert (
+        "| llama_2m | FOAM-3 | 0.01 | 0.25 | 44.00 ± 1.00 (n=3) | +2.00 ± 1.00 (n=3) |" in ablations
+    )
+    assert "| llama_2m | FOAM-Mini | 0.01 | 0.25 | 46.00 ± 0.00 (n=3) |" in ablations
+    assert "| FOAM-Mini | 0.005 |" not in ablations
     carry = (out / "carry_over.md").read_text()
     assert "| llama_2m | FOAM-2 | 0.01 (chosen) | 0.25 | 40.00 |" in carry
     assert "| llama_2m | FOAM-2 | 0.02 | 0.25 | 39.00 |" in carry
