@@ -62,17 +62,53 @@ PAPER_SWEEP: tuple[str, ...] = (
 )
 """The methods whose grids the paper gives (Appendix, Hyperparameters): the default sweep."""
 
-ABLATIONS: tuple[Method, ...] = (
-    Method("foam1", "FOAM-1"),
-    Method("foam3", "FOAM-3"),
-    Method("foam4", "FOAM-4"),
-    Method("foam5", "FOAM-5"),
-    Method("foam_mini", "FOAM-Mini"),
-    Method("foam2_no_residual", "FOAM-2 without the residual (rho = 0)"),
-    Method("foam2_no_residual_in_v", "FOAM-2 without R^2 in the second moment"),
-    Method("foam2_mean_of_squares", "FOAM-2, second moment from the mean of squares"),
-    Method("foam2_fold_last", "FOAM-2 folding the last dim (the release's axis)"),
-    Method("foam2_release", "FOAM-2 with the authors' release semantics"),
+
+@dataclass(frozen=True)
+class Ablation:
+    """One of FOAM-2's variants: run as ``+optim=OPTIM`` plus ``overrides``."""
+
+    name: str
+    """Its method directory is ``ablation_NAME``."""
+    label: str
+    optim: str
+    overrides: tuple[str, ...] = ()
+
+
+ABLATIONS: tuple[Ablation, ...] = (
+    Ablation("foam1", "FOAM-1", "foam1"),
+    Ablation("foam3", "FOAM-3", "foam3"),
+    Ablation("foam4", "FOAM-4", "foam4"),
+    Ablation("foam5", "FOAM-5", "foam5"),
+    Ablation("foam_mini", "FOAM-Mini", "foam_mini"),
+    Ablation(
+        "foam2_no_residual",
+        "FOAM-2 without the residual (rho = 0)",
+        "foam2",
+        ("optim.residual=false",),
+    ),
+    Ablation(
+        "foam2_no_residual_in_v",
+        "FOAM-2 without R^2 in the second moment",
+        "foam2",
+        ("optim.residual_in_second_moment=false",),
+    ),
+    Ablation(
+        "foam2_mean_of_squares",
+        "FOAM-2, second moment from the mean of squares",
+        "foam2",
+        ("optim.second_moment=mean_of_squares",),
+    ),
+    Ablation(
+        "foam2_fold_last",
+        "FOAM-2 folding the last dim (the release's axis)",
+        "foam2",
+        ("optim.fold_axis=last",),
+    ),
+    Ablation(
+        "foam2_release",
+        "FOAM-2 with the authors' release semantics",
+        "foam2_release",
+    ),
 )
 """FOAM-2's variants (the paper's fold-level and residual figures, the release's choices), each run
 at FOAM-2's best lr and alpha in the method directory ``ablation_NAME``."""

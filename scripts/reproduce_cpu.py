@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from make_corpus import corpus_digest, tokenizer_sha256
+from methods import ABLATION_PREFIX, ABLATIONS, Ablation
 from sweep import REPO, Point, train_command
 
 from train.summary import uncommitted_changes
@@ -126,20 +127,6 @@ METHODS = (
     Method("foam_mini", "foam_mini", 5e-3, alphas=ALPHAS, start_alpha=0.25),
 )
 CONTROL = METHODS[1]  # the module-wise-lr AdamW control
-
-# FOAM-2's variants (name, optim config, overrides), run at FOAM-2's best lr and alpha.
-ABLATIONS = (
-    ("foam1", "foam1", ()),
-    ("foam3", "foam3", ()),
-    ("foam4", "foam4", ()),
-    ("foam5", "foam5", ()),
-    ("foam_mini", "foam_mini", ()),
-    ("foam2_no_residual", "foam2", ("optim.residual=false",)),
-    ("foam2_no_residual_in_v", "foam2", ("optim.residual_in_second_moment=false",)),
-    ("foam2_mean_of_squares", "foam2", ("optim.second_moment=mean_of_squares",)),
-    ("foam2_fold_last", "foam2", ("optim.fold_axis=last",)),
-    ("foam2_release", "foam2_release", ()),  # the authors' release semantics as a whole
-)
 
 
 def twin_method(optim: str, overrides: tuple[str, ...]) -> Method | None:
@@ -306,16 +293,15 @@ class Study:
             self.run("final", method.name, method.optim, setting, 0, method.overrides)
 
     def ablations(self, best: Setting) -> None:
-        def one(ablation: tuple[str, str, tuple[str, ...]]) -> None:
-            name, optim, overrides = ablation
-            twin = twin_method(optim, overrides)
+        def one(ablation: Ablation) -> None:
+            twin = twin_method(ablation.optim, ablation.overrides)
             if twin is not None:
                 twin_best = self.search(twin)
                 if twin_best is None:  # dry run: depends on the twin's search
                     return
                 if twin_best == best:  # the twin's finals are this variant's runs
                     return
-            self.finals(f"ablation_{name}", optim, best, overrides)
+            self.finals(ABLATION_PREFIX + ablation.name, ablation.optim, best, ablation.overrides)
 
         with ThreadPoolExecutor(max_workers=len(ABLATIONS)) as pool:
             list(pool.map(one, ABLATIONS))

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from methods import ABLATIONS
 from omegaconf import OmegaConf, open_dict
 
 import foam
@@ -294,3 +295,12 @@ def test_invalid_fold_level(tiny_model):
 
 def test_configs_dir_is_the_repo_one():
     assert Path(__file__).resolve().parents[1] / "configs" == CONFIG_DIR
+
+
+@pytest.mark.parametrize("ablation", ABLATIONS, ids=lambda a: a.name)
+def test_every_ablation_composes_with_its_overrides(ablation):
+    """scripts/reproduce_cpu.py runs each variant as +optim=OPTIM plus its overrides."""
+    cfg = cfg_for("+model=llama_2m", f"+optim={ablation.optim}", *ablation.overrides)
+    for override in ablation.overrides:
+        key, _, value = override.partition("=")
+        assert str(OmegaConf.select(cfg, key)).lower() == value
