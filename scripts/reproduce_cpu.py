@@ -9,9 +9,9 @@ resumes where it stopped (finished points are skipped, an interrupted point resu
 checkpoint):
 
 1. **Search** (``search/``, seed 0, ``SEARCH_STEPS``): per method, a coordinate search over its
-   axes (lr on a factor-2 grid; alpha on the paper's grid; GaLore/APOLLO's refresh gap) that
-   stops when the best point's neighbours along every axis have all been run and are worse, so
-   the best lr is strictly inside its grid by construction.
+   axes (lr and alpha on factor-2 grids from their starting points; GaLore/APOLLO's refresh gap)
+   that stops when the best point's neighbours along every axis have all been run and are worse,
+   so the best lr and alpha are strictly inside their grids by construction.
 2. **Finals** (``final/``, seeds 0-2, ``FINAL_STEPS``): every method at its best point; FOAM-2 and
    AdamW also at their neighbouring lrs (seed 0) to check that the search's optimum carries over
    to the longer runs.
@@ -48,8 +48,6 @@ SEARCH_STEPS = 500
 FINAL_STEPS = 1000
 SEEDS = (0, 1, 2)
 DIVERGED = 3  # train/pretrain.py's exit status for a NaN/inf loss
-ALPHAS = (0.25, 0.5, 1.0)
-APOLLO_MINI_ALPHAS = (64.0, 128.0, 256.0)
 GAPS = (200, FINAL_STEPS // 50)  # the paper's interval, and the paper's ~50 refreshes per run
 VOCAB = 4096
 ENVIRONMENT = REPO / "results" / "repro" / "environment.txt"  # the packages the runs were made with
@@ -92,8 +90,8 @@ class Method:
     name: str  # run directory and table key
     optim: str
     start_lr: float
-    alphas: tuple[float, ...] = ()  # () keeps the config's alpha
-    start_alpha: float | None = None
+    start_alpha: float | None = None  # None keeps the config's alpha
+    searches_alpha: bool = False  # alpha is a search axis (factor 2, like the lr)
     gaps: tuple[int, ...] = ()  # GaLore / APOLLO update_proj_gap candidates
     start_gap: int | None = None  # None: the first of ``gaps``
     overrides: tuple[str, ...] = ()
@@ -107,24 +105,24 @@ class Method:
 # "Restart on a pinned corpus"); the search still runs every neighbour of wherever it ends.
 METHODS = (
     # AdamW is the module-wise-lr control at alpha 1: both read the same runs.
-    Method("adamw", "adamw", 2.5e-3, alphas=(1.0,), start_alpha=1.0),
-    Method("adamw", "adamw", 5e-3, alphas=ALPHAS, start_alpha=0.25),
+    Method("adamw", "adamw", 2.5e-3, start_alpha=1.0),
+    Method("adamw", "adamw", 5e-3, start_alpha=0.25, searches_alpha=True),
     Method("muon", "muon", 1e-2),
     Method("adam_mini", "adam_mini", 1.25e-3),
-    Method("galore_1_4", "galore_1_4", 2e-2, alphas=ALPHAS, start_alpha=0.25, gaps=GAPS),
-    Method("apollo_1_4", "apollo_1_4", 1e-2, alphas=ALPHAS, start_alpha=1.0, gaps=GAPS),
-    Method("foam2", "foam2", 5e-3, alphas=ALPHAS, start_alpha=0.25),
-    Method("foam3", "foam3", 5e-3, alphas=ALPHAS, start_alpha=0.25),
+    Method("galore_1_4", "galore_1_4", 2e-2, start_alpha=0.25, searches_alpha=True, gaps=GAPS),
+    Method("apollo_1_4", "apollo_1_4", 1e-2, start_alpha=1.0, searches_alpha=True, gaps=GAPS),
+    Method("foam2", "foam2", 5e-3, start_alpha=0.25, searches_alpha=True),
+    Method("foam3", "foam3", 5e-3, start_alpha=0.25, searches_alpha=True),
     Method(
         "apollo_mini",
         "apollo_mini",
         5e-3,
-        alphas=APOLLO_MINI_ALPHAS,
         start_alpha=64.0,
+        searches_alpha=True,
         gaps=GAPS,
         start_gap=FINAL_STEPS // 50,
     ),
-    Method("foam_mini", "foam_mini", 5e-3, alphas=ALPHAS, start_alpha=0.25),
+    Method("foam_mini", "foam_mini", 5e-3, start_alpha=0.25, searches_alpha=True),
 )
 CONTROL = METHODS[1]  # the module-wise-lr AdamW control
 
@@ -152,12 +150,10 @@ class Setting:
             Setting(self.lr / 2, self.alpha, self.gap),
             Setting(self.lr * 2, self.alpha, self.gap),
         ]
-        if self.alpha is not None and len(method.alphas) > 1:
-            i = method.alphas.index(self.alpha)
+        if method.searches_alpha:
             around += [
-                Setting(self.lr, method.alphas[j], self.gap)
-                for j in (i - 1, i + 1)
-                if 0 <= j < len(method.alphas)
+                Setting(self.lr, self.alpha / 2, self.gap),
+                Setting(self.lr, self.alpha * 2, self.gap),
             ]
         around += [Setting(self.lr, self.alpha, gap) for gap in method.gaps if gap != self.gap]
         return around

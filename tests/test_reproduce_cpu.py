@@ -54,8 +54,18 @@ def test_search_over_lr_alpha_and_gap(tmp_path):
         assert neighbour in ran
 
 
+def test_alpha_is_extended_past_the_papers_grid_until_bracketed(tmp_path):
+    """FOAM's best alpha below the paper's lowest (0.25) is found, with both neighbours run."""
+    foam2 = next(m for m in METHODS if m.name == "foam2")
+    study, ran = fake_study(tmp_path, bowl(best_lr=5e-3, best_alpha=0.0625))
+    best = study.search(foam2)
+    assert best == Setting(5e-3, 0.0625, None)
+    assert Setting(5e-3, 0.03125, None) in ran and Setting(5e-3, 0.125, None) in ran
+    assert Setting(5e-3, 1.0, None) not in ran  # it walked away from the paper's upper edge
+
+
 def test_diverged_neighbours_count_as_worse(tmp_path):
-    method = Method("adamw", "adamw", 2.5e-3, alphas=(1.0,), start_alpha=1.0)
+    method = Method("adamw", "adamw", 2.5e-3, start_alpha=1.0)
     study, _ = fake_study(tmp_path, lambda s: math.inf if s.lr > 3e-3 else 100 + 1 / s.lr * 1e-3)
     assert study.search(method).lr == 2.5e-3
 
