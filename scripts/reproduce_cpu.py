@@ -50,12 +50,13 @@ SEEDS = (0, 1, 2)
 DIVERGED = 3  # train/pretrain.py's exit status for a NaN/inf loss
 GAPS = (200, FINAL_STEPS // 50)  # the paper's interval, and the paper's ~50 refreshes per run
 VOCAB = 4096
+EVAL_TOKENS = 300_000  # more than the mirror's 279,124 validation tokens: the whole split
 ENVIRONMENT = REPO / "results" / "repro" / "environment.txt"  # the packages the runs were made with
 # The data every run of the study trains on (PROTOCOL.md, "Data"): scripts/make_corpus.py's
 # digest of the mirror built from its pinned packages, and the sha256 of the SentencePiece model
 # trained on it (which also depends on the sentencepiece that ENVIRONMENT pins).
-CORPUS_DIGEST = "12a03e98ed77c868617147fd074ced3580037184bbd2e1101a01eb0ca7b3bc4d"
-TOKENIZER_SHA256 = "5ca8d1cdd1ad3d27f37d01b5e7b7c2b4fbbe52a6ef9b08cd4906b87959f1994e"
+CORPUS_DIGEST = "cf2f339b1254cf0a35568f43f80a2924f1b5f291b57ab6ffe52b0882965fd71d"
+TOKENIZER_SHA256 = "c336758497107e07531c7ab0695f422766cf26d17a838628bfbc881a5f9c0e75"
 
 
 def protocol(data: Path, steps: int, seed: int) -> list[str]:
@@ -69,7 +70,7 @@ def protocol(data: Path, steps: int, seed: int) -> list[str]:
         "trainer.precision=fp32",
         "trainer.grad_clip=0.0",
         "trainer.eval_every=100",
-        "trainer.eval_tokens=100000",
+        f"trainer.eval_tokens={EVAL_TOKENS}",
         "trainer.log_every=10",
         "trainer.save_every=100",
         "trainer.keep_last=1",

@@ -390,6 +390,30 @@ def test_val_batches_fixed_budget_and_rank_split(c4_dir, tok):
     assert len(rows) == len(set(rows))  # ranks hold different documents
 
 
+def test_the_validation_set_does_not_follow_the_training_order_seed(c4_dir, tok):
+    """Seeds that reorder training (data.shuffle_seed) are scored on the same tokens."""
+
+    def val_rows(**over):
+        v = build_val_batches(
+            cfg(path=str(c4_dir), **over),
+            tok,
+            micro_batch_size=3,
+            rank=0,
+            world_size=1,
+            max_tokens=300,
+        )
+        return [r for b in v for r in b["input_ids"].tolist()]
+
+    def train_rows(**over):
+        loader = build_train_loader(
+            cfg(path=str(c4_dir), **over), tok, micro_batch_size=3, rank=0, world_size=1, seed=7
+        )
+        return next(iter(loader))["input_ids"].tolist()
+
+    assert val_rows(shuffle_seed=1) == val_rows(shuffle_seed=2) == val_rows(shuffle_seed=None)
+    assert train_rows(shuffle_seed=1) != train_rows(shuffle_seed=2)
+
+
 def test_shakespeare_txt_with_held_out_fraction(shakespeare, tok):
     c = cfg(path=str(shakespeare), val_fraction=0.1)
     train = [r["text"] for r in corpus.open_source(c, "train")]

@@ -191,3 +191,28 @@ def test_download_takes_the_first_pool_with_the_pinned_checksum(tmp_path):
     message = str(error.value)
     assert "doc 1.0-1" in message and "gone" in message
     assert f"sha256 {hashlib.sha256(bad).hexdigest()}" in message
+
+
+def test_every_shard_prefix_mixes_the_packages(tmp_path):
+    """Shards are not in source order: ``datasets`` reads a split's shards interleaved, so a
+    shard that begins with one package's documents makes every stream begin with it alone."""
+    root = tmp_path / "unpacked"
+
+    def text(name: str) -> str:
+        return "".join(f"Paragraph {j} of the {name} document.\n\n" for j in range(3))
+
+    docs = {
+        f"{package}/area{i}/doc": text(f"{package} {i}")
+        for i in range(40)
+        for package in ("linux-doc-6.1", "python3.11-doc")
+    }
+    write_packages(root, docs)
+    out = tmp_path / "mirror"
+    make_corpus.main(["--out", str(out), "--source-root", str(root), "--train-shards", "2"])
+    for shard in sorted((out / "en").glob("c4-train.*.json.gz")):
+        with gzip.open(shard, "rt") as f:
+            urls = [json.loads(line)["url"] for line in f]
+        first_quarter = urls[: len(urls) // 4]
+        assert any("kernel.org" in u for u in first_quarter), shard.name
+        assert any("python.org" in u for u in first_quarter), shard.name
+        assert urls != sorted(urls)

@@ -3,7 +3,8 @@
 Pipeline (the same code for `data=c4`, `data=local` and `data=embedded`; only the source differs,
 see `train/corpus.py`):
 
-    source -> .shuffle(seed=data.shuffle_seed (42), buffer_size=data.shuffle_buffer (1000))
+    source -> .shuffle(seed=data.shuffle_seed (42; validation: always 42),
+                       buffer_size=data.shuffle_buffer (1000))
            -> split_dataset_by_node(rank, world_size) -> tokenize -> batch
 
 * Default (`data.pack=false`), as the protocol: each document is tokenized alone with EOS
@@ -61,6 +62,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
+VALIDATION_SHUFFLE_SEED = 42  # the protocol's; the validation set does not follow the run's seed
 STATE_VERSION = 1
 # Fingerprint keys that follow from the others (the split mode from the source and the world
 # size), so a checkpoint written before they were recorded is compared without them.
@@ -551,12 +553,13 @@ def build_val_batches(
 ) -> ValBatches:
     """This rank's share of a fixed validation set of about `max_tokens` non-pad tokens.
 
-    Same shuffle (seed 42), rank split, tokenization and batch format as training; the data is
-    read lazily on first iteration, then kept in memory so every evaluation sees the same tokens.
+    Same shuffle buffer, rank split, tokenization and batch format as training, but always the
+    protocol's seed (``VALIDATION_SHUFFLE_SEED``): runs that train on other orders
+    (``data.shuffle_seed``) are scored on the same tokens. The data is read lazily on first
+    iteration, then kept in memory so every evaluation sees the same tokens.
     """
     cfg = data_config(data_cfg)
     source = source or open_sources(cfg)
-    shuffle_seed = _shuffle_seed(cfg, 0)
     budget = -(-int(max_tokens) // world_size)
     return ValBatches(
         lambda: rank_stream(
@@ -564,7 +567,7 @@ def build_val_batches(
             shuffle_buffer=cfg.shuffle_buffer,
             rank=rank,
             world_size=world_size,
-            seed=shuffle_seed,
+            seed=VALIDATION_SHUFFLE_SEED,
         ),
         tokenizer,
         micro_batch_size=micro_batch_size,

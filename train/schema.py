@@ -76,7 +76,8 @@ class DataConfig:
     val_fraction: float | None = None
     """Records held out for validation when the source has no validation split."""
     shuffle_seed: int | None = 42
-    """The protocol's fixed seed; null: the run's seed."""
+    """The training stream's order: the protocol's fixed seed; null: the run's seed. The
+    validation set is always drawn with the protocol's seed, whatever this is."""
     shuffle_buffer: int = 1000
     num_workers: int = 4
     """> 0: a background reader thread, and this many tokenizer threads."""
