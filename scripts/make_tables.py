@@ -9,8 +9,9 @@ stages, the best point of the sweep), and flags a best point whose lr neighbours
 not both run, or whose alpha lies on the edge of the alphas tried. Also written: Table 3, every
 point (``sweep.md``), FOAM-2 against each method paired over the same seeds (``paired.md``), the
 ablations (``ablations.md``, FOAM-2's variants in ``ablation_*`` directories), the lr neighbours
-of the best points at full length (``carry_over.md``) and the commits the runs came from
-(``provenance.md``). Output is deterministic, so committed tables regenerate byte for byte.
+of the best points at full length (``carry_over.md``), each method's perplexity against alpha at
+its best lr (``alpha.md``; with ``--curves`` also ``alpha_MODEL.png``) and the commits the runs
+came from (``provenance.md``). Output is deterministic, so committed tables regenerate byte for byte.
 
     python scripts/make_tables.py runs/sweep --out results/tables --curves
     python scripts/make_tables.py results/repro/runs --out results/repro/tables --curves
@@ -25,6 +26,7 @@ import re
 import statistics
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,12 +135,13 @@ def table_stage(points: list[Point]) -> str:
     return next((s for s in ("final", "search") if s in stages), "")
 
 
-def best_points(points: list[Point]) -> dict[tuple[str, str], Point]:
-    """(model, row) -> the point with the most seeds, then the lowest mean perplexity.
+def best_points(points: list[Point], stage: str | None = None) -> dict[tuple[str, str], Point]:
+    """(model, row) -> the point of ``stage`` (default: ``table_stage``) with the most seeds, then
+    the lowest mean perplexity.
 
     The control row competes with AdamW at alpha 1 too (alpha 1 is part of its grid).
     """
-    stage = table_stage(points)
+    stage = table_stage(points) if stage is None else stage
     best: dict[tuple[str, str], Point] = {}
 
     def rank(p: Point) -> tuple:
@@ -395,6 +398,60 @@ def carry_over_table(best: dict[tuple[str, str], Point], points: list[Point]) ->
     return "\n".join(lines) + "\n"
 
 
+def alpha_lines(points: list[Point]) -> dict[tuple[str, str], list[Point]]:
+    """(model, row) -> the search's points at the row's best lr and gap, one per alpha tried.
+
+    This is the paper's alpha figure (is FOAM sensitive to alpha?) and its module-wise-lr figure
+    (AdamW with the matrices at lr x alpha against FOAM), read from the search (seed 0), which
+    is where alpha was swept; without stages, from every point.
+    """
+    stage = "search" if any(p.key.stage == "search" for p in points) else ""
+    lines = {}
+    for (model, row), best in best_points(points, stage).items():
+        k = best.key
+        if k.alpha_or_none is None or row == "adamw":  # AdamW's alpha is 1 by definition
+            continue
+        line = [
+            p
+            for p in points
+            if (p.key.stage, p.key.model, p.key.method, p.key.lr, p.key.gap)
+            == (stage, model, k.method, k.lr, k.gap)
+            and (row == CONTROL or row_of(p) == row)
+        ]
+        lines[(model, row)] = sorted(line, key=lambda p: p.key.alpha)
+    return lines
+
+
+def alpha_table(points: list[Point]) -> str:
+    lines = [
+        "| Model | Method | lr | gap | alpha | final PPL (seed 0) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    by_row = alpha_lines(points)
+    for model, row in ordered(by_row):
+        line = by_row[(model, row)]
+        best = min(line, key=lambda p: (p.ppl_by_seed.get(0, math.inf), p.key))
+        for p in line:
+            ppl = p.ppl_by_seed.get(0)
+            lines.append(
+                f"| {model} | {row_label(row)} | {p.key.lr:g} | {p.key.gap or '-'} | "
+                f"{p.key.alpha:g}{' (best)' if p is best else ''} | "
+                f"{'-' if ppl is None else f'{ppl:.2f}'} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def ordered(keys: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(model, row) keys by model size, then in Table 2's order."""
+    keys = set(keys)
+    return [
+        (model, row)
+        for model in sorted({m for m, _ in keys}, key=model_order)
+        for row in method_rows({r for m, r in keys if m == model})
+        if row is not None
+    ]
+
+
 def sweep_table(points: list[Point]) -> str:
     """Every point, so the choice of the best one can be checked."""
     lines = [
@@ -490,6 +547,46 @@ def plot_curves(best: dict[tuple[str, str], Point], out: Path) -> list[Path]:
     return written
 
 
+def plot_alpha(points: list[Point], out: Path) -> list[Path]:
+    """Final perplexity against alpha at each method's best lr (seed 0 search runs), one figure per
+    model: the paper's alpha figure and its module-wise-lr figure in one. APOLLO-Mini's alphas
+    (around 128) are a different scale and stay in ``alpha.md`` only."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    by_row = alpha_lines(points)
+    written = []
+    for model in sorted({m for m, _ in by_row}, key=model_order):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for _, row in (key for key in ordered(by_row) if key[0] == model):
+            line = [p for p in by_row[(model, row)] if 0 in p.ppl_by_seed]
+            if row == "apollo_mini" or len(line) < 2:
+                continue
+            lr = line[0].key.lr
+            ax.plot(
+                [p.key.alpha for p in line],
+                [p.ppl_by_seed[0] for p in line],
+                marker="o",
+                label=f"{row_label(row)} (lr {lr:g})",
+                linestyle="--" if row == CONTROL else "-",
+            )
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+        ax.set(xlabel="alpha (matrices at lr x alpha)", ylabel="validation perplexity (seed 0)")
+        ax.set_title(f"{model}: alpha at each method's best lr", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"alpha_{model}.png"
+        fig.savefig(path, dpi=120, metadata={"Software": None})
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path, help="directory searched for summary.json files")
@@ -517,6 +614,7 @@ def main(argv: list[str] | None = None) -> int:
         "paired.md": paired_table(best),
         "ablations.md": ablation_table(best, points),
         "carry_over.md": carry_over_table(best, points),
+        "alpha.md": alpha_table(points),
         "sweep.md": sweep_table(points),
         "provenance.md": provenance(points),
     }
@@ -529,6 +627,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / name).write_text(text)
     if args.curves:
         plot_curves(best, args.out)
+        plot_alpha(points, args.out)
     print(f"wrote {', '.join(sorted(outputs))} to {args.out}")
     return 0
 

@@ -269,3 +269,31 @@ def test_a_real_two_point_sweep_is_picked_up_by_the_tables(tmp_path):
     assert len(sweep_rows) == 2 and (out / "curves_llama_tiny.png").stat().st_size > 0
     best = min(json.loads(p.read_text())["final_val_ppl"] for p in summaries)
     assert f"{best:.2f} (n=1)" in (out / "table2.md").read_text()
+
+
+def test_alpha_table_reads_the_search_at_each_methods_best_lr(tmp_path):
+    """The paper's alpha and module-wise-lr figures: PPL against alpha at the best search lr."""
+    search, final = tmp_path / "search", tmp_path / "final"
+    write_runs(
+        search,
+        "foam2",
+        "llama_2m",
+        [(5e-3, 0.125, 0, 52.0), (5e-3, 0.25, 0, 50.0), (5e-3, 0.5, 0, 55.0), (1e-2, 0.5, 0, 60.0)],
+    )
+    # the control's line at its best lr runs through AdamW itself (alpha 1)
+    write_runs(search, "adamw", "llama_2m", [(2e-3, 0.25, 0, 58.0), (2e-3, 0.5, 0, 56.0)])
+    write_runs(search, "adamw", "llama_2m", [(2e-3, 1.0, 0, 57.0), (4e-3, 1.0, 0, 59.0)])
+    write_runs(final, "foam2", "llama_2m", [(5e-3, 0.25, s, 40.0) for s in range(3)])
+    out = tmp_path / "tables"
+    assert make_tables.main([str(tmp_path), "--out", str(out), "--curves"]) == 0
+    rows = [line for line in (out / "alpha.md").read_text().splitlines() if "llama_2m" in line]
+    control = "AdamW, matrices at lr x alpha (module-wise lr)"
+    assert rows == [
+        f"| llama_2m | {control} | 0.002 | - | 0.25 | 58.00 |",
+        f"| llama_2m | {control} | 0.002 | - | 0.5 (best) | 56.00 |",
+        f"| llama_2m | {control} | 0.002 | - | 1 | 57.00 |",
+        "| llama_2m | FOAM-2 | 0.005 | - | 0.125 | 52.00 |",
+        "| llama_2m | FOAM-2 | 0.005 | - | 0.25 (best) | 50.00 |",
+        "| llama_2m | FOAM-2 | 0.005 | - | 0.5 | 55.00 |",
+    ]
+    assert (out / "alpha_llama_2m.png").stat().st_size > 10_000
