@@ -560,11 +560,16 @@ def plot_alpha(points: list[Point], out: Path) -> list[Path]:
     by_row = alpha_lines(points)
     written = []
     for model in sorted({m for m, _ in by_row}, key=model_order):
+        lines = {
+            row: [p for p in by_row[(m, row)] if 0 in p.ppl_by_seed]
+            for m, row in ordered(by_row)
+            if m == model and row != "apollo_mini"
+        }
+        lines = {row: line for row, line in lines.items() if len(line) > 1}  # a line, not a dot
+        if not lines:
+            continue
         fig, ax = plt.subplots(figsize=(6, 4))
-        for _, row in (key for key in ordered(by_row) if key[0] == model):
-            line = [p for p in by_row[(model, row)] if 0 in p.ppl_by_seed]
-            if row == "apollo_mini" or len(line) < 2:
-                continue
+        for row, line in lines.items():
             lr = line[0].key.lr
             ax.plot(
                 [p.key.alpha for p in line],
