@@ -537,14 +537,20 @@ def plot_curves(best: dict[tuple[str, str], Point], out: Path) -> list[Path]:
             matplotlib.ticker.LogLocator(subs=(1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8))
         )
         ax.yaxis.set_minor_formatter(matplotlib.ticker.StrMethodFormatter("{x:.0f}"))
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = out / f"curves_{model}.png"
-        fig.savefig(path, dpi=120, metadata={"Software": None})
-        plt.close(fig)
-        written.append(path)
+        written.append(save_figure(fig, ax, out / f"curves_{model}.png"))
     return written
+
+
+def save_figure(fig, ax, path: Path) -> Path:
+    """Grid, legend and a PNG without a timestamp or version, so the bytes depend on the data."""
+    import matplotlib.pyplot as plt
+
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, metadata={"Software": None})
+    plt.close(fig)
+    return path
 
 
 def plot_alpha(points: list[Point], out: Path) -> list[Path]:
@@ -582,13 +588,7 @@ def plot_alpha(points: list[Point], out: Path) -> list[Path]:
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
         ax.set(xlabel="alpha (matrices at lr x alpha)", ylabel="validation perplexity (seed 0)")
         ax.set_title(f"{model}: alpha at each method's best lr", fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = out / f"alpha_{model}.png"
-        fig.savefig(path, dpi=120, metadata={"Software": None})
-        plt.close(fig)
-        written.append(path)
+        written.append(save_figure(fig, ax, out / f"alpha_{model}.png"))
     return written
 
 
