@@ -11,7 +11,8 @@ point (``sweep.md``), FOAM-2 against each method paired over the same seeds (``p
 ablations (``ablations.md``, FOAM-2's variants in ``ablation_*`` directories), the lr neighbours
 of the best points at full length (``carry_over.md``), each method's perplexity against alpha at
 its best lr (``alpha.md``; with ``--curves`` also ``alpha_MODEL.png``) and the commits the runs
-came from (``provenance.md``). Output is deterministic, so committed tables regenerate byte for byte.
+came from (``provenance.md``). Output is deterministic, so committed tables regenerate byte for
+byte.
 
     python scripts/make_tables.py runs/sweep --out results/tables --curves
     python scripts/make_tables.py results/repro/runs --out results/repro/tables --curves
@@ -355,10 +356,10 @@ def ablation_table(best: dict[tuple[str, str], Point], points: list[Point]) -> s
             for p in points
             if (p.key.stage, p.key.model) == (stage, model)
         }
+        k = reference.key
         for ablation in ABLATIONS:
             # A variant that is itself a Table 2 method (FOAM-3, FOAM-Mini) whose search chose
             # FOAM-2's point has no ablation_ runs: its finals are the same runs.
-            k = reference.key
             point = at_reference.get((ABLATION_PREFIX + ablation.name, k.lr, k.alpha))
             point = point or at_reference.get((ablation.name, k.lr, k.alpha))
             if point is not None:

@@ -45,7 +45,7 @@ def window_shares(
 ) -> list[dict[str, float]]:
     """Each window's share of the words by source, in stream order."""
     hosts = source_of_text(path)
-    cfg = DataConfig(name="local", path=str(path), shuffle_seed=seed, shuffle_buffer=shuffle_buffer)
+    cfg = DataConfig(name="local", path=str(path))  # the source; the shuffle is rank_stream's
     stream = rank_stream(
         open_sources(cfg).train, shuffle_buffer=shuffle_buffer, rank=0, world_size=1, seed=seed
     )
