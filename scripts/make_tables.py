@@ -129,11 +129,21 @@ def row_label(row: str) -> str:
     return CONTROL_LABEL if row == CONTROL else label(row)
 
 
+def first_stage(points: list[Point], preference: tuple[str, ...]) -> str:
+    """The first stage of ``preference`` that has points ("" for runs laid out without stages)."""
+    stages = {p.key.stage for p in points}
+    return next((s for s in preference if s in stages), "")
+
+
 def table_stage(points: list[Point]) -> str:
     """The stage Tables 2-3 read: the finals when there are any (else the search: a study in
     progress; its rows say n=1)."""
-    stages = {p.key.stage for p in points}
-    return next((s for s in ("final", "search") if s in stages), "")
+    return first_stage(points, ("final", "search"))
+
+
+def sweep_stage(points: list[Point]) -> str:
+    """The stage where lr and alpha were swept: the search when there is one."""
+    return first_stage(points, ("search", "final"))
 
 
 def best_points(points: list[Point], stage: str | None = None) -> dict[tuple[str, str], Point]:
@@ -161,7 +171,7 @@ def best_points(points: list[Point], stage: str | None = None) -> dict[tuple[str
 
 def edge_notes(point: Point, points: list[Point], row: str) -> list[str]:
     """Why ``point`` may not be the optimum: an lr neighbour not run, or alpha on the grid edge."""
-    search = "search" if any(p.key.stage == "search" for p in points) else point.key.stage
+    search = sweep_stage(points)
     same = [
         p
         for p in points
@@ -404,9 +414,9 @@ def alpha_lines(points: list[Point]) -> dict[tuple[str, str], list[Point]]:
 
     This is the paper's alpha figure (is FOAM sensitive to alpha?) and its module-wise-lr figure
     (AdamW with the matrices at lr x alpha against FOAM), read from the search (seed 0), which
-    is where alpha was swept; without stages, from every point.
+    is where alpha was swept.
     """
-    stage = "search" if any(p.key.stage == "search" for p in points) else ""
+    stage = sweep_stage(points)
     lines = {}
     for (model, row), best in best_points(points, stage).items():
         k = best.key

@@ -297,3 +297,20 @@ def test_alpha_table_reads_the_search_at_each_methods_best_lr(tmp_path):
         "| llama_2m | FOAM-2 | 0.005 | - | 0.5 | 55.00 |",
     ]
     assert (out / "alpha_llama_2m.png").stat().st_size > 10_000
+
+
+def test_without_a_search_alpha_is_read_from_the_finals(tmp_path):
+    """A results tree holding only finals still gets its alpha line and its edge flags."""
+    final = tmp_path / "final"
+    write_runs(
+        final,
+        "foam2",
+        "llama_2m",
+        [(5e-3, a, s, p) for a, p in ((0.25, 50.0), (0.5, 55.0)) for s in range(3)],
+    )
+    out = tmp_path / "tables"
+    assert make_tables.main([str(tmp_path), "--out", str(out)]) == 0
+    assert (
+        "| llama_2m | FOAM-2 | 0.005 | - | 0.25 (best) | 50.00 |" in (out / "alpha.md").read_text()
+    )
+    assert "alpha 0.25 on the edge of [0.25, 0.5]" in (out / "table2.md").read_text()
