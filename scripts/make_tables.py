@@ -395,8 +395,8 @@ def carry_over_table(best: dict[tuple[str, str], Point], points: list[Point]) ->
             if (p.key.stage, p.key.model, p.key.method, p.key.alpha, p.key.gap)
             == (k.stage, k.model, k.method, k.alpha, k.gap)
         ]
-        if len(line) < 2 or row == CONTROL:
-            continue
+        if len(line) < 2 or (row == CONTROL and point is best.get((model, "adamw"))):
+            continue  # a control whose best is AdamW's own point has AdamW's line
         for p in sorted(line, key=lambda p: p.key.lr):
             ppl = p.ppl_by_seed.get(0)
             chosen = " (chosen)" if p is point else ""

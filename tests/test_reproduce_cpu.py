@@ -150,3 +150,28 @@ def test_an_ablation_that_is_a_table2_method_at_the_same_point_is_not_run_twice(
     assert "ablation_foam_mini" in names and "ablation_foam1" in names
     assert {s for name, s in ran if name.startswith("ablation_")} == {best}
     assert reproduce_cpu.twin_method("foam2", ("optim.residual=false",)) is None
+
+
+def test_every_method_is_checked_at_its_best_lrs_neighbours_at_full_length(tmp_path):
+    """Methods rank differently at 500 and 1,000 steps, so every lr is checked at full length."""
+    study = Study(tmp_path / "data", tmp_path / "runs", jobs=2)
+    finals: set[tuple[str, float | None, int | None, float, int]] = set()
+
+    def run(stage, name, optim, setting, seed, overrides=()):
+        if stage == "final":
+            finals.add((name, setting.alpha, setting.gap, setting.lr, seed))
+        alpha_best = 64.0 if optim == "apollo_mini" else 0.25
+        alpha_cost = 0 if setting.alpha is None else abs(math.log2(setting.alpha / alpha_best))
+        return 100 + 10 * math.log2(setting.lr / 5e-3) ** 2 + alpha_cost + (setting.gap == 20)
+
+    study.run = run
+    study.all()
+    for method in METHODS:
+        checked = [
+            (alpha, gap, lr)
+            for name, alpha, gap, lr, seed in finals
+            if name == method.name
+            and {(name, alpha, gap, lr, s) for s in reproduce_cpu.SEEDS} <= finals
+            and {(name, alpha, gap, lr * f, 0) for f in (0.5, 2.0)} <= finals
+        ]
+        assert checked, method

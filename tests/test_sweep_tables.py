@@ -184,6 +184,7 @@ def test_staged_study_layout(tmp_path):
     write_runs(final, "ablation_foam_mini", "llama_2m", [(1e-2, 0.25, s, 46.0) for s in range(3)])
     write_runs(final, "adamw", "llama_2m", [(4e-3, 0.5, s, 47.0) for s in range(3)])
     write_runs(final, "adamw", "llama_2m", [(4e-3, 1.0, s, 48.0) for s in range(3)])
+    write_runs(final, "adamw", "llama_2m", [(8e-3, 0.5, 0, 49.0), (8e-3, 1.0, 0, 50.0)])
     out = tmp_path / "tables"
     assert make_tables.main([str(tmp_path), "--out", str(out)]) == 0
     table2 = (out / "table2.md").read_text()
@@ -205,6 +206,9 @@ def test_staged_study_layout(tmp_path):
     carry = (out / "carry_over.md").read_text()
     assert "| llama_2m | FOAM-2 | 0.01 (chosen) | 0.25 | 40.00 |" in carry
     assert "| llama_2m | FOAM-2 | 0.02 | 0.25 | 39.00 |" in carry
+    control = "AdamW, matrices at lr x alpha (module-wise lr)"
+    assert f"| llama_2m | {control} | 0.004 (chosen) | 0.5 | 47.00 |" in carry
+    assert "| llama_2m | Full-Adam | 0.008 | 1 | 50.00 |" in carry
     sweep_md = (out / "sweep.md").read_text()
     assert (
         "| search | llama_2m | galore_1_4 | 0.01 | 0.25 | 20 | 3 | 20 | 45.00 (n=1) |" in sweep_md
