@@ -413,8 +413,8 @@ def alpha_lines(points: list[Point]) -> dict[tuple[str, str], list[Point]]:
     """(model, row) -> the search's points at the row's best lr and gap, one per alpha tried.
 
     This is the paper's alpha figure (is FOAM sensitive to alpha?) and its module-wise-lr figure
-    (AdamW with the matrices at lr x alpha against FOAM), read from the search (seed 0), which
-    is where alpha was swept.
+    (AdamW with the matrices at lr x alpha against FOAM), read from ``sweep_stage``: the search
+    (seed 0), where alpha was swept.
     """
     stage = sweep_stage(points)
     lines = {}
