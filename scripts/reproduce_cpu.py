@@ -310,7 +310,9 @@ class Study:
 
     def all(self) -> None:
         with ThreadPoolExecutor(max_workers=len(METHODS)) as pool:
-            futures = [pool.submit(self.method_pipeline, m, ablations=m.name == "foam2") for m in METHODS]
+            futures = [
+                pool.submit(self.method_pipeline, m, ablations=m.name == "foam2") for m in METHODS
+            ]
             for future in futures:
                 future.result()
 
