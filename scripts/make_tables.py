@@ -4,14 +4,14 @@ A run's place is read from its path, ``ROOT[/STAGE]/MODEL/METHOD/lr{lr}[_alpha{a
 as ``scripts/sweep.py`` and ``scripts/reproduce_cpu.py`` lay them out (``STAGE`` is ``search`` or
 ``final`` for the latter). Runs of one point (model, method, lr, alpha, refresh gap) are its seeds:
 mean, **sample** standard deviation and n. Table 2 takes, for each method, the final-stage point
-with the most seeds and then the lowest mean perplexity (the point the search chose; with no
+with the most seeds and then the lowest mean perplexity (the point whose finals ran; with no
 stages, the best point of the sweep), and flags a best point whose lr neighbours (x2, /2) were
 not both run, or whose alpha lies on the edge of the alphas tried. Also written: Table 3, every
 point (``sweep.md``), FOAM-2 against each method paired over the same seeds (``paired.md``), the
-ablations (``ablations.md``, FOAM-2's variants in ``ablation_*`` directories), the lr neighbours
-of the best points at full length (``carry_over.md``), each method's perplexity against alpha at
-its best lr (``alpha.md``; with ``--curves`` also ``alpha_MODEL.png``) and the commits the runs
-came from (``provenance.md``). Output is deterministic, so committed tables regenerate byte for
+ablations (``ablations.md``, FOAM-2's variants in ``ablation_*`` directories), every lr run at
+full length at the best points' alpha and gap (``carry_over.md``), each method's perplexity
+against alpha at its best lr (``alpha.md``; with ``--curves`` also ``alpha_MODEL.png``) and the
+commits the runs came from (``provenance.md``). Output is deterministic, so committed tables regenerate byte for
 byte.
 
     python scripts/make_tables.py runs/sweep --out results/tables --curves

@@ -12,11 +12,14 @@ checkpoint):
    axes (lr and alpha on factor-2 grids from their starting points; GaLore/APOLLO's refresh gap)
    that stops when the best point's neighbours along every axis have all been run and are worse,
    so the best lr and alpha are strictly inside their grids by construction.
-2. **Finals** (``final/``, seeds 0-2, ``FINAL_STEPS``): every method at its best point; FOAM-2 and
-   AdamW also at their neighbouring lrs (seed 0) to check that the search's optimum carries over
-   to the longer runs.
-3. **Ablations** (``final/``, seeds 0-2): FOAM-2's variants at FOAM-2's best lr and alpha; a
-   variant that is a Table 2 method whose search chose the same point reuses that method's finals.
+2. **Full-length lr walk** (``final/``, seed 0, ``FINAL_STEPS``): the same search along the lr
+   alone, from the search's best point, at the finals' length. Methods (and one method's lrs) rank
+   differently at the two lengths, so the search only picks alpha, the refresh gap and where this
+   walk starts; the lr the finals use is bracketed at full length.
+3. **Finals** (``final/``, seeds 0-2): every method at the walk's best point (seed 0 is the walk's
+   own run there).
+4. **Ablations** (``final/``, seeds 0-2): FOAM-2's variants at FOAM-2's finals' point; a variant
+   that is a Table 2 method whose walk ended at the same point reuses that method's finals.
 
 Points run ``--jobs`` at a time (two single-thread runs on the 2-core machine); a run that diverges
 (the trainer's exit status 3) counts as infinitely bad and is not retried.
@@ -32,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,11 +149,14 @@ class Setting:
     alpha: float | None
     gap: int | None
 
-    def neighbours(self, method: Method) -> list[Setting]:
-        around = [
+    def lr_neighbours(self, method: Method) -> list[Setting]:
+        return [
             Setting(self.lr / 2, self.alpha, self.gap),
             Setting(self.lr * 2, self.alpha, self.gap),
         ]
+
+    def neighbours(self, method: Method) -> list[Setting]:
+        around = self.lr_neighbours(method)
         if method.searches_alpha:
             around += [
                 Setting(self.lr, self.alpha / 2, self.gap),
@@ -250,24 +257,46 @@ class Study:
 
     # -- the stages --------------------------------------------------------------------------
 
-    def search(self, method: Method) -> Setting | None:
-        """Coordinate search from the method's start until the best point is a local optimum."""
+    def descend(
+        self,
+        stage: str,
+        method: Method,
+        start: Setting,
+        neighbours: Callable[[Setting, Method], list[Setting]],
+    ) -> Setting | None:
+        """Coordinate search (seed 0) from ``start`` until the best point's ``neighbours`` have
+        all been run and are worse; None in a dry run, where the rest depends on results."""
         seen: dict[Setting, float] = {}
-        best = method.start()
+        best = start
         while True:
-            todo = [s for s in (best, *best.neighbours(method)) if s not in seen]
+            todo = [s for s in (best, *neighbours(best, method)) if s not in seen]
             if not todo:
                 return best
             with ThreadPoolExecutor(max_workers=len(todo)) as pool:
                 results = pool.map(
-                    lambda s: self.run("search", method.name, method.optim, s, 0, method.overrides),
+                    lambda s: self.run(stage, method.name, method.optim, s, 0, method.overrides),
                     todo,
                 )
                 for setting, ppl in zip(todo, results, strict=True):
-                    if ppl is None:  # dry run: the rest depends on this result
+                    if ppl is None:
                         return None
                     seen[setting] = ppl
             best = min(seen, key=lambda s: (seen[s], s))
+
+    def search(self, method: Method) -> Setting | None:
+        """The best point of every axis at the search's length."""
+        return self.descend("search", method, method.start(), Setting.neighbours)
+
+    def best_at_full_length(self, method: Method) -> Setting | None:
+        """The search's alpha and gap, with the lr walked on to its optimum at full length.
+
+        At 1,000 steps Muon's optimum was one lr step below the one its 500-step search chose, by
+        twice its seed std (PROTOCOL.md, the amendments under "Why the search carries over").
+        """
+        searched = self.search(method)
+        if searched is None:
+            return None
+        return self.descend("final", method, searched, Setting.lr_neighbours)
 
     def finals(self, name: str, optim: str, best: Setting, overrides: tuple[str, ...] = ()) -> None:
         with ThreadPoolExecutor(max_workers=len(SEEDS)) as pool:
@@ -276,30 +305,20 @@ class Study:
             )
 
     def method_pipeline(self, method: Method, ablations: bool = False) -> None:
-        """Search, 3 finals, the carry-over check and (for FOAM-2) the ablations at its best."""
-        best = self.search(method)
+        """Search, the full-length lr walk, 3 finals and (for FOAM-2) the ablations there."""
+        best = self.best_at_full_length(method)
         if best is None:
             return
         self.finals(method.name, method.optim, best, method.overrides)
         if ablations:
             self.ablations(best)
-        self.carry_over(method, best)
-
-    def carry_over(self, method: Method, best: Setting) -> None:
-        """The best lr's neighbours at full length (seed 0): does the optimum move?
-
-        Every method gets it: methods rank differently at 500 and 1,000 steps, so a check on
-        some of them only would leave the others' lr tuned at the wrong length.
-        """
-        for setting in best.neighbours(method)[:2]:
-            self.run("final", method.name, method.optim, setting, 0, method.overrides)
 
     def ablations(self, best: Setting) -> None:
         def one(ablation: Ablation) -> None:
             twin = twin_method(ablation.optim, ablation.overrides)
             if twin is not None:
-                twin_best = self.search(twin)
-                if twin_best is None:  # dry run: depends on the twin's search
+                twin_best = self.best_at_full_length(twin)
+                if twin_best is None:  # dry run: depends on the twin's walk
                     return
                 if twin_best == best:  # the twin's finals are this variant's runs
                     return
