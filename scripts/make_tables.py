@@ -10,9 +10,9 @@ not both run, or whose alpha lies on the edge of the alphas tried. Also written:
 point (``sweep.md``), FOAM-2 against each method paired over the same seeds (``paired.md``), the
 ablations (``ablations.md``, FOAM-2's variants in ``ablation_*`` directories), every lr run at
 full length at the best points' alpha and gap (``carry_over.md``), each method's perplexity
-against alpha at its best lr (``alpha.md``; with ``--curves`` also ``alpha_MODEL.png``) and the
-commits the runs came from (``provenance.md``). Output is deterministic, so committed tables regenerate byte for
-byte.
+against alpha at its best lr (``alpha.md``; with ``--curves`` also ``alpha_MODEL.png``, and the
+ablation figures ``ablations_MODEL.png``) and the commits the runs came from (``provenance.md``).
+Output is deterministic, so committed tables regenerate byte for byte.
 
     python scripts/make_tables.py runs/sweep --out results/tables --curves
     python scripts/make_tables.py results/repro/runs --out results/repro/tables --curves
@@ -32,7 +32,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memory_estimator import estimate, table2_gb
-from methods import ABLATION_PREFIX, ABLATIONS, CONTROL_LABEL, TABLE2, TABLE2_BLOCKS, label
+from methods import (
+    ABLATION_PREFIX,
+    ABLATIONS,
+    CONTROL_LABEL,
+    FOLD_LEVEL,
+    RESIDUAL,
+    TABLE2,
+    TABLE2_BLOCKS,
+    Ablation,
+    label,
+)
 
 STAGES = ("search", "final")
 CONTROL = "adamw_control"  # Table 2's row for the module-wise-lr AdamW control
@@ -349,18 +359,18 @@ def paired_table(best: dict[tuple[str, str], Point]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def ablation_table(best: dict[tuple[str, str], Point], points: list[Point]) -> str:
-    """FOAM-2's variants at FOAM-2's best point, each against FOAM-2 over the same seeds."""
-    lines = [
-        "| Model | Variant | lr | alpha | final PPL | variant − FOAM-2 (paired) |",
-        "|---|---|---:|---:|---:|---:|",
-    ]
+def ablation_rows(
+    best: dict[tuple[str, str], Point], points: list[Point]
+) -> dict[str, list[tuple[Ablation | None, Point]]]:
+    """model -> FOAM-2's best point (``None``) and each variant run at that point, in ABLATIONS'
+    order."""
     stage = table_stage(points)
+    rows: dict[str, list[tuple[Ablation | None, Point]]] = {}
     for model in sorted({p.key.model for p in points}, key=model_order):
         reference = best.get((model, REFERENCE))
         if reference is None:
             continue
-        rows = [(label(REFERENCE), reference)]
+        rows[model] = [(None, reference)]
         at_reference = {
             (p.key.method, p.key.lr, p.key.alpha): p
             for p in points
@@ -368,20 +378,36 @@ def ablation_table(best: dict[tuple[str, str], Point], points: list[Point]) -> s
         }
         k = reference.key
         for ablation in ABLATIONS:
-            # A variant that is itself a Table 2 method (FOAM-3, FOAM-Mini) whose search chose
+            # A variant that is itself a Table 2 method (FOAM-3, FOAM-Mini) whose walk ended at
             # FOAM-2's point has no ablation_ runs: its finals are the same runs.
             point = at_reference.get((ABLATION_PREFIX + ablation.name, k.lr, k.alpha))
             point = point or at_reference.get((ablation.name, k.lr, k.alpha))
             if point is not None:
-                rows.append((ablation.label, point))
-        for name, point in rows:
+                rows[model].append((ablation, point))
+    return rows
+
+
+def ablation_table(best: dict[tuple[str, str], Point], points: list[Point]) -> str:
+    """FOAM-2's variants at FOAM-2's best point, each against FOAM-2 over the same seeds."""
+    lines = [
+        "| Model | Variant | lr | alpha | final PPL | variant − FOAM-2 (paired) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for model, rows in ablation_rows(best, points).items():
+        reference = rows[0][1]
+        for ablation, point in rows:
             alpha = point.key.alpha_or_none
             diff = "-" if point is reference else fmt_diff(paired(point, reference))
             lines.append(
-                f"| {model} | {name} | {point.key.lr:g} | {'-' if alpha is None else f'{alpha:g}'}"
-                f" | {fmt_ppl(point, latex=False)} | {diff} |"
+                f"| {model} | {variant_label(ablation)} | {point.key.lr:g} | "
+                f"{'-' if alpha is None else f'{alpha:g}'} | {fmt_ppl(point, latex=False)} | {diff} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def variant_label(ablation: Ablation | None) -> str:
+    """An ablation row's name: the variant's, or FOAM-2's for the reference (``None``)."""
+    return label(REFERENCE) if ablation is None else ablation.label
 
 
 def carry_over_table(best: dict[tuple[str, str], Point], points: list[Point]) -> str:
@@ -520,7 +546,6 @@ def plot_curves(best: dict[tuple[str, str], Point], out: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
     written = []
     for model in sorted({m for m, _ in best}, key=model_order):
@@ -529,27 +554,43 @@ def plot_curves(best: dict[tuple[str, str], Point], out: Path) -> list[Path]:
             if row is None:
                 continue
             point = best[(model, row)]
-            by_step: dict[int, list[tuple[int, float]]] = defaultdict(list)
-            for run in point.runs:
-                for e in run.get("eval_history", []):
-                    by_step[e["step"]].append((e["tokens"], e["val_ppl"]))
-            steps = sorted(s for s, v in by_step.items() if len(v) == len(point.runs))
             ax.plot(
-                [statistics.fmean(t for t, _ in by_step[s]) / 1e6 for s in steps],
-                [statistics.fmean(v for _, v in by_step[s]) for s in steps],
+                *mean_curve(point),
                 label=f"{row_label(row)} (n={point.n})",
                 linestyle="--" if row == CONTROL else "-",
             )
-        ax.set(xlabel="training tokens (M)", ylabel="validation perplexity", title=model)
-        ax.set_yscale("log")
-        # Plain numbers on the log axis: a decade rarely fits, so the minor ticks carry the labels.
-        ax.yaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:.0f}"))
-        ax.yaxis.set_minor_locator(
-            matplotlib.ticker.LogLocator(subs=(1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8))
-        )
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.StrMethodFormatter("{x:.0f}"))
+        ax.set(title=model)
+        perplexity_axes(ax)
         written.append(save_figure(fig, ax, out / f"curves_{model}.png"))
     return written
+
+
+def mean_curve(point: Point) -> tuple[list[float], list[float]]:
+    """Training tokens (M) and validation perplexity, each the mean over the point's seeds at
+    the evaluations every seed logged."""
+    by_step: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for run in point.runs:
+        for e in run.get("eval_history", []):
+            by_step[e["step"]].append((e["tokens"], e["val_ppl"]))
+    steps = sorted(s for s, v in by_step.items() if len(v) == len(point.runs))
+    return (
+        [statistics.fmean(t for t, _ in by_step[s]) / 1e6 for s in steps],
+        [statistics.fmean(v for _, v in by_step[s]) for s in steps],
+    )
+
+
+def perplexity_axes(ax) -> None:
+    """Validation perplexity (log scale) against training tokens."""
+    import matplotlib.ticker
+
+    ax.set(xlabel="training tokens (M)", ylabel="validation perplexity")
+    ax.set_yscale("log")
+    # Plain numbers on the log axis: a decade rarely fits, so the minor ticks carry the labels.
+    ax.yaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:.0f}"))
+    ax.yaxis.set_minor_locator(
+        matplotlib.ticker.LogLocator(subs=(1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8))
+    )
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.StrMethodFormatter("{x:.0f}"))
 
 
 def save_figure(fig, ax, path: Path) -> Path:
@@ -603,6 +644,49 @@ def plot_alpha(points: list[Point], out: Path) -> list[Path]:
     return written
 
 
+def plot_ablations(
+    best: dict[tuple[str, str], Point], points: list[Point], out: Path
+) -> list[Path]:
+    """The paper's two ablation figures, one PNG per model: final perplexity against the fold
+    level (mean ± sample std over seeds) and FOAM-2's validation curves with and without the
+    residual."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for model, rows in ablation_rows(best, points).items():
+        levels = sorted(
+            ((variant_label(a), p) for a, p in rows if a is None or a.figure == FOLD_LEVEL),
+            key=lambda row: row[0],  # FOAM-1 ... FOAM-5, FOAM-Mini
+        )
+        residual = [(a, p) for a, p in rows if a is None or a.figure == RESIDUAL]
+        if len(levels) < 2 and len(residual) < 2:
+            continue
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        left.errorbar(
+            [name for name, _ in levels],
+            [p.mean_ppl for _, p in levels],
+            yerr=[p.std_ppl or 0.0 for _, p in levels],
+            marker="o",
+            capsize=4,
+            label="mean ± sample std",
+        )
+        for name, p in levels:
+            left.annotate(f"n={p.n}", (name, p.mean_ppl), textcoords="offset points", xytext=(4, 4))
+        left.set_ylabel("final validation perplexity")
+        left.set_title(f"{model}: fold level", fontsize=10)
+        left.grid(True, alpha=0.3)
+        left.legend(fontsize=7)
+        for ablation, p in residual:
+            right.plot(*mean_curve(p), label=f"{variant_label(ablation)} (n={p.n})")
+        perplexity_axes(right)
+        right.set_title(f"{model}: residual", fontsize=10)
+        written.append(save_figure(fig, right, out / f"ablations_{model}.png"))
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path, help="directory searched for summary.json files")
@@ -644,6 +728,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.curves:
         plot_curves(best, args.out)
         plot_alpha(points, args.out)
+        plot_ablations(best, points, args.out)
     print(f"wrote {', '.join(sorted(outputs))} to {args.out}")
     return 0
 

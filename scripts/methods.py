@@ -72,25 +72,32 @@ class Ablation:
     label: str
     optim: str
     overrides: tuple[str, ...] = ()
+    figure: str | None = None
+    """The paper's ablation figure it belongs to (``FOLD_LEVEL`` or ``RESIDUAL``), if any."""
 
+
+FOLD_LEVEL = "fold level"  # the paper's figure "FOAM with varying level l"
+RESIDUAL = "residual"  # the paper's figure "Validation PPL with or without residual"
 
 ABLATIONS: tuple[Ablation, ...] = (
-    Ablation("foam1", "FOAM-1", "foam1"),
-    Ablation("foam3", "FOAM-3", "foam3"),
-    Ablation("foam4", "FOAM-4", "foam4"),
-    Ablation("foam5", "FOAM-5", "foam5"),
-    Ablation("foam_mini", "FOAM-Mini", "foam_mini"),
+    Ablation("foam1", "FOAM-1", "foam1", figure=FOLD_LEVEL),
+    Ablation("foam3", "FOAM-3", "foam3", figure=FOLD_LEVEL),
+    Ablation("foam4", "FOAM-4", "foam4", figure=FOLD_LEVEL),
+    Ablation("foam5", "FOAM-5", "foam5", figure=FOLD_LEVEL),
+    Ablation("foam_mini", "FOAM-Mini", "foam_mini", figure=FOLD_LEVEL),
     Ablation(
         "foam2_no_residual",
         "FOAM-2 without the residual (rho = 0)",
         "foam2",
         ("optim.residual=false",),
+        figure=RESIDUAL,
     ),
     Ablation(
         "foam2_no_residual_in_v",
         "FOAM-2 without R^2 in the second moment",
         "foam2",
         ("optim.residual_in_second_moment=false",),
+        figure=RESIDUAL,
     ),
     Ablation(
         "foam2_mean_of_squares",

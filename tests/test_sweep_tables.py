@@ -186,7 +186,8 @@ def test_staged_study_layout(tmp_path):
     write_runs(final, "adamw", "llama_2m", [(4e-3, 1.0, s, 48.0) for s in range(3)])
     write_runs(final, "adamw", "llama_2m", [(8e-3, 0.5, 0, 49.0), (8e-3, 1.0, 0, 50.0)])
     out = tmp_path / "tables"
-    assert make_tables.main([str(tmp_path), "--out", str(out)]) == 0
+    assert make_tables.main([str(tmp_path), "--out", str(out), "--curves"]) == 0
+    assert (out / "ablations_llama_2m.png").stat().st_size > 10_000  # fold level and residual
     table2 = (out / "table2.md").read_text()
     # the 3-seed point wins over a 1-seed neighbour with a lower perplexity
     assert "| FOAM-2 | 42.00 ± 2.00 (n=3)" in table2
