@@ -64,6 +64,22 @@ def test_alpha_is_extended_past_the_papers_grid_until_bracketed(tmp_path):
     assert Setting(5e-3, 1.0, None) not in ran  # it walked away from the paper's upper edge
 
 
+def test_the_search_moves_the_non_matrix_lr_at_a_fixed_matrix_lr(tmp_path):
+    """Alpha only scales the matrices' lr, so the method has two lrs: lr (embeddings, head,
+    norms) and lr x alpha (matrices). An optimum off both axes, where neither an lr step nor an
+    alpha step alone improves on the start, is still found."""
+    foam2 = next(m for m in METHODS if m.name == "foam2")  # starts at lr 5e-3, alpha 0.25
+
+    def ppl(s: Setting) -> float:
+        others, matrices = math.log2(s.lr / 1e-2), math.log2(s.lr * s.alpha / 1.25e-3)
+        return 100 + others**2 + 4 * matrices**2
+
+    study, ran = fake_study(tmp_path, ppl)
+    best = study.search(foam2)
+    assert best == Setting(1e-2, 0.125, None)
+    assert set(best.neighbours(foam2)) <= set(ran)
+
+
 def test_diverged_neighbours_count_as_worse(tmp_path):
     method = Method("adamw", "adamw", 2.5e-3, start_alpha=1.0)
     study, _ = fake_study(tmp_path, lambda s: math.inf if s.lr > 3e-3 else 100 + 1 / s.lr * 1e-3)
