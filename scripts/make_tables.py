@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import statistics
 import sys
 from collections import Counter, defaultdict
@@ -43,15 +42,13 @@ from methods import (
     Ablation,
     label,
 )
+from sweep import run_dir_fields
 
 STAGES = ("search", "final")
 CONTROL = "adamw_control"  # Table 2's row for the module-wise-lr AdamW control
 REFERENCE = "foam2"  # the method the paired and ablation tables compare against
 EDGE = "†"
 NO_ALPHA = -1.0  # the alpha of a point whose method has none (keeps Key sortable and hashable)
-_RUN_DIR = re.compile(
-    r"lr(?P<lr>[^_]+)(_alpha(?P<alpha>[^_]+))?(_gap(?P<gap>\d+))?_seed(?P<seed>-?\d+)$"
-)
 
 
 @dataclass(frozen=True, order=True)
@@ -97,15 +94,14 @@ class Point:
 
 
 def _key(root: Path, run_dir: Path) -> tuple[Key, int] | None:
-    match = _RUN_DIR.match(run_dir.name)
+    fields = run_dir_fields(run_dir.name)
     parts = run_dir.relative_to(root).parts
-    if match is None or len(parts) < 3:
+    if fields is None or len(parts) < 3:
         return None
+    lr, alpha, gap, seed = fields
     stage = parts[0] if parts[0] in STAGES and len(parts) >= 4 else ""
-    alpha = float(match["alpha"]) if match["alpha"] else NO_ALPHA
-    gap = int(match["gap"]) if match["gap"] else 0
-    key = Key(stage, parts[-3], parts[-2], float(match["lr"]), alpha, gap)
-    return key, int(match["seed"])
+    key = Key(stage, parts[-3], parts[-2], lr, NO_ALPHA if alpha is None else alpha, gap or 0)
+    return key, seed
 
 
 def load_points(root: Path) -> list[Point]:

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from make_corpus import corpus_digest, tokenizer_sha256
 from methods import ABLATION_PREFIX, ABLATIONS, Ablation
-from sweep import REPO, Point, train_command
+from sweep import REPO, Point, run_dir_fields, train_command
 
 from train.summary import uncommitted_changes
 
@@ -148,6 +148,14 @@ class Setting:
     lr: float
     alpha: float | None
     gap: int | None
+
+    def __post_init__(self) -> None:
+        # A run gets its lr and alpha, and its directory its name, as ``{:g}`` (sweep.py), so a
+        # point is the value run: a setting computed by halving equals the one read back from
+        # its directory's name.
+        object.__setattr__(self, "lr", float(f"{self.lr:g}"))
+        if self.alpha is not None:
+            object.__setattr__(self, "alpha", float(f"{self.alpha:g}"))
 
     def lr_neighbours(self, method: Method) -> list[Setting]:
         return [
@@ -273,11 +281,13 @@ class Study:
         method: Method,
         start: Setting,
         neighbours: Callable[[Setting, Method], list[Setting]],
+        seen: dict[Setting, float] | None = None,
     ) -> Setting | None:
-        """Coordinate search (seed 0) from ``start`` until the best point's ``neighbours`` have
-        all been run and are worse; None in a dry run, where the rest depends on results."""
-        seen: dict[Setting, float] = {}
-        best = start
+        """Coordinate search (seed 0) from the best of ``start`` and the points already ``seen``
+        until the best point's ``neighbours`` have all been run and are worse; None in a dry run,
+        where the rest depends on results."""
+        seen = dict(seen or {})
+        best = min(seen, key=lambda s: (seen[s], s), default=start)
         while True:
             todo = [s for s in (best, *neighbours(best, method)) if s not in seen]
             if not todo:
@@ -294,8 +304,31 @@ class Study:
             best = min(seen, key=lambda s: (seen[s], s))
 
     def search(self, method: Method) -> Setting | None:
-        """The best point of every axis at the search's length."""
-        return self.descend("search", method, method.start(), Setting.neighbours)
+        """The best point of every axis at the search's length.
+
+        It goes on from the best search run of the method so far, so that a neighbour added to
+        the protocol (the diagonal) is run around that point, not along the path that led to it.
+        """
+        return self.descend(
+            "search", method, method.start(), Setting.neighbours, self.searched(method)
+        )
+
+    def searched(self, method: Method) -> dict[Setting, float]:
+        """The method's finished search runs, here or committed by an earlier session."""
+        bases = [self.root, *([self.finished] if self.finished else [])]
+        done: dict[Setting, float] = {}
+        for base in bases:
+            for run_dir in sorted((base / "search" / MODEL / method.name).glob("*_seed0")):
+                fields = run_dir_fields(run_dir.name)
+                if fields is None:
+                    continue
+                lr, alpha, gap, _ = fields
+                if not method.searches_alpha and alpha != method.start_alpha:
+                    continue  # AdamW's directory also holds its module-wise-lr control's runs
+                ppl = self.result(self.root / run_dir.relative_to(base))
+                if ppl is not None:
+                    done[Setting(lr, alpha, gap)] = ppl
+        return done
 
     def best_at_full_length(self, method: Method) -> Setting | None:
         """The search's alpha and gap, with the lr walked on to its optimum at full length.

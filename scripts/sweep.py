@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -57,6 +58,22 @@ LR_WITH_ALPHA = (1e-3, 2.5e-3, 5e-3, 1e-2)
 ALPHAS = (0.25, 0.5, 1.0)
 
 
+RUN_DIR = re.compile(
+    r"lr(?P<lr>[^_]+)(_alpha(?P<alpha>[^_]+))?(_gap(?P<gap>\d+))?_seed(?P<seed>-?\d+)$"
+)
+"""The name of a run directory, as ``Point.run_dir`` writes it."""
+
+
+def run_dir_fields(name: str) -> tuple[float, float | None, int | None, int] | None:
+    """lr, alpha, refresh gap and seed of a run directory's name (None: not a run directory)."""
+    match = RUN_DIR.match(name)
+    if match is None:
+        return None
+    alpha = float(match["alpha"]) if match["alpha"] else None
+    gap = int(match["gap"]) if match["gap"] else None
+    return float(match["lr"]), alpha, gap, int(match["seed"])
+
+
 @dataclass(frozen=True)
 class Point:
     model: str
@@ -68,7 +85,7 @@ class Point:
     gap: int | None = None  # GaLore/APOLLO update_proj_gap, when the study tunes it
 
     def run_dir(self, root: Path) -> Path:
-        """``lr{lr}[_alpha{a}][_gap{g}]_seed{s}``: the layout scripts/make_tables.py reads."""
+        """``lr{lr}[_alpha{a}][_gap{g}]_seed{s}``: the layout ``run_dir_fields`` reads."""
         alpha = "" if self.alpha is None else f"_alpha{self.alpha:g}"
         gap = "" if self.gap is None else f"_gap{self.gap}"
         return root / self.model / self.name / f"lr{self.lr:g}{alpha}{gap}_seed{self.seed}"

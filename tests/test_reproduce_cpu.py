@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import reproduce_cpu
 from reproduce_cpu import METHODS, Method, Setting, Study
+from sweep import Point, run_dir_fields
 
 
 def fake_study(tmp_path: Path, ppl) -> tuple[Study, list[Setting]]:
@@ -78,6 +79,43 @@ def test_the_search_moves_the_non_matrix_lr_at_a_fixed_matrix_lr(tmp_path):
     best = study.search(foam2)
     assert best == Setting(1e-2, 0.125, None)
     assert set(best.neighbours(foam2)) <= set(ran)
+
+
+def test_the_search_goes_on_from_the_best_run_so_far(tmp_path):
+    """Finished search runs (here and committed) count: a neighbour the protocol adds later is
+    run around the best point, not along the path that led to it; AdamW's directory holds the
+    control's runs too, which AdamW's own search ignores."""
+    adamw, control = METHODS[0], reproduce_cpu.CONTROL
+    study = Study(tmp_path / "data", tmp_path / "runs", jobs=2, finished=tmp_path / "committed")
+    done = {
+        (study.root, Setting(5e-3, 0.25, None)): 130.0,
+        (study.finished, Setting(1e-2, 0.125, None)): 120.0,  # committed by an earlier session
+        (study.root, Setting(2.5e-3, 1.0, None)): 150.0,
+    }
+    for (base, setting), ppl in done.items():
+        run_dir = base / study.run_dir("search", "adamw", setting, 0).relative_to(study.root)
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps({"final_val_ppl": ppl}))
+    assert study.searched(control) == {s: ppl for (_, s), ppl in done.items()}
+    assert study.searched(adamw) == {Setting(2.5e-3, 1.0, None): 150.0}
+    study.dry_run = True
+    assert study.search(control) is None
+    # every neighbour of the committed best (1e-2, 0.125) but the one already run, (5e-3, 0.25)
+    assert {p.name for p in study.planned} == {
+        "lr0.005_alpha0.125_seed0",
+        "lr0.02_alpha0.125_seed0",
+        "lr0.01_alpha0.0625_seed0",
+        "lr0.01_alpha0.25_seed0",
+        "lr0.02_alpha0.0625_seed0",
+    }
+
+
+def test_a_setting_is_the_value_its_run_gets():
+    """Halved eight times, an lr has more digits than a run directory's name keeps."""
+    lr = 5e-3 / 2**8
+    setting = Setting(lr, 0.25 / 2**8, None)
+    name = Point("m", "foam2", setting.lr, setting.alpha, 0, "foam2").run_dir(Path(".")).name
+    assert run_dir_fields(name)[:2] == (setting.lr, setting.alpha)
 
 
 def test_diverged_neighbours_count_as_worse(tmp_path):
