@@ -557,7 +557,7 @@ def plot_curves(best: dict[tuple[str, str], Point], out: Path) -> list[Path]:
             )
         ax.set(title=model)
         perplexity_axes(ax)
-        written.append(save_figure(fig, ax, out / f"curves_{model}.png"))
+        written.append(save_figure(fig, out / f"curves_{model}.png", ax))
     return written
 
 
@@ -589,12 +589,14 @@ def perplexity_axes(ax) -> None:
     ax.yaxis.set_minor_formatter(matplotlib.ticker.StrMethodFormatter("{x:.0f}"))
 
 
-def save_figure(fig, ax, path: Path) -> Path:
-    """Grid, legend and a PNG without a timestamp or version, so the bytes depend on the data."""
+def save_figure(fig, path: Path, *axes) -> Path:
+    """Grid and legend on each of ``axes``, and a PNG without a timestamp or version, so the bytes
+    depend on the data."""
     import matplotlib.pyplot as plt
 
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    for ax in axes:
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120, metadata={"Software": None})
     plt.close(fig)
@@ -636,7 +638,7 @@ def plot_alpha(points: list[Point], out: Path) -> list[Path]:
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
         ax.set(xlabel="alpha (matrices at lr x alpha)", ylabel="validation perplexity (seed 0)")
         ax.set_title(f"{model}: alpha at each method's best lr", fontsize=10)
-        written.append(save_figure(fig, ax, out / f"alpha_{model}.png"))
+        written.append(save_figure(fig, out / f"alpha_{model}.png", ax))
     return written
 
 
@@ -673,13 +675,11 @@ def plot_ablations(
             left.annotate(f"n={p.n}", (name, p.mean_ppl), textcoords="offset points", xytext=(4, 4))
         left.set_ylabel("final validation perplexity")
         left.set_title(f"{model}: fold level", fontsize=10)
-        left.grid(True, alpha=0.3)
-        left.legend(fontsize=7)
         for ablation, p in residual:
             right.plot(*mean_curve(p), label=f"{variant_label(ablation)} (n={p.n})")
         perplexity_axes(right)
         right.set_title(f"{model}: residual", fontsize=10)
-        written.append(save_figure(fig, right, out / f"ablations_{model}.png"))
+        written.append(save_figure(fig, out / f"ablations_{model}.png", left, right))
     return written
 
 

@@ -10,8 +10,9 @@ checkpoint):
 
 1. **Search** (``search/``, seed 0, ``SEARCH_STEPS``): per method, a coordinate search over its
    axes (lr and alpha on factor-2 grids from their starting points, and the diagonal that moves
-   only the non-matrix lr; GaLore/APOLLO's refresh gap) that stops when the best point's neighbours along every axis have all been run and are worse,
-   so the best lr and alpha are strictly inside their grids by construction.
+   only the non-matrix lr; GaLore/APOLLO's refresh gap) that stops when the best point's
+   neighbours along every axis have all been run and are worse, so the best lr and alpha are
+   strictly inside their grids by construction.
 2. **Full-length lr walk** (``final/``, seed 0, ``FINAL_STEPS``): the same search along the lr
    alone, from the search's best point, at the finals' length. Methods (and one method's lrs) rank
    differently at the two lengths, so the search only picks alpha, the refresh gap and where this
@@ -158,6 +159,7 @@ class Setting:
             object.__setattr__(self, "alpha", float(f"{self.alpha:g}"))
 
     def lr_neighbours(self, method: Method) -> list[Setting]:
+        """The lr steps alone (the full-length walk's axis); ``method`` as ``neighbours`` takes it."""
         return [
             Setting(self.lr / 2, self.alpha, self.gap),
             Setting(self.lr * 2, self.alpha, self.gap),
