@@ -13,10 +13,10 @@ checkpoint):
    only the non-matrix lr; GaLore/APOLLO's refresh gap) that stops when the best point's
    neighbours along every axis have all been run and are worse, so the best lr and alpha are
    strictly inside their grids by construction.
-2. **Full-length lr walk** (``final/``, seed 0, ``FINAL_STEPS``): the same search along the lr
-   alone, from the search's best point, at the finals' length. Methods (and one method's lrs) rank
-   differently at the two lengths, so the search only picks alpha, the refresh gap and where this
-   walk starts; the lr the finals use is bracketed at full length.
+2. **Full-length walk** (``final/``, seed 0, ``FINAL_STEPS``): the same search along the lr and
+   alpha alone, from the search's best point, at the finals' length. Methods (and one method's
+   lrs and alphas) rank differently at the two lengths, so the search only picks the refresh gap
+   and where this walk starts; the lr and alpha the finals use are bracketed at full length.
 3. **Finals** (``final/``, seeds 0-2): every method at the walk's best point (seed 0 is the walk's
    own run there).
 4. **Ablations** (``final/``, seeds 0-2): FOAM-2's variants at FOAM-2's finals' point; a variant
@@ -158,27 +158,36 @@ class Setting:
         if self.alpha is not None:
             object.__setattr__(self, "alpha", float(f"{self.alpha:g}"))
 
-    def lr_neighbours(self, method: Method) -> list[Setting]:
-        """The lr steps alone (the full-length walk's axis); ``method`` as ``neighbours`` takes it."""
-        return [
+    def walk_neighbours(self, method: Method) -> list[Setting]:
+        """The full-length walk's steps: the lr, and alpha where the method searches it.
+
+        Neither ranking carries over from 500 steps. Muon's best lr moved; and FOAM-2 at lr 1e-2
+        with alpha 0.25 was 50 PPL behind alpha 0.125 at 500 steps, a cliff gone at 1,000 steps
+        (3.3 PPL from its best there so far; PROTOCOL.md's amendments).
+        """
+        around = [
             Setting(self.lr / 2, self.alpha, self.gap),
             Setting(self.lr * 2, self.alpha, self.gap),
         ]
+        if method.searches_alpha:
+            around += [
+                Setting(self.lr, self.alpha / 2, self.gap),
+                Setting(self.lr, self.alpha * 2, self.gap),
+            ]
+        return around
 
     def neighbours(self, method: Method) -> list[Setting]:
-        """The lr and alpha steps, GaLore/APOLLO's other gaps, and, where alpha is searched, the
-        two diagonal steps that keep the matrices' lr (lr x alpha) and move only the lr of the
-        embeddings, head and norms.
+        """The walk's lr and alpha steps, GaLore/APOLLO's other gaps, and, where alpha is
+        searched, the two diagonal steps that keep the matrices' lr (lr x alpha) and move only
+        the lr of the embeddings, head and norms.
 
         Without the diagonal a point can be bracketed along lr and alpha but not in the two lrs
         the method really has: the module-wise-lr control went from 135.2 to 120.8 (500 steps)
         by doubling the embeddings' lr at the same matrix lr, a move FOAM-2's search never tried.
         """
-        around = self.lr_neighbours(method)
+        around = self.walk_neighbours(method)
         if method.searches_alpha:
             around += [
-                Setting(self.lr, self.alpha / 2, self.gap),
-                Setting(self.lr, self.alpha * 2, self.gap),
                 Setting(self.lr * 2, self.alpha / 2, self.gap),
                 Setting(self.lr / 2, self.alpha * 2, self.gap),
             ]
@@ -333,7 +342,7 @@ class Study:
         return done
 
     def best_at_full_length(self, method: Method) -> Setting | None:
-        """The search's alpha and gap, with the lr walked on to its optimum at full length.
+        """The search's gap, with the lr and alpha walked on to their optimum at full length.
 
         At 1,000 steps Muon's optimum was one lr step below the one its 500-step search chose, by
         twice its seed std (PROTOCOL.md, the amendments under "Why the search carries over").
@@ -341,7 +350,7 @@ class Study:
         searched = self.search(method)
         if searched is None:
             return None
-        return self.descend("final", method, searched, Setting.lr_neighbours)
+        return self.descend("final", method, searched, Setting.walk_neighbours)
 
     def finals(self, name: str, optim: str, best: Setting, overrides: tuple[str, ...] = ()) -> None:
         with ThreadPoolExecutor(max_workers=len(SEEDS)) as pool:
@@ -350,7 +359,7 @@ class Study:
             )
 
     def method_pipeline(self, method: Method, ablations: bool = False) -> None:
-        """Search, the full-length lr walk, 3 finals and (for FOAM-2) the ablations there."""
+        """Search, the full-length walk, 3 finals and (for FOAM-2) the ablations there."""
         best = self.best_at_full_length(method)
         if best is None:
             return

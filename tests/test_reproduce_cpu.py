@@ -205,27 +205,42 @@ def test_an_ablation_that_is_a_table2_method_at_the_same_point_is_not_run_twice(
     assert reproduce_cpu.twin_method("foam2", ("optim.residual=false",)) is None
 
 
-def test_the_finals_lr_is_walked_to_its_optimum_at_full_length(tmp_path):
-    """Every method's finals and FOAM-2's ablations sit at the lr that is best at 1,000 steps,
-    bracketed there at seed 0, even where the 500-step search preferred a larger one (Muon)."""
+def test_the_finals_lr_and_alpha_are_walked_to_their_optimum_at_full_length(tmp_path):
+    """Every method's finals and FOAM-2's ablations sit at the lr and alpha that are best at
+    1,000 steps, bracketed there at seed 0, even where the 500-step search preferred others."""
     study = Study(tmp_path / "data", tmp_path / "runs", jobs=2)
     finals: set[tuple[str, float | None, int | None, float, int]] = set()
+
+    def alpha_best(optim: str, stage: str) -> float:
+        at_search = 64.0 if optim == "apollo_mini" else 0.25
+        return at_search if stage == "search" else at_search * 2  # one alpha step up
 
     def run(stage, name, optim, setting, seed, overrides=()):
         if stage == "final":
             finals.add((name, setting.alpha, setting.gap, setting.lr, seed))
         best_lr = 5e-3 if stage == "search" else 5e-3 / 4  # the optimum moves by two lr steps
-        alpha_best = 64.0 if optim == "apollo_mini" else 0.25
-        alpha_cost = 0 if setting.alpha is None else abs(math.log2(setting.alpha / alpha_best))
+        alpha_cost = (
+            0 if setting.alpha is None else abs(math.log2(setting.alpha / alpha_best(optim, stage)))
+        )
         return 100 + 10 * math.log2(setting.lr / best_lr) ** 2 + alpha_cost + (setting.gap == 20)
 
     study.run = run
     study.all()
+    best_lr = 5e-3 / 4
+    finals_at: dict[str, set[tuple[float, float | None]]] = {}  # AdamW's dir has the control's
     for method in METHODS:
-        runs = {(lr, seed) for name, _, _, lr, seed in finals if name == method.name}
-        best = 5e-3 / 4
-        assert {(best, seed) for seed in reproduce_cpu.SEEDS} <= runs, method
-        assert {(best / 2, 0), (best * 2, 0)} <= runs, method  # bracketed at full length
-        assert {seed for lr, seed in runs if lr != best} == {0}, method  # no wasted seeds
-    ablation_lrs = {lr for name, _, _, lr, _ in finals if name.startswith("ablation_")}
-    assert ablation_lrs == {5e-3 / 4}
+        if method.searches_alpha:
+            best_alpha = alpha_best(method.optim, "final")
+        else:
+            best_alpha = method.start_alpha
+        finals_at.setdefault(method.name, set()).add((best_lr, best_alpha))
+        runs = {(lr, alpha, seed) for name, alpha, _, lr, seed in finals if name == method.name}
+        assert {(best_lr, best_alpha, seed) for seed in reproduce_cpu.SEEDS} <= runs, method
+        bracket = [(best_lr / 2, best_alpha), (best_lr * 2, best_alpha)]
+        if method.searches_alpha:
+            bracket += [(best_lr, best_alpha / 2), (best_lr, best_alpha * 2)]
+        assert {(*point, 0) for point in bracket} <= runs, method  # bracketed at full length
+    for name, points in finals_at.items():  # no wasted seeds
+        assert {(lr, a) for n, a, _, lr, seed in finals if n == name and seed > 0} == points
+    ablations = {(lr, alpha) for name, alpha, _, lr, _ in finals if name.startswith("ablation_")}
+    assert ablations == {(best_lr, 0.5)}  # FOAM-2's walked point
