@@ -6,11 +6,11 @@ as ``scripts/sweep.py`` and ``scripts/reproduce_cpu.py`` lay them out (``STAGE``
 mean, **sample** standard deviation and n. Table 2 takes, for each method, the final-stage point
 with the most seeds and then the lowest mean perplexity (the point whose finals ran; with no
 stages, the best point of the sweep), and flags a best point whose lr neighbours (x2, /2) were
-not both run, or whose alpha lies on the edge of the alphas tried. Also written: Table 3, every
+not both run at its length, or whose alpha lies on the edge of the alphas run there at its lr. Also written: Table 3, every
 point (``sweep.md``), FOAM-2 against each method paired over the same seeds (``paired.md``), the
 ablations (``ablations.md``, FOAM-2's variants in ``ablation_*`` directories), every lr run at
 full length at the best points' alpha and gap (``carry_over.md``), each method's perplexity
-against alpha at its best lr (``alpha.md``; with ``--curves`` also ``alpha_MODEL.png``, and the
+against alpha at its best lr of each stage (``alpha.md``; with ``--curves`` also ``alpha_MODEL.png``, and the
 ablation figures ``ablations_MODEL.png``) and the commits the runs came from (``provenance.md``).
 Output is deterministic, so committed tables regenerate byte for byte.
 
@@ -147,9 +147,10 @@ def table_stage(points: list[Point]) -> str:
     return first_stage(points, ("final", "search"))
 
 
-def sweep_stage(points: list[Point]) -> str:
-    """The stage where lr and alpha were swept: the search when there is one."""
-    return first_stage(points, ("search", "final"))
+def stages(points: list[Point]) -> list[str]:
+    """The stages present, the search's first ("" for runs laid out without stages)."""
+    present = {p.key.stage for p in points}
+    return [s for s in ("", *STAGES) if s in present]
 
 
 def best_points(points: list[Point], stage: str | None = None) -> dict[tuple[str, str], Point]:
@@ -176,20 +177,22 @@ def best_points(points: list[Point], stage: str | None = None) -> dict[tuple[str
 
 
 def edge_notes(point: Point, points: list[Point], row: str) -> list[str]:
-    """Why ``point`` may not be the optimum: an lr neighbour not run, or alpha on the grid edge."""
-    search = sweep_stage(points)
+    """Why ``point`` may not be the optimum at its own length: an lr neighbour (x2, /2) not run
+    there, or alpha on the edge of the alphas run there at its lr and gap."""
+    k = point.key
     same = [
-        p
+        p.key
         for p in points
-        if (p.key.stage, p.key.model, p.key.method) == (search, point.key.model, point.key.method)
+        if (p.key.stage, p.key.model, p.key.method) == (k.stage, k.model, k.method)
         and (row == CONTROL or row_of(p) == row)  # Full-Adam's alpha is 1 by definition
     ]
-    k = point.key
-    ran = [p.key for p in same if (p.key.alpha, p.key.gap) == (k.alpha, k.gap)]
+    lrs = [r.lr for r in same if (r.alpha, r.gap) == (k.alpha, k.gap)]
     notes = []
-    if not all(any(math.isclose(r.lr, k.lr * f) for r in ran) for f in (0.5, 2.0)):
+    if not all(any(math.isclose(lr, k.lr * f) for lr in lrs) for f in (0.5, 2.0)):
         notes.append("lr on the grid's edge")
-    alphas = sorted({p.key.alpha for p in same if p.key.alpha != NO_ALPHA})
+    alphas = sorted(
+        {r.alpha for r in same if (r.lr, r.gap) == (k.lr, k.gap) and r.alpha != NO_ALPHA}
+    )
     if len(alphas) > 1 and k.alpha in (alphas[0], alphas[-1]):
         notes.append(f"alpha {k.alpha:g} on the edge of {[float(a) for a in alphas]}")
     return notes
@@ -431,14 +434,14 @@ def carry_over_table(best: dict[tuple[str, str], Point], points: list[Point]) ->
     return "\n".join(lines) + "\n"
 
 
-def alpha_lines(points: list[Point]) -> dict[tuple[str, str], list[Point]]:
-    """(model, row) -> the search's points at the row's best lr and gap, one per alpha tried.
+def alpha_lines(points: list[Point], stage: str) -> dict[tuple[str, str], list[Point]]:
+    """(model, row) -> the points of ``stage`` at the row's best lr and gap there, one per alpha
+    run at seed 0, where there are at least two.
 
     This is the paper's alpha figure (is FOAM sensitive to alpha?) and its module-wise-lr figure
-    (AdamW with the matrices at lr x alpha against FOAM), read from ``sweep_stage``: the search
-    (seed 0), where alpha was swept.
+    (AdamW with the matrices at lr x alpha against FOAM): at the search's length, where alpha was
+    searched, and at the finals' length, where the walk brackets it around the finals' point.
     """
-    stage = sweep_stage(points)
     lines = {}
     for (model, row), best in best_points(points, stage).items():
         k = best.key
@@ -450,27 +453,30 @@ def alpha_lines(points: list[Point]) -> dict[tuple[str, str], list[Point]]:
             if (p.key.stage, p.key.model, p.key.method, p.key.lr, p.key.gap)
             == (stage, model, k.method, k.lr, k.gap)
             and (row == CONTROL or row_of(p) == row)
+            and 0 in p.ppl_by_seed
         ]
-        lines[(model, row)] = sorted(line, key=lambda p: p.key.alpha)
+        if len(line) > 1:  # a line, not a dot
+            lines[(model, row)] = sorted(line, key=lambda p: p.key.alpha)
     return lines
 
 
 def alpha_table(points: list[Point]) -> str:
     lines = [
-        "| Model | Method | lr | gap | alpha | final PPL (seed 0) |",
-        "|---|---|---:|---:|---:|---:|",
+        "| Stage | Model | Method | lr | gap | alpha | final PPL (seed 0) |",
+        "|---|---|---|---:|---:|---:|---:|",
     ]
-    by_row = alpha_lines(points)
-    for model, row in ordered(by_row):
-        line = by_row[(model, row)]
-        best = min(line, key=lambda p: (p.ppl_by_seed.get(0, math.inf), p.key))
-        for p in line:
-            ppl = p.ppl_by_seed.get(0)
-            lines.append(
-                f"| {model} | {row_label(row)} | {p.key.lr:g} | {p.key.gap or '-'} | "
-                f"{p.key.alpha:g}{' (best)' if p is best else ''} | "
-                f"{'-' if ppl is None else f'{ppl:.2f}'} |"
-            )
+    for stage in stages(points):
+        by_row = alpha_lines(points, stage)
+        for model, row in ordered(by_row):
+            line = by_row[(model, row)]
+            best = min(line, key=lambda p: (p.ppl_by_seed[0], p.key))
+            for p in line:
+                ppl = p.ppl_by_seed[0]
+                lines.append(
+                    f"| {stage or '-'} | {model} | {row_label(row)} | {p.key.lr:g} | "
+                    f"{p.key.gap or '-'} | {p.key.alpha:g}{' (best)' if p is best else ''} | "
+                    f"{'diverged' if math.isinf(ppl) else f'{ppl:.2f}'} |"
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -604,41 +610,50 @@ def save_figure(fig, path: Path, *axes) -> Path:
 
 
 def plot_alpha(points: list[Point], out: Path) -> list[Path]:
-    """Final perplexity against alpha at each method's best lr (seed 0 search runs), one figure per
-    model: the paper's alpha figure and its module-wise-lr figure in one. APOLLO-Mini's alphas
-    (around 128) are a different scale and stay in ``alpha.md`` only."""
+    """Final perplexity against alpha at each method's best lr (seed 0), one figure per model and
+    one panel per stage (the search, the full-length walk): the paper's alpha figure and its
+    module-wise-lr figure in one. APOLLO-Mini's alphas (around 128) are a different scale and stay
+    in ``alpha.md`` only."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    by_row = alpha_lines(points)
+    by_stage = {stage: alpha_lines(points, stage) for stage in stages(points)}
     written = []
-    for model in sorted({m for m, _ in by_row}, key=model_order):
-        lines = {
-            row: [p for p in by_row[(m, row)] if 0 in p.ppl_by_seed]
-            for m, row in ordered(by_row)
-            if m == model and row != "apollo_mini"
+    for model in sorted({m for lines in by_stage.values() for m, _ in lines}, key=model_order):
+        panels = {
+            stage: {
+                row: by_row[(m, row)]
+                for m, row in ordered(by_row)
+                if m == model and row != "apollo_mini"
+            }
+            for stage, by_row in by_stage.items()
         }
-        lines = {row: line for row, line in lines.items() if len(line) > 1}  # a line, not a dot
-        if not lines:
+        panels = {stage: lines for stage, lines in panels.items() if lines}
+        if not panels:
             continue
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for row, line in lines.items():
-            lr = line[0].key.lr
-            ax.plot(
-                [p.key.alpha for p in line],
-                [p.ppl_by_seed[0] for p in line],
-                marker="o",
-                label=f"{row_label(row)} (lr {lr:g})",
-                linestyle="--" if row == CONTROL else "-",
-            )
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
-        ax.set(xlabel="alpha (matrices at lr x alpha)", ylabel="validation perplexity (seed 0)")
-        ax.set_title(f"{model}: alpha at each method's best lr", fontsize=10)
-        written.append(save_figure(fig, out / f"alpha_{model}.png", ax))
+        rows = list(dict.fromkeys(row for lines in panels.values() for row in lines))
+        fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+        for ax, (stage, lines) in zip(axes[0], panels.items(), strict=True):
+            for row, line in lines.items():
+                ax.plot(
+                    [p.key.alpha for p in line],
+                    [p.ppl_by_seed[0] for p in line],
+                    marker="o",
+                    label=f"{row_label(row)} (lr {line[0].key.lr:g})",
+                    linestyle="--" if row == CONTROL else "-",
+                    color=f"C{rows.index(row)}",  # a method's colour in every panel
+                )
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+            ax.set(xlabel="alpha (matrices at lr x alpha)", ylabel="validation perplexity (seed 0)")
+            steps = sorted({p.runs[0]["steps"] for line in lines.values() for p in line if p.runs})
+            where = f"{stage}, " if stage else ""
+            length = "/".join(map(str, steps))
+            ax.set_title(f"{model}, {where}{length} steps: alpha at the best lr", fontsize=10)
+        written.append(save_figure(fig, out / f"alpha_{model}.png", *axes[0]))
     return written
 
 

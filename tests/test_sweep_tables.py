@@ -172,6 +172,10 @@ def test_staged_study_layout(tmp_path):
     write_runs(
         final, "galore_1_4", "llama_2m", [(1e-2, 0.25, s, 44.0 + s) for s in range(3)], gap=20
     )
+    # the walk bracketed GaLore's lr at full length; AdamW's and the control's it did not
+    write_runs(
+        final, "galore_1_4", "llama_2m", [(5e-3, 0.25, 0, 47.0), (2e-2, 0.25, 0, 46.0)], gap=20
+    )
     write_runs(final, "foam2", "llama_2m", [(1e-2, 0.25, s, 40.0 + 2 * s) for s in range(3)])
     write_runs(final, "foam2", "llama_2m", [(2e-2, 0.25, 0, 39.0), (5e-3, 0.25, 0, 41.0)])
     write_runs(
@@ -192,8 +196,9 @@ def test_staged_study_layout(tmp_path):
     # the 3-seed point wins over a 1-seed neighbour with a lower perplexity
     assert "| FOAM-2 | 42.00 ± 2.00 (n=3)" in table2
     assert "| GaLore-1/4 | 45.00 ± 1.00 (n=3) |" in table2  # gap 20's lr is interior: no flag
-    assert "| Full-Adam | 48.00 ± 0.00 (n=3)" in table2
-    assert "| AdamW, matrices at lr x alpha (module-wise lr) | 47.00 ± 0.00 (n=3)" in table2
+    assert "| Full-Adam | 48.00 ± 0.00 (n=3)† |" in table2
+    assert "| AdamW, matrices at lr x alpha (module-wise lr) | 47.00 ± 0.00 (n=3)† |" in table2
+    assert "† llama_2m Full-Adam: lr on the grid's edge" in table2  # 2e-3 not run at full length
     ablations = (out / "ablations.md").read_text()
     assert (
         "| llama_2m | FOAM-2 without the residual (rho = 0) | 0.01 | 0.25 | 50.00 ± 0.00 (n=3) | +8.00 ± 2.00 (n=3) |"
@@ -276,8 +281,9 @@ def test_a_real_two_point_sweep_is_picked_up_by_the_tables(tmp_path):
     assert f"{best:.2f} (n=1)" in (out / "table2.md").read_text()
 
 
-def test_alpha_table_reads_the_search_at_each_methods_best_lr(tmp_path):
-    """The paper's alpha and module-wise-lr figures: PPL against alpha at the best search lr."""
+def test_alpha_table_reads_each_stage_at_each_methods_best_lr(tmp_path):
+    """The paper's alpha and module-wise-lr figures: PPL against alpha at the best search lr, and
+    at the finals' lr at full length, where the walk stepped alpha."""
     search, final = tmp_path / "search", tmp_path / "final"
     write_runs(
         search,
@@ -289,17 +295,22 @@ def test_alpha_table_reads_the_search_at_each_methods_best_lr(tmp_path):
     write_runs(search, "adamw", "llama_2m", [(2e-3, 0.25, 0, 58.0), (2e-3, 0.5, 0, 56.0)])
     write_runs(search, "adamw", "llama_2m", [(2e-3, 1.0, 0, 57.0), (4e-3, 1.0, 0, 59.0)])
     write_runs(final, "foam2", "llama_2m", [(5e-3, 0.25, s, 40.0) for s in range(3)])
+    write_runs(final, "foam2", "llama_2m", [(5e-3, 0.5, 0, 39.0), (1e-2, 0.125, 0, 38.0)])
+    write_runs(final, "adamw", "llama_2m", [(2e-3, 1.0, s, 45.0) for s in range(3)])  # no line
     out = tmp_path / "tables"
     assert make_tables.main([str(tmp_path), "--out", str(out), "--curves"]) == 0
     rows = [line for line in (out / "alpha.md").read_text().splitlines() if "llama_2m" in line]
     control = "AdamW, matrices at lr x alpha (module-wise lr)"
     assert rows == [
-        f"| llama_2m | {control} | 0.002 | - | 0.25 | 58.00 |",
-        f"| llama_2m | {control} | 0.002 | - | 0.5 (best) | 56.00 |",
-        f"| llama_2m | {control} | 0.002 | - | 1 | 57.00 |",
-        "| llama_2m | FOAM-2 | 0.005 | - | 0.125 | 52.00 |",
-        "| llama_2m | FOAM-2 | 0.005 | - | 0.25 (best) | 50.00 |",
-        "| llama_2m | FOAM-2 | 0.005 | - | 0.5 | 55.00 |",
+        f"| search | llama_2m | {control} | 0.002 | - | 0.25 | 58.00 |",
+        f"| search | llama_2m | {control} | 0.002 | - | 0.5 (best) | 56.00 |",
+        f"| search | llama_2m | {control} | 0.002 | - | 1 | 57.00 |",
+        "| search | llama_2m | FOAM-2 | 0.005 | - | 0.125 | 52.00 |",
+        "| search | llama_2m | FOAM-2 | 0.005 | - | 0.25 (best) | 50.00 |",
+        "| search | llama_2m | FOAM-2 | 0.005 | - | 0.5 | 55.00 |",
+        # at the finals' lr; the finals' point (most seeds) is not the best seed-0 run
+        "| final | llama_2m | FOAM-2 | 0.005 | - | 0.25 | 40.00 |",
+        "| final | llama_2m | FOAM-2 | 0.005 | - | 0.5 (best) | 39.00 |",
     ]
     assert (out / "alpha_llama_2m.png").stat().st_size > 10_000
 
