@@ -6,11 +6,12 @@ as ``scripts/sweep.py`` and ``scripts/reproduce_cpu.py`` lay them out (``STAGE``
 mean, **sample** standard deviation and n. Table 2 takes, for each method, the final-stage point
 with the most seeds and then the lowest mean perplexity (the point whose finals ran; with no
 stages, the best point of the sweep), and flags a best point whose lr neighbours (x2, /2) were
-not both run at its length, or whose alpha lies on the edge of the alphas run there at its lr. Also written: Table 3, every
-point (``sweep.md``), FOAM-2 against each method paired over the same seeds (``paired.md``), the
-ablations (``ablations.md``, FOAM-2's variants in ``ablation_*`` directories), every lr run at
-full length at the best points' alpha and gap (``carry_over.md``), each method's perplexity
-against alpha at its best lr of each stage (``alpha.md``; with ``--curves`` also ``alpha_MODEL.png``, and the
+not both run at its length, or whose alpha lies on the edge of the alphas run there at its lr.
+Also written: Table 3, every point (``sweep.md``), FOAM-2 against each method paired over the
+same seeds, with its 95% interval and the paper's difference (``paired.md``), the ablations
+(``ablations.md``, FOAM-2's variants in ``ablation_*`` directories), every lr run at full length
+at the best points' alpha and gap (``carry_over.md``), each method's perplexity against alpha at
+its best lr of each stage (``alpha.md``; with ``--curves`` also ``alpha_MODEL.png``, and the
 ablation figures ``ablations_MODEL.png``) and the commits the runs came from (``provenance.md``).
 Output is deterministic, so committed tables regenerate byte for byte.
 
@@ -42,6 +43,7 @@ from methods import (
     Ablation,
     label,
 )
+from paper_perplexity import STAND_INS, paper_ppl
 from sweep import run_dir_fields
 
 STAGES = ("search", "final")
@@ -340,11 +342,34 @@ def fmt_diff(diff: tuple[float, float | None, int] | None) -> str:
     return f"{mean:+.2f}" + ("" if std is None else f" ± {std:.2f}") + f" (n={n})"
 
 
+def confidence_interval(diff: tuple[float, float | None, int] | None) -> tuple[float, float] | None:
+    """The 95% interval of a paired mean difference (Student's t over its n seeds; None below 2)."""
+    if diff is None or diff[1] is None or diff[2] < 2:
+        return None
+    from scipy.stats import t
+
+    mean, std, n = diff
+    half = float(t.ppf(0.975, n - 1)) * std / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def agreement(interval: tuple[float, float] | None, paper_diff: float | None) -> str:
+    """Whether a difference's sign here is the paper's, where the interval resolves it."""
+    if interval is None or not paper_diff:
+        return "-"
+    low, high = interval
+    if low <= 0 <= high:
+        return "not resolved (interval holds 0)"
+    return "yes" if (low > 0) == (paper_diff > 0) else "no (the other way)"
+
+
 def paired_table(best: dict[tuple[str, str], Point]) -> str:
-    """FOAM-2 minus each method, seed by seed (the same initialisation and data order)."""
+    """FOAM-2 minus each method, seed by seed (the same initialisation and data order), its 95%
+    interval, and the paper's difference on the model this one is (or stands in for)."""
     lines = [
-        f"| Model | Method | {label(REFERENCE)} PPL − method PPL (paired over seeds) |",
-        "|---|---|---:|",
+        f"| Model | Method | {label(REFERENCE)} PPL − method PPL (paired over seeds) | 95% interval "
+        "| paper | same order as the paper |",
+        "|---|---|---:|---:|---:|---|",
     ]
     for model in sorted({m for m, _ in best}, key=model_order):
         reference = best.get((model, REFERENCE))
@@ -354,7 +379,22 @@ def paired_table(best: dict[tuple[str, str], Point]) -> str:
             if row is None or row == REFERENCE:
                 continue
             diff = paired(reference, best[(model, row)])
-            lines.append(f"| {model} | {row_label(row)} | {fmt_diff(diff)} |")
+            interval = confidence_interval(diff)
+            theirs = paper_ppl(model, REFERENCE), paper_ppl(model, row)
+            paper_diff = None if None in theirs else theirs[0] - theirs[1]
+            lines.append(
+                f"| {model} | {row_label(row)} | {fmt_diff(diff)} | "
+                f"{'-' if interval is None else f'[{interval[0]:+.2f}, {interval[1]:+.2f}]'} | "
+                f"{'-' if paper_diff is None else f'{paper_diff:+.2f}'} | "
+                f"{agreement(interval, paper_diff)} |"
+            )
+    stand_ins = sorted({STAND_INS[m] + f" for {m}" for m, _ in best if m in STAND_INS})
+    lines += [
+        "",
+        f"paper: the same difference in the paper's Table 2 (its mean perplexities), on the "
+        f"same model{''.join(f'; {s}' for s in stand_ins)}. The interval is Student's t over "
+        "the seeds.",
+    ]
     return "\n".join(lines) + "\n"
 
 

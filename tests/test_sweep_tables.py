@@ -135,8 +135,12 @@ def test_tables_take_the_best_point_with_sample_std(tmp_path):
     sweep_md = (out / "sweep.md").read_text()
     assert "| - | llama_60m | foam2 | 0.01 | 1 | - | - | 20 | 29.00 (n=1) |" in sweep_md
     assert "| - | llama_60m | foam2 | 0.02 | 0.25 | - | - | - | diverged |" in sweep_md
-    # FOAM-2 - AdamW over seeds 0 and 1: (28.5 - 30) and (28.5 - 32)
-    assert "| llama_60m | Full-Adam | -2.50 ± 1.41 (n=2) |" in (out / "paired.md").read_text()
+    # FOAM-2 - AdamW over seeds 0 and 1: (28.5 - 30) and (28.5 - 32); t(0.975, 1) = 12.706;
+    # the paper: 28.53 - 29.57
+    assert (
+        "| llama_60m | Full-Adam | -2.50 ± 1.41 (n=2) | [-15.21, +10.21] | -1.04 "
+        "| not resolved (interval holds 0) |"
+    ) in (out / "paired.md").read_text()
     # 7 runs of summary()'s 3600 s each
     assert "| abc123 | spm:a.model | 7 | 7.0 |" in (out / "provenance.md").read_text()
     assert "Warning" not in (out / "provenance.md").read_text()
@@ -209,6 +213,12 @@ def test_staged_study_layout(tmp_path):
     )
     assert "| llama_2m | FOAM-Mini | 0.01 | 0.25 | 46.00 ± 0.00 (n=3) |" in ablations
     assert "| FOAM-Mini | 0.005 |" not in ablations
+    # FOAM-2 - GaLore: -4, -3, -2; t(0.975, 2) = 4.303, 4.303 / sqrt(3) = 2.484; the paper's 60M
+    # (llama_2m's stand-in): 28.53 - 34.38
+    assert (
+        "| llama_2m | GaLore-1/4 | -3.00 ± 1.00 (n=3) | [-5.48, -0.52] | -5.85 | yes |"
+        in (out / "paired.md").read_text()
+    )
     carry = (out / "carry_over.md").read_text()
     assert "| llama_2m | FOAM-2 | 0.01 (chosen) | 0.25 | 40.00 |" in carry
     assert "| llama_2m | FOAM-2 | 0.02 | 0.25 | 39.00 |" in carry
@@ -330,3 +340,14 @@ def test_without_a_search_alpha_is_read_from_the_finals(tmp_path):
         "| llama_2m | FOAM-2 | 0.005 | - | 0.25 (best) | 50.00 |" in (out / "alpha.md").read_text()
     )
     assert "alpha 0.25 on the edge of [0.25, 0.5]" in (out / "table2.md").read_text()
+
+
+def test_an_order_is_read_only_where_the_interval_resolves_it():
+    assert make_tables.agreement((-3.0, -1.0), -0.4) == "yes"
+    assert make_tables.agreement((1.0, 3.0), -0.4) == "no (the other way)"
+    assert make_tables.agreement((-1.0, 3.0), -0.4) == "not resolved (interval holds 0)"
+    assert make_tables.agreement(None, -0.4) == "-"  # one seed
+    assert make_tables.agreement((-3.0, -1.0), None) == "-"  # no paper number (the control)
+    assert make_tables.confidence_interval((-2.0, 1.0, 1)) is None
+    low, high = make_tables.confidence_interval((-2.0, 1.0, 3))
+    assert (low, high) == pytest.approx((-2.0 - 2.4841, -2.0 + 2.4841), abs=1e-4)
