@@ -22,22 +22,26 @@ checkpoint):
 4. **Ablations** (``final/``, seeds 0-2): FOAM-2's variants at FOAM-2's finals' point; a variant
    that is a Table 2 method whose walk ended at the same point reuses that method's finals.
 
-Points run ``--jobs`` at a time (two single-thread runs on the 2-core machine); a run that diverges
-(the trainer's exit status 3) counts as infinitely bad and is not retried.
+Points run ``--jobs`` at a time (two single-thread runs on the 2-core machine), the runs later
+runs wait on first (``run_priority``); a run that diverges (the trainer's exit status 3) counts as
+infinitely bad and is not retried.
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import importlib.metadata
+import itertools
 import json
 import math
 import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -195,6 +199,48 @@ class Setting:
         return around
 
 
+def run_priority(stage: str, seed: int) -> tuple[int, int]:
+    """Smaller runs first: seed 0's search, then its full-length walk, then the other seeds.
+
+    Seeds 1-2 have no runs waiting on them, while each search or walk step decides the next; run
+    first, the search and walk leave the seeds to fill the cores at the end, instead of the last
+    walk steps running one at a time with a core idle.
+    """
+    return seed, stage != "search"
+
+
+class PrioritySlots:
+    """``jobs`` slots, each freed one handed to the waiting run with the smallest priority (the
+    earliest to ask among equals), where a semaphore serves them in the order they asked."""
+
+    def __init__(self, jobs: int) -> None:
+        self._free = jobs
+        self._waiting: list[tuple[tuple[int, int], int]] = []
+        self._arrivals = itertools.count()
+        self._changed = threading.Condition()
+
+    @property
+    def waiting(self) -> int:
+        with self._changed:
+            return len(self._waiting)
+
+    @contextmanager
+    def hold(self, priority: tuple[int, int]) -> Iterator[None]:
+        with self._changed:
+            ticket = (priority, next(self._arrivals))
+            heapq.heappush(self._waiting, ticket)
+            self._changed.wait_for(lambda: self._free > 0 and self._waiting[0] == ticket)
+            heapq.heappop(self._waiting)
+            self._free -= 1
+            self._changed.notify_all()  # a slot may still be free for the next in line
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._free += 1
+                self._changed.notify_all()
+
+
 @dataclass
 class Study:
     data: Path
@@ -203,13 +249,13 @@ class Study:
     dry_run: bool = False
     finished: Path | None = None
     """Where earlier sessions' finished runs were committed (``--collect``): they count as done."""
-    slots: threading.Semaphore = field(init=False)
+    slots: PrioritySlots = field(init=False)
     planned: list[Path] = field(default_factory=list)
     _locks: dict[Path, threading.Lock] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        self.slots = threading.Semaphore(self.jobs)
+        self.slots = PrioritySlots(self.jobs)
 
     def lock(self, run_dir: Path) -> threading.Lock:
         """One lock per run directory: AdamW and its control may ask for the same point."""
@@ -271,7 +317,7 @@ class Study:
             if run_dir not in self.planned:
                 self.planned.append(run_dir)
             return None
-        with self.slots:
+        with self.slots.hold(run_priority(stage, seed)):
             run_dir.mkdir(parents=True, exist_ok=True)
             with open(run_dir / "train.log", "a") as log:
                 code = subprocess.run(

@@ -3,6 +3,8 @@
 import gzip
 import json
 import math
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -244,3 +246,48 @@ def test_the_finals_lr_and_alpha_are_walked_to_their_optimum_at_full_length(tmp_
         assert {(lr, a) for n, a, _, lr, seed in finals if n == name and seed > 0} == points
     ablations = {(lr, alpha) for name, alpha, _, lr, _ in finals if name.startswith("ablation_")}
     assert ablations == {(best_lr, 0.5)}  # FOAM-2's walked point
+
+
+def test_freed_slots_go_to_the_runs_later_runs_wait_on():
+    """With the cores busy, a search run asking last starts before the seeds that asked first."""
+    slots = reproduce_cpu.PrioritySlots(2)
+    started: list[tuple[str, int]] = []
+    asked = [("final", 2), ("final", 1), ("final", 0), ("search", 0)]
+
+    def run(stage: str, seed: int) -> None:
+        with slots.hold(reproduce_cpu.run_priority(stage, seed)):
+            started.append((stage, seed))
+
+    with slots.hold((0, 0)), slots.hold((0, 0)):  # both cores busy
+        threads = []
+        for stage, seed in asked:
+            threads.append(threading.Thread(target=run, args=(stage, seed)))
+            threads[-1].start()
+            while slots.waiting < len(threads):  # each asks before the next
+                time.sleep(0.001)
+    for thread in threads:
+        thread.join(timeout=10)
+    assert started == [("search", 0), ("final", 0), ("final", 1), ("final", 2)]
+
+
+def test_every_slot_is_used_when_runs_wait():
+    slots = reproduce_cpu.PrioritySlots(2)
+    inside, most = 0, 0
+    guard = threading.Lock()
+
+    def run() -> None:
+        nonlocal inside, most
+        with slots.hold((1, 1)):
+            with guard:
+                inside += 1
+                most = max(most, inside)
+            time.sleep(0.02)
+            with guard:
+                inside -= 1
+
+    threads = [threading.Thread(target=run) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert most == 2 and slots.waiting == 0
