@@ -39,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -58,6 +59,7 @@ SEEDS = (0, 1, 2)
 DIVERGED = 3  # train/pretrain.py's exit status for a NaN/inf loss
 GAPS = (200, FINAL_STEPS // 50)  # the paper's interval, and the paper's ~50 refreshes per run
 VOCAB = 4096
+LOOKUP_SECONDS = 5  # ample for Study.all to look up every finished run (~0.1 s for 122)
 EVAL_TOKENS = 300_000  # more than the mirror's 279,124 validation tokens: the whole split
 ENVIRONMENT = REPO / "results" / "repro" / "environment.txt"  # the packages the runs were made with
 # The data every run of the study trains on (PROTOCOL.md, "Data"): scripts/make_corpus.py's
@@ -215,6 +217,7 @@ class PrioritySlots:
 
     def __init__(self, jobs: int) -> None:
         self._free = jobs
+        self._paused = False
         self._waiting: list[tuple[tuple[int, int], int]] = []
         self._arrivals = itertools.count()
         self._changed = threading.Condition()
@@ -229,7 +232,9 @@ class PrioritySlots:
         with self._changed:
             ticket = (priority, next(self._arrivals))
             heapq.heappush(self._waiting, ticket)
-            self._changed.wait_for(lambda: self._free > 0 and self._waiting[0] == ticket)
+            self._changed.wait_for(
+                lambda: not self._paused and self._free > 0 and self._waiting[0] == ticket
+            )
             heapq.heappop(self._waiting)
             self._free -= 1
             self._changed.notify_all()  # a slot may still be free for the next in line
@@ -238,6 +243,18 @@ class PrioritySlots:
         finally:
             with self._changed:
                 self._free += 1
+                self._changed.notify_all()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No slot is handed out inside: the runs asking meanwhile queue, to start by priority."""
+        with self._changed:
+            self._paused = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._paused = False
                 self._changed.notify_all()
 
 
@@ -429,9 +446,14 @@ class Study:
 
     def all(self) -> None:
         with ThreadPoolExecutor(max_workers=len(METHODS)) as pool:
-            futures = [
-                pool.submit(self.method_pipeline, m, ablations=m.name == "foam2") for m in METHODS
-            ]
+            # The slots wait while the finished runs are looked up, so the first runs to start
+            # are the most urgent of all that can, not the first asked for.
+            with self.slots.paused():
+                futures = [
+                    pool.submit(self.method_pipeline, m, ablations=m.name == "foam2")
+                    for m in METHODS
+                ]
+                time.sleep(0 if self.dry_run else LOOKUP_SECONDS)
             for future in futures:
                 future.result()
 

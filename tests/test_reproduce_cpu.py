@@ -1,5 +1,6 @@
 """scripts/reproduce_cpu.py: the coordinate search brackets each method's optimum."""
 
+import contextlib
 import gzip
 import json
 import math
@@ -207,9 +208,10 @@ def test_an_ablation_that_is_a_table2_method_at_the_same_point_is_not_run_twice(
     assert reproduce_cpu.twin_method("foam2", ("optim.residual=false",)) is None
 
 
-def test_the_finals_lr_and_alpha_are_walked_to_their_optimum_at_full_length(tmp_path):
+def test_the_finals_lr_and_alpha_are_walked_to_their_optimum_at_full_length(tmp_path, monkeypatch):
     """Every method's finals and FOAM-2's ablations sit at the lr and alpha that are best at
     1,000 steps, bracketed there at seed 0, even where the 500-step search preferred others."""
+    monkeypatch.setattr(reproduce_cpu, "LOOKUP_SECONDS", 0)  # runs are instant here
     study = Study(tmp_path / "data", tmp_path / "runs", jobs=2)
     finals: set[tuple[str, float | None, int | None, float, int]] = set()
 
@@ -248,8 +250,9 @@ def test_the_finals_lr_and_alpha_are_walked_to_their_optimum_at_full_length(tmp_
     assert ablations == {(best_lr, 0.5)}  # FOAM-2's walked point
 
 
-def test_freed_slots_go_to_the_runs_later_runs_wait_on():
-    """With the cores busy, a search run asking last starts before the seeds that asked first."""
+@pytest.mark.parametrize("start", ["cores busy", "paused at the start"])
+def test_freed_slots_go_to_the_runs_later_runs_wait_on(start):
+    """A search run asking last starts before the seeds that asked first."""
     slots = reproduce_cpu.PrioritySlots(2)
     started: list[tuple[str, int]] = []
     asked = [("final", 2), ("final", 1), ("final", 0), ("search", 0)]
@@ -258,12 +261,17 @@ def test_freed_slots_go_to_the_runs_later_runs_wait_on():
         with slots.hold(reproduce_cpu.run_priority(stage, seed)):
             started.append((stage, seed))
 
-    with slots.hold((0, 0)), slots.hold((0, 0)):  # both cores busy
+    with contextlib.ExitStack() as stack:
+        if start == "paused at the start":
+            stack.enter_context(slots.paused())
+        else:
+            stack.enter_context(slots.hold((0, 0)))
+            stack.enter_context(slots.hold((0, 0)))
         threads = []
         for stage, seed in asked:
             threads.append(threading.Thread(target=run, args=(stage, seed)))
             threads[-1].start()
-            while slots.waiting < len(threads):  # each asks before the next
+            while slots.waiting + len(started) < len(threads):  # each asks before the next
                 time.sleep(0.001)
     for thread in threads:
         thread.join(timeout=10)
