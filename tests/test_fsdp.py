@@ -110,26 +110,24 @@ def test_fsdp_run_follows_the_one_rank_curve(curves):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_two_rank_checkpoint_resumed_on_one_rank_continues_the_curve(tmp_path, curves, corpus):
-    step4 = curves["fsdp"] / "checkpoints" / "step_00000004"
-    resumed = tmp_path / "resumed"
-    out = run(command(resumed, *corpus, f"trainer.resume={step4}"))
-    assert "checkpoint of 2 rank(s) resumed on 1" in out.stdout + out.stderr
-    losses, reference = train_losses(resumed), train_losses(curves["fsdp"])
-    assert sorted(losses) == [5, 6]
-    for step, loss in losses.items():
-        assert loss == pytest.approx(reference[step], rel=1e-5)
-
-
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_one_rank_checkpoint_resumed_on_two_fsdp_ranks_continues_the_curve(
-    tmp_path, curves, corpus
+@pytest.mark.parametrize(
+    ("source", "layout", "ranks"), [("fsdp", "one", 1), ("one", "fsdp", 2), ("fsdp", "ddp", 2)]
+)
+def test_checkpoint_resumed_under_another_layout_continues_the_curve(
+    tmp_path, curves, corpus, source, layout, ranks
 ):
-    step4 = curves["one"] / "checkpoints" / "step_00000004"
+    """A step-4 checkpoint carries over between world sizes and between FSDP2 and DDP: the
+    resumed run makes the source run's steps 5-6."""
+    step4 = curves[source] / "checkpoints" / "step_00000004"
     resumed = tmp_path / "resumed"
-    run(torchrun(command(resumed, *corpus, "trainer.parallelism=fsdp", f"trainer.resume={step4}")))
-    losses, reference = train_losses(resumed), train_losses(curves["one"])
+    cmd = command(resumed, *corpus, f"trainer.resume={step4}")
+    if layout != "one":
+        cmd = torchrun([*cmd, f"trainer.parallelism={layout}"])
+    out = run(cmd)
+    written_by = 1 if source == "one" else 2
+    carried = f"checkpoint of {written_by} rank(s) resumed on {ranks}"
+    assert (carried in out.stdout + out.stderr) == (written_by != ranks)
+    losses, reference = train_losses(resumed), train_losses(curves[source])
     assert sorted(losses) == [5, 6]
     for step, loss in losses.items():
         assert loss == pytest.approx(reference[step], rel=1e-5)
@@ -163,18 +161,6 @@ def test_fsdp_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_path, curv
     assert sorted(losses) == list(range(1, 7))
     for step, loss in reference.items():
         assert losses[step] == pytest.approx(loss, rel=1e-6)
-
-
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_fsdp_checkpoint_resumed_under_two_rank_ddp_continues_the_curve(tmp_path, curves, corpus):
-    step4 = curves["fsdp"] / "checkpoints" / "step_00000004"
-    resumed = tmp_path / "resumed"
-    run(torchrun(command(resumed, *corpus, "trainer.parallelism=ddp", f"trainer.resume={step4}")))
-    losses, reference = train_losses(resumed), train_losses(curves["fsdp"])
-    assert sorted(losses) == [5, 6]
-    for step, loss in losses.items():
-        assert loss == pytest.approx(reference[step], rel=1e-5)
 
 
 @pytest.mark.slow

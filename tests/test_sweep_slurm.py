@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import sweep
+from test_train_cli import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,19 +120,10 @@ def test_jobs_ask_for_an_early_signal_and_may_be_requeued(fake_slurm):
 def test_a_preempted_sweep_point_requeues_and_resumes_to_the_end(fake_slurm):
     """The whole chain: SIGUSR2 to the job's processes (as SLURM sends it) reaches the trainer
     through torchrun, the trainer checkpoints, the job requeues; the requeued job finishes."""
-    tiny = [
-        "trainer=cpu_debug",
-        "logger=none",
-        "data.seq_len=64",
-        "trainer.global_batch_size=4",
-        "trainer.micro_batch_size=2",
-        "trainer.eval_tokens=2000",
-        "data.num_workers=0",
-        "trainer.max_steps=12",
-        "trainer.save_every=0",
-        "trainer.eval_every=0",
-    ]
-    run_dir = submit(fake_slurm, *tiny)
+    tiny = [o for o in TINY if not o.startswith("+model=")]  # the sweep names the model
+    run_dir = submit(
+        fake_slurm, *tiny, "trainer.max_steps=12", "trainer.save_every=0", "trainer.eval_every=0"
+    )
     env = {
         **os.environ,
         "SUBMITIT_EXECUTOR": "slurm",
