@@ -728,6 +728,7 @@ def plot_ablations(
         )
         for name, p in levels:
             left.annotate(f"n={p.n}", (name, p.mean_ppl), textcoords="offset points", xytext=(4, 4))
+        left.margins(y=0.12)  # room for the n= labels above the highest point
         left.set_ylabel("final validation perplexity")
         left.set_title(f"{model}: fold level", fontsize=10)
         for ablation, p in residual:
