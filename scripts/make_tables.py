@@ -46,6 +46,8 @@ from methods import (
 from paper_perplexity import STAND_INS, paper_ppl
 from sweep import run_dir_fields
 
+from train.summary import DIVERGED_FILE
+
 STAGES = ("search", "final")
 CONTROL = "adamw_control"  # Table 2's row for the module-wise-lr AdamW control
 REFERENCE = "foam2"  # the method the paired and ablation tables compare against
@@ -107,15 +109,15 @@ def _key(root: Path, run_dir: Path) -> tuple[Key, int] | None:
 
 
 def load_points(root: Path) -> list[Point]:
-    """Every finished (``summary.json``) or diverged (``diverged.json``) run under ``root``."""
+    """Every finished (``summary.json``) or diverged (``DIVERGED_FILE``) run under ``root``."""
     ppls: dict[Key, dict[int, float]] = defaultdict(dict)
     runs: dict[Key, list[dict]] = defaultdict(list)
-    for path in sorted([*root.rglob("summary.json"), *root.rglob("diverged.json")]):
+    for path in sorted([*root.rglob("summary.json"), *root.rglob(DIVERGED_FILE)]):
         located = _key(root, path.parent)
         if located is None:
             continue
         key, seed = located
-        if path.name == "diverged.json":
+        if path.name == DIVERGED_FILE:
             ppls[key][seed] = math.inf
             continue
         summary = json.loads(path.read_text())

@@ -23,8 +23,8 @@ checkpoint):
    that is a Table 2 method whose walk ended at the same point reuses that method's finals.
 
 Points run ``--jobs`` at a time (two single-thread runs on the 2-core machine), the runs later
-runs wait on first (``run_priority``); a run that diverges (the trainer's exit status 3) counts as
-infinitely bad and is not retried.
+runs wait on first (``run_priority``); a run that diverges (the trainer then writes
+``diverged.json``, ``train/summary.py``) counts as infinitely bad and is not retried.
 """
 
 from __future__ import annotations
@@ -48,15 +48,14 @@ from pathlib import Path
 
 from make_corpus import corpus_digest, tokenizer_sha256
 from methods import ABLATION_PREFIX, ABLATIONS, Ablation
-from sweep import REPO, Point, run_dir_fields, train_command
+from sweep import REPO, Point, hparam, run_dir_fields, train_command
 
-from train.summary import uncommitted_changes
+from train.summary import DIVERGED_FILE, uncommitted_changes
 
 MODEL = "llama_2m"
 SEARCH_STEPS = 500
 FINAL_STEPS = 1000
 SEEDS = (0, 1, 2)
-DIVERGED = 3  # train/pretrain.py's exit status for a NaN/inf loss
 GAPS = (200, FINAL_STEPS // 50)  # the paper's interval, and the paper's ~50 refreshes per run
 VOCAB = 4096
 LOOKUP_SECONDS = 5  # ample for Study.all to look up every finished run (~0.1 s for 122)
@@ -157,12 +156,12 @@ class Setting:
     gap: int | None
 
     def __post_init__(self) -> None:
-        # A run gets its lr and alpha, and its directory its name, as ``{:g}`` (sweep.py), so a
+        # A run gets its lr and alpha, and its directory its name, as ``hparam`` writes them, so a
         # point is the value run: a setting computed by halving equals the one read back from
         # its directory's name.
-        object.__setattr__(self, "lr", float(f"{self.lr:g}"))
+        object.__setattr__(self, "lr", float(hparam(self.lr)))
         if self.alpha is not None:
-            object.__setattr__(self, "alpha", float(f"{self.alpha:g}"))
+            object.__setattr__(self, "alpha", float(hparam(self.alpha)))
 
     def walk_neighbours(self, method: Method) -> list[Setting]:
         """The full-length walk's steps: the lr, and alpha where the method searches it.
@@ -293,7 +292,7 @@ class Study:
         for place in places:
             if (place / "summary.json").exists():
                 return json.loads((place / "summary.json").read_text())["final_val_ppl"]
-            if (place / "diverged.json").exists():
+            if (place / DIVERGED_FILE).exists():
                 return math.inf
         return None
 
@@ -340,12 +339,10 @@ class Study:
                 code = subprocess.run(
                     cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT
                 ).returncode
-        if code == DIVERGED:
-            (run_dir / "diverged.json").write_text(json.dumps({"returncode": code}) + "\n")
-            return math.inf
-        if code != 0:
+        done = self.result(run_dir)  # the trainer's summary, or its record of a divergence
+        if done is None:
             raise RuntimeError(f"{run_dir}: exit status {code}, see {run_dir / 'train.log'}")
-        return self.result(run_dir)
+        return done
 
     # -- the stages --------------------------------------------------------------------------
 
@@ -462,7 +459,7 @@ def collect(root: Path, dest: Path) -> int:
     """Copy each finished run's ``summary.json`` (or ``diverged.json``) and ``config.yaml`` to
     ``dest`` (same layout), so the next session (``--finished``) and the tables see them."""
     copied = 0
-    for done in sorted([*root.rglob("summary.json"), *root.rglob("diverged.json")]):
+    for done in sorted([*root.rglob("summary.json"), *root.rglob(DIVERGED_FILE)]):
         target = dest / done.parent.relative_to(root)
         target.mkdir(parents=True, exist_ok=True)
         for name in (done.name, "config.yaml"):

@@ -2,8 +2,8 @@
 
 The default grids are the paper's (Appendix, Hyperparameters): AdamW, Muon and Adam-mini over
 lr only; the low-rank methods and FOAM over lr x alpha. Each point gets its own run directory
-``ROOT/MODEL/OPTIM/lr{lr}_alpha{alpha}_seed{seed}``; a point whose ``summary.json`` exists is
-finished and skipped, and an interrupted one resumes from its last checkpoint
+``ROOT/MODEL/OPTIM/lr{lr}_alpha{alpha}_seed{seed}``; a point whose ``summary.json`` (or
+``diverged.json``) exists is finished and skipped, and an interrupted one resumes from its last checkpoint
 (``trainer.resume=auto``). Hydra's ``-m`` is never used inside torchrun: the sweep lives out here.
 
 Results must be traceable to code: the sweep refuses to start from a tree with uncommitted
@@ -41,7 +41,7 @@ from pathlib import Path
 from methods import PAPER_SWEEP, sweeps_alpha
 
 from train.preemption import STOP_SIGNALS, install_stop_signals, received_signal
-from train.summary import uncommitted_changes
+from train.summary import DIVERGED_FILE, uncommitted_changes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,6 +56,13 @@ TORCHRUN_SIGNALS = ",".join(["SIGINT", "SIGHUP", "SIGQUIT", *(sig.name for sig i
 LR_ONLY = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2)
 LR_WITH_ALPHA = (1e-3, 2.5e-3, 5e-3, 1e-2)
 ALPHAS = (0.25, 0.5, 1.0)
+
+
+def hparam(value: float) -> str:
+    """An lr or alpha as a run's command and directory name write it: exactly, for every value a
+    factor-2 grid reaches from a round start (``0.25 / 2**7 = 0.001953125`` has 7 digits, which
+    ``:g`` rounds, so that doubling it again missed 0.00390625)."""
+    return f"{value:.10g}"
 
 
 RUN_DIR = re.compile(
@@ -86,9 +93,9 @@ class Point:
 
     def run_dir(self, root: Path) -> Path:
         """``lr{lr}[_alpha{a}][_gap{g}]_seed{s}``: the layout ``run_dir_fields`` reads."""
-        alpha = "" if self.alpha is None else f"_alpha{self.alpha:g}"
+        alpha = "" if self.alpha is None else f"_alpha{hparam(self.alpha)}"
         gap = "" if self.gap is None else f"_gap{self.gap}"
-        return root / self.model / self.name / f"lr{self.lr:g}{alpha}{gap}_seed{self.seed}"
+        return root / self.model / self.name / f"lr{hparam(self.lr)}{alpha}{gap}_seed{self.seed}"
 
 
 def grid(
@@ -124,13 +131,13 @@ def train_command(point: Point, run_dir: Path, nproc: int, overrides: list[str])
         str(REPO / "train" / "pretrain.py"),
         f"+model={point.model}",
         f"+optim={point.optim}",
-        f"optim.lr={point.lr:g}",
+        f"optim.lr={hparam(point.lr)}",
         f"trainer.seed={point.seed}",
         f"hydra.run.dir={run_dir}",
         "trainer.resume=auto",
     ]
     if point.alpha is not None:
-        args.append(f"optim.alpha={point.alpha:g}")
+        args.append(f"optim.alpha={hparam(point.alpha)}")
     return args + overrides
 
 
@@ -248,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = point.run_dir(args.root)
         if (run_dir / "summary.json").exists():
             print(f"done, skipped: {run_dir}")
+            continue
+        if (run_dir / DIVERGED_FILE).exists():
+            print(f"diverged, skipped: {run_dir}")
             continue
         todo.append((train_command(point, run_dir, args.nproc, args.overrides), run_dir))
 

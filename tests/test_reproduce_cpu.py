@@ -4,6 +4,7 @@ import contextlib
 import gzip
 import json
 import math
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -12,6 +13,8 @@ import pytest
 import reproduce_cpu
 from reproduce_cpu import METHODS, Method, Setting, Study
 from sweep import Point, run_dir_fields
+
+from train.summary import write_diverged
 
 
 def fake_study(tmp_path: Path, ppl) -> tuple[Study, list[Setting]]:
@@ -113,18 +116,56 @@ def test_the_search_goes_on_from_the_best_run_so_far(tmp_path):
     }
 
 
-def test_a_setting_is_the_value_its_run_gets():
-    """Halved eight times, an lr has more digits than a run directory's name keeps."""
-    lr = 5e-3 / 2**8
-    setting = Setting(lr, 0.25 / 2**8, None)
+@pytest.mark.parametrize("halvings", [1, 7, 8, 12])
+def test_a_setting_is_the_value_its_run_gets(halvings):
+    """Halved seven times, 0.25 has 7 digits (0.001953125): the name keeps them all, so the
+    setting read back from its run directory is the setting, and doubling it again lands on the
+    point one halving up, not on a near-duplicate of it."""
+    setting = Setting(5e-3 / 2**halvings, 0.25 / 2**halvings, None)
     name = Point("m", "foam2", setting.lr, setting.alpha, 0, "foam2").run_dir(Path(".")).name
     assert run_dir_fields(name)[:2] == (setting.lr, setting.alpha)
+    up = Setting(setting.lr * 2, setting.alpha * 2, None)
+    assert up == Setting(5e-3 / 2 ** (halvings - 1), 0.25 / 2 ** (halvings - 1), None)
+    command = reproduce_cpu.train_command(
+        Point("m", "foam2", setting.lr, setting.alpha, 0, "foam2"), Path("."), 1, []
+    )
+    assert f"optim.alpha={0.25 / 2**halvings!r}" in command
 
 
 def test_diverged_neighbours_count_as_worse(tmp_path):
     method = Method("adamw", "adamw", 2.5e-3, start_alpha=1.0)
     study, _ = fake_study(tmp_path, lambda s: math.inf if s.lr > 3e-3 else 100 + 1 / s.lr * 1e-3)
     assert study.search(method).lr == 2.5e-3
+
+
+@pytest.mark.parametrize("diverged", [True, False])
+def test_a_run_the_trainer_records_as_diverged_is_infinitely_bad_and_not_run_again(
+    tmp_path, monkeypatch, diverged
+):
+    """Under torchrun the trainer's exit status 3 arrives as 1, like any failure: the trainer's
+    diverged.json tells the two apart."""
+    study = Study(tmp_path / "data", tmp_path / "runs", jobs=1)
+    launched = []
+    git = subprocess.run
+
+    def train(cmd, **kwargs):
+        if cmd[0] == "git":  # write_diverged's git_sha
+            return git(cmd, **kwargs)
+        run_dir = Path(next(a for a in cmd if a.startswith("hydra.run.dir=")).split("=", 1)[1])
+        launched.append(run_dir)
+        if diverged:
+            write_diverged(run_dir, 7, "step 7: loss nan, grad norm nan")
+        return subprocess.CompletedProcess(cmd, returncode=1)
+
+    monkeypatch.setattr(reproduce_cpu.subprocess, "run", train)
+    setting = Setting(1e-1, 0.25, None)
+    if not diverged:
+        with pytest.raises(RuntimeError, match="exit status 1"):
+            study.run("final", "foam2", "foam2", setting, 0)
+        return
+    assert study.run("final", "foam2", "foam2", setting, 0) == math.inf
+    assert study.run("final", "foam2", "foam2", setting, 0) == math.inf
+    assert len(launched) == 1
 
 
 def test_the_protocol_is_what_protocol_md_says():

@@ -39,31 +39,19 @@ def test_dry_run_prints_the_papers_full_grid(capsys):
     assert all("-m " not in c.split("pretrain.py")[1] for c in commands)  # no Hydra multirun
 
 
-def test_finished_points_are_skipped(tmp_path, capsys):
-    point = sweep.grid("llama_tiny", ["foam2"], [1e-3], [0.25], [0])[0]
-    done = point.run_dir(tmp_path)
-    done.mkdir(parents=True)
-    (done / "summary.json").write_text("{}")
-    sweep.main(
-        [
-            "--model",
-            "llama_tiny",
-            "--methods",
-            "foam2",
-            "--lrs",
-            "1e-3",
-            "2e-3",
-            "--alphas",
-            "0.25",
-            "--seeds",
-            "0",
-            "--root",
-            str(tmp_path),
-            "--dry-run",
-        ]
+def test_finished_and_diverged_points_are_skipped(tmp_path, capsys):
+    done, diverged = (
+        point.run_dir(tmp_path)
+        for point in sweep.grid("llama_tiny", ["foam2"], [1e-3, 2e-3], [0.25], [0])
     )
+    for run_dir, record in ((done, "summary.json"), (diverged, "diverged.json")):
+        run_dir.mkdir(parents=True)
+        (run_dir / record).write_text("{}")
+    grid = ["--model", "llama_tiny", "--methods", "foam2", "--lrs", "1e-3", "2e-3", "4e-3"]
+    sweep.main([*grid, "--alphas", "0.25", "--seeds", "0", "--root", str(tmp_path), "--dry-run"])
     out = capsys.readouterr().out
-    assert f"done, skipped: {done}" in out and out.count("pretrain.py") == 1
+    assert f"done, skipped: {done}" in out and f"diverged, skipped: {diverged}" in out
+    assert out.count("pretrain.py") == 1
 
 
 def summary(model, lr, alpha, seed, ppl, steps=(10, 20)):

@@ -14,6 +14,8 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from train.summary import DIVERGED_FILE
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
     "+model=llama_tiny",
@@ -96,6 +98,18 @@ def test_tiny_run_writes_its_run_directory(tmp_path):
     )
     assert "lr: 0.01" in (run_dir / "config.yaml").read_text()  # resolved
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_00000003"]
+
+
+def test_a_diverged_run_says_where_and_writes_no_summary(tmp_path):
+    """Exit status 3 and ``diverged.json``: under torchrun the status arrives as 1, so drivers
+    read the file (scripts/reproduce_cpu.py, scripts/sweep.py)."""
+    run_dir = tmp_path / "run"
+    overrides = ("optim.lr=1e30", "trainer.max_steps=6", "trainer.eval_every=0")
+    out = run(command(run_dir, *overrides, optim="adamw"), expect_rc=3)
+    record = json.loads((run_dir / DIVERGED_FILE).read_text())
+    assert record["error"].startswith(f"step {record['stopped_at_step']}: loss nan")
+    assert record["error"] in out.stderr and record["git_sha"]
+    assert not (run_dir / "summary.json").exists()
 
 
 def test_release_semantics_trains_through_the_cli(tmp_path):

@@ -83,7 +83,7 @@ from train.seeding import seed_everything
 from train.state import TrainState
 from train.step import TrainingDiverged, train_step
 from train.step_stats import IntervalStats, StepStats
-from train.summary import build_summary, write_summary
+from train.summary import build_summary, write_diverged, write_summary
 from train.tokenizer import Tokenizer
 
 log = logging.getLogger("train.pretrain")
@@ -140,7 +140,12 @@ def train(cfg: DictConfig) -> dict:
         resumed=bool(resume_from),
         config=config,
     )
-    last_mfu = train_loop(run, state, sink)
+    try:
+        last_mfu = train_loop(run, state, sink)
+    except TrainingDiverged as err:
+        if info.is_main:
+            write_diverged(run.run_dir, state.step, str(err))
+        raise
     final = state.last_eval() or evaluate_and_log(run, state, sink)
     summary = build_summary(
         cfg,

@@ -37,6 +37,9 @@ data_skipped                documents the data pipeline skipped as malformed (al
 projections                 projections computed per matrix (GaLore/APOLLO refreshes; null otherwise)
 eval_history                list of {step, tokens, val_loss, val_ppl}
 =========================== ================================================================
+
+A run that diverges writes ``diverged.json`` instead (``write_diverged``: stopped_at_step, error,
+git_sha).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from typing import Any
 from train.state import TrainState
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+DIVERGED_FILE = "diverged.json"  # instead of summary.json when the run diverged (write_diverged)
 
 
 def uncommitted_changes(repo: Path = REPO_ROOT) -> str:
@@ -126,8 +130,22 @@ def build_summary(
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
-    path = Path(run_dir) / "summary.json"
+    return _write_json(Path(run_dir) / "summary.json", summary)
+
+
+def write_diverged(run_dir: Path, step: int, error: str) -> Path:
+    """``DIVERGED_FILE``: the run stopped on a non-finite loss or gradient norm. Drivers count it
+    as finished and infinitely bad: resumed, it would only diverge again from its last checkpoint,
+    and under torchrun its exit status 3 reaches them as torchrun's 1."""
+    return _write_json(
+        Path(run_dir) / DIVERGED_FILE,
+        {"stopped_at_step": step, "error": error, "git_sha": git_sha()},
+    )
+
+
+def _write_json(path: Path, record: dict[str, Any]) -> Path:
+    """Written whole or not at all: a reader never sees half a file."""
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(path)
     return path
