@@ -381,15 +381,16 @@ class Study:
         the protocol (the diagonal) is run around that point, not along the path that led to it.
         """
         return self.descend(
-            "search", method, method.start(), Setting.neighbours, self.searched(method)
+            "search", method, method.start(), Setting.neighbours, self.seed0_runs("search", method)
         )
 
-    def searched(self, method: Method) -> dict[Setting, float]:
-        """The method's finished search runs, here or committed by an earlier session."""
+    def seed0_runs(self, stage: str, method: Method) -> dict[Setting, float]:
+        """The method's finished seed-0 runs of ``stage``, here or committed by an earlier
+        session."""
         bases = [self.root, *([self.finished] if self.finished else [])]
         done: dict[Setting, float] = {}
         for base in bases:
-            for run_dir in sorted((base / "search" / MODEL / method.name).glob("*_seed0")):
+            for run_dir in sorted((base / stage / MODEL / method.name).glob("*_seed0")):
                 fields = run_dir_fields(run_dir.name)
                 if fields is None:
                     continue
@@ -406,11 +407,21 @@ class Study:
 
         At 1,000 steps Muon's optimum was one lr step below the one its 500-step search chose, by
         twice its seed std (PROTOCOL.md, the amendments under "Why the search carries over").
+        The walk runs the search's point at full length, then goes on from the best of it and
+        every full-length run of the method at the search's gap, as the search goes on from its
+        best run: a full-length point measured before the search moved away still counts.
         """
         searched = self.search(method)
         if searched is None:
             return None
-        return self.descend("final", method, searched, Setting.walk_neighbours)
+        ppl = self.run("final", method.name, method.optim, searched, 0, method.overrides)
+        if ppl is None:
+            return None
+        walked = {
+            s: p for s, p in self.seed0_runs("final", method).items() if s.gap == searched.gap
+        }
+        walked[searched] = ppl
+        return self.descend("final", method, searched, Setting.walk_neighbours, walked)
 
     def finals(self, name: str, optim: str, best: Setting, overrides: tuple[str, ...] = ()) -> None:
         with ThreadPoolExecutor(max_workers=len(SEEDS)) as pool:

@@ -102,8 +102,8 @@ def test_the_search_goes_on_from_the_best_run_so_far(tmp_path):
         run_dir = base / study.run_dir("search", "adamw", setting, 0).relative_to(study.root)
         run_dir.mkdir(parents=True)
         (run_dir / "summary.json").write_text(json.dumps({"final_val_ppl": ppl}))
-    assert study.searched(control) == {s: ppl for (_, s), ppl in done.items()}
-    assert study.searched(adamw) == {Setting(2.5e-3, 1.0, None): 150.0}
+    assert study.seed0_runs("search", control) == {s: ppl for (_, s), ppl in done.items()}
+    assert study.seed0_runs("search", adamw) == {Setting(2.5e-3, 1.0, None): 150.0}
     study.dry_run = True
     assert study.search(control) is None
     # every neighbour of the committed best (1e-2, 0.125) but the one already run, (5e-3, 0.25)
@@ -114,6 +114,41 @@ def test_the_search_goes_on_from_the_best_run_so_far(tmp_path):
         "lr0.01_alpha0.25_seed0",
         "lr0.02_alpha0.0625_seed0",
     }
+
+
+@pytest.mark.parametrize("earlier_ppl", [80.0, 95.0])
+def test_the_walk_goes_on_from_the_best_full_length_run(tmp_path, earlier_ppl):
+    """A full-length run made before the search moved away (FOAM-2's lr check at 5e-3) counts:
+    where it beats the search's point at full length, the walk brackets the optimum around it;
+    where it does not, the walk goes on from the search's point. Either way the search's point
+    is run at full length."""
+    foam2 = next(m for m in METHODS if m.name == "foam2")
+    study = Study(tmp_path / "data", tmp_path / "runs", jobs=2)
+    earlier, searched = Setting(5e-3, 0.25, None), Setting(2e-2, 0.0625, None)
+    run_dir = study.run_dir("final", "foam2", earlier, 0)
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps({"final_val_ppl": earlier_ppl}))
+    at_search_length = bowl(best_lr=searched.lr, best_alpha=searched.alpha)
+    ran: list[Setting] = []
+
+    def run(stage, name, optim, setting, seed, overrides=()):
+        if stage == "search":
+            return at_search_length(setting)
+        ran.append(setting)
+        distance = abs(math.log2(setting.lr / earlier.lr)) + abs(
+            math.log2(setting.alpha / earlier.alpha)
+        )
+        return 90.0 if setting == searched else earlier_ppl + distance
+
+    study.run = run
+    best = study.best_at_full_length(foam2)
+    assert ran[0] == searched
+    if earlier_ppl < 90:
+        assert best == earlier
+        assert set(earlier.walk_neighbours(foam2)) <= set(ran)
+    else:
+        assert best == searched
+        assert earlier not in ran
 
 
 @pytest.mark.parametrize("halvings", [1, 7, 8, 12])
