@@ -52,6 +52,7 @@ STAGES = ("search", "final")
 CONTROL = "adamw_control"  # Table 2's row for the module-wise-lr AdamW control
 REFERENCE = "foam2"  # the method the paired and ablation tables compare against
 EDGE = "†"
+ORDER_SEEDS = 3  # paired seeds an order is read over (PROTOCOL.md, "Finals, seeds, statistics")
 NO_ALPHA = -1.0  # the alpha of a point whose method has none (keeps Key sortable and hashable)
 
 
@@ -159,19 +160,22 @@ def stages(points: list[Point]) -> list[str]:
 
 def best_points(points: list[Point], stage: str | None = None) -> dict[tuple[str, str], Point]:
     """(model, row) -> the point of ``stage`` (default: ``table_stage``) with the most seeds, then
-    the lowest mean perplexity.
+    the lowest mean perplexity (a point with a diverged seed counts as diverged, not left out).
 
-    The control row competes with AdamW at alpha 1 too (alpha 1 is part of its grid).
+    The control row competes with AdamW at alpha 1 too (alpha 1 is part of its grid), once it has
+    a point of its own at ``stage``: before that, it would only repeat Full-Adam's row.
     """
     stage = table_stage(points) if stage is None else stage
+    at_stage = [p for p in points if p.key.stage == stage]
+    controls = {p.key.model for p in at_stage if row_of(p) == CONTROL}
     best: dict[tuple[str, str], Point] = {}
 
     def rank(p: Point) -> tuple:
         return (-p.n, p.mean_ppl, p.key)
 
-    for point in (p for p in points if p.key.stage == stage and math.isfinite(p.mean_ppl)):
+    for point in at_stage:
         rows = [row_of(point)]
-        if point.key.method == "adamw" and rows[0] != CONTROL:
+        if point.key.method == "adamw" and rows[0] != CONTROL and point.key.model in controls:
             rows.append(CONTROL)
         for row in rows:
             key = (point.key.model, row)
@@ -181,24 +185,37 @@ def best_points(points: list[Point], stage: str | None = None) -> dict[tuple[str
 
 
 def edge_notes(point: Point, points: list[Point], row: str) -> list[str]:
-    """Why ``point`` may not be the optimum at its own length: an lr neighbour (x2, /2) not run
-    there, or alpha on the edge of the alphas run there at its lr and gap."""
+    """Why ``point`` may not be the optimum at its own length: an lr or alpha neighbour (x2, /2)
+    not run there, or one that did better over the seeds both ran (a point kept for its seeds,
+    which a walk has since left)."""
     k = point.key
     same = [
-        p.key
+        p
         for p in points
-        if (p.key.stage, p.key.model, p.key.method) == (k.stage, k.model, k.method)
-        and (row == CONTROL or row_of(p) == row)  # Full-Adam's alpha is 1 by definition
+        if (p.key.stage, p.key.model, p.key.method, p.key.gap)
+        == (k.stage, k.model, k.method, k.gap)
+        and (row == CONTROL or row_of(p) == row)
     ]
-    lrs = [r.lr for r in same if (r.alpha, r.gap) == (k.alpha, k.gap)]
+
+    def at(lr: float, alpha: float) -> Point | None:
+        return next(
+            (p for p in same if math.isclose(p.key.lr, lr) and math.isclose(p.key.alpha, alpha)),
+            None,
+        )
+
+    axes = {"lr": [(k.lr * f, k.alpha) for f in (0.5, 2.0)]}
+    if k.alpha != NO_ALPHA and row != "adamw":  # Full-Adam's alpha is 1 by definition
+        axes["alpha"] = [(k.lr, k.alpha * f) for f in (0.5, 2.0)]
     notes = []
-    if not all(any(math.isclose(lr, k.lr * f) for lr in lrs) for f in (0.5, 2.0)):
-        notes.append("lr on the grid's edge")
-    alphas = sorted(
-        {r.alpha for r in same if (r.lr, r.gap) == (k.lr, k.gap) and r.alpha != NO_ALPHA}
-    )
-    if len(alphas) > 1 and k.alpha in (alphas[0], alphas[-1]):
-        notes.append(f"alpha {k.alpha:g} on the edge of {[float(a) for a in alphas]}")
+    for axis, around in axes.items():
+        neighbours = [at(lr, alpha) for lr, alpha in around]
+        if None in neighbours:
+            notes.append(f"{axis} on the grid's edge")
+        for neighbour in filter(None, neighbours):
+            diff = paired(neighbour, point)
+            if diff is not None and diff[0] < 0:
+                value = neighbour.key.lr if axis == "lr" else neighbour.key.alpha
+                notes.append(f"{axis} {value:g} did better: {fmt_diff(diff)}")
     return notes
 
 
@@ -236,6 +253,9 @@ def fmt_ppl(point: Point | None, latex: bool, flag: bool = False) -> str:
     if point is None:
         return "-"
     mark = EDGE if flag else ""
+    if not math.isfinite(point.mean_ppl):
+        diverged = sum(not math.isfinite(v) for v in point.ppl_by_seed.values())
+        return f"diverged ({diverged} of {point.n} seeds){mark}"
     std = point.std_ppl
     if latex:
         spread = "" if std is None else f"_{{\\pm {std:.2f}}}"
@@ -287,6 +307,15 @@ def table2(best: dict[tuple[str, str], Point], points: list[Point], latex: bool)
     lines.append("")
     lines.append("Final validation perplexity: mean ± sample std over n seeds.")
     lines += [f"{EDGE} {note}" for note in notes]
+    stage = table_stage(points)
+    for model in models:
+        seen = {row_of(p) for p in points if p.key.model == model and p.key.stage != stage}
+        pending = [r for r in method_rows(seen) if r is not None and (model, r) not in best]
+        if pending:
+            names = ", ".join(row_label(r) for r in pending)
+            lines.append(
+                f"Not yet run in {stage}/ on {model} (their runs are in sweep.md): {names}."
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -355,10 +384,13 @@ def confidence_interval(diff: tuple[float, float | None, int] | None) -> tuple[f
     return mean - half, mean + half
 
 
-def agreement(interval: tuple[float, float] | None, paper_diff: float | None) -> str:
-    """Whether a difference's sign here is the paper's, where the interval resolves it."""
+def agreement(interval: tuple[float, float] | None, paper_diff: float | None, n: int) -> str:
+    """Whether a difference's sign here is the paper's, where the interval resolves it over the
+    finals' seeds (PROTOCOL.md: an order is read over 3 paired seeds, not fewer)."""
     if interval is None or not paper_diff:
         return "-"
+    if n < ORDER_SEEDS:
+        return f"not read (n < {ORDER_SEEDS})"
     low, high = interval
     if low <= 0 <= high:
         return "not resolved (interval holds 0)"
@@ -388,7 +420,7 @@ def paired_table(best: dict[tuple[str, str], Point]) -> str:
                 f"| {model} | {row_label(row)} | {fmt_diff(diff)} | "
                 f"{'-' if interval is None else f'[{interval[0]:+.2f}, {interval[1]:+.2f}]'} | "
                 f"{'-' if paper_diff is None else f'{paper_diff:+.2f}'} | "
-                f"{agreement(interval, paper_diff)} |"
+                f"{agreement(interval, paper_diff, 0 if diff is None else diff[2])} |"
             )
     stand_ins = sorted({STAND_INS[m] + f" for {m}" for m, _ in best if m in STAND_INS})
     lines += [

@@ -113,9 +113,10 @@ def test_tables_take_the_best_point_with_sample_std(tmp_path):
     assert table2[0] == "| Method | llama_60m PPL | llama_60m memory |"
     # sample std of 30 and 32 is sqrt(2); AdamW's best lr has no lower neighbour: flagged
     assert table2[2] == "| Full-Adam | 31.00 ± 1.41 (n=2)† | 0.35G |"
-    # FOAM-2's best has both lr neighbours (2e-2 diverged) and alpha 0.25 on the edge of {0.25, 1}
+    # FOAM-2's best has both lr neighbours (2e-2 diverged), but not alpha 0.125 and 0.5
     assert "| FOAM-2 | 28.50 ± 0.00 (n=2)† | 0.27G |" in table2
-    assert "† llama_60m FOAM-2: alpha 0.25 on the edge of [0.25, 1.0]" in table2
+    assert "† llama_60m FOAM-2: alpha on the grid's edge" in table2
+    assert not any("module-wise" in line for line in table2)  # no control run: no control row
     assert not any("FOAM-2: lr" in line for line in table2)
     table3 = (out / "table3.md").read_text().splitlines()
     assert table3[2] == "| llama_60m | Full-Adam | 1.00G | 41.00 | 31.00 | 1.000 | 2.0K |"
@@ -127,11 +128,20 @@ def test_tables_take_the_best_point_with_sample_std(tmp_path):
     # the paper: 28.53 - 29.57
     assert (
         "| llama_60m | Full-Adam | -2.50 ± 1.41 (n=2) | [-15.21, +10.21] | -1.04 "
-        "| not resolved (interval holds 0) |"
+        "| not read (n < 3) |"
     ) in (out / "paired.md").read_text()
     # 7 runs of summary()'s 3600 s each
     assert "| abc123 | spm:a.model | 7 | 7.0 |" in (out / "provenance.md").read_text()
     assert "Warning" not in (out / "provenance.md").read_text()
+
+
+def test_a_point_with_a_diverged_seed_is_shown_diverged_not_left_out(tmp_path):
+    """Its row would otherwise fall back, unmarked, to a neighbour run at one seed."""
+    seeds = [(1e-2, 0.25, 0, 28.0), (1e-2, 0.25, 1, None), (1e-2, 0.25, 2, 29.0)]
+    write_runs(tmp_path, "foam2", "llama_60m", [*seeds, (5e-3, 0.25, 0, 30.0)])
+    out = tmp_path / "tables"
+    assert make_tables.main([str(tmp_path), "--out", str(out)]) == 0
+    assert "| FOAM-2 | diverged (1 of 3 seeds)† |" in (out / "table2.md").read_text()
 
 
 def test_provenance_flags_runs_on_different_tokenizers(tmp_path):
@@ -166,8 +176,18 @@ def test_staged_study_layout(tmp_path):
     )
     # the walk bracketed GaLore's lr at full length; AdamW's and the control's it did not
     write_runs(
-        final, "galore_1_4", "llama_2m", [(5e-3, 0.25, 0, 47.0), (2e-2, 0.25, 0, 46.0)], gap=20
+        final,
+        "galore_1_4",
+        "llama_2m",
+        [
+            (5e-3, 0.25, 0, 47.0),
+            (2e-2, 0.25, 0, 46.0),
+            (1e-2, 0.125, 0, 48.0),
+            (1e-2, 0.5, 0, 49.0),
+        ],
+        gap=20,
     )
+    write_runs(search, "apollo_1_4", "llama_2m", [(1e-2, 0.25, 0, 60.0)], gap=20)  # no final yet
     write_runs(final, "foam2", "llama_2m", [(1e-2, 0.25, s, 40.0 + 2 * s) for s in range(3)])
     write_runs(final, "foam2", "llama_2m", [(2e-2, 0.25, 0, 39.0), (5e-3, 0.25, 0, 41.0)])
     write_runs(
@@ -185,9 +205,11 @@ def test_staged_study_layout(tmp_path):
     assert make_tables.main([str(tmp_path), "--out", str(out), "--curves"]) == 0
     assert (out / "ablations_llama_2m.png").stat().st_size > 10_000  # fold level and residual
     table2 = (out / "table2.md").read_text()
-    # the 3-seed point wins over a 1-seed neighbour with a lower perplexity
-    assert "| FOAM-2 | 42.00 ± 2.00 (n=3)" in table2
-    assert "| GaLore-1/4 | 45.00 ± 1.00 (n=3) |" in table2  # gap 20's lr is interior: no flag
+    # the 3-seed point wins over a 1-seed neighbour with a lower perplexity, which it flags
+    assert "| FOAM-2 | 42.00 ± 2.00 (n=3)†" in table2
+    assert "† llama_2m FOAM-2: lr 0.02 did better: -1.00 (n=1)" in table2
+    assert "| GaLore-1/4 | 45.00 ± 1.00 (n=3) |" in table2  # gap 20's lr and alpha are interior
+    assert "Not yet run in final/ on llama_2m (their runs are in sweep.md): APOLLO-1/4." in table2
     assert "| Full-Adam | 48.00 ± 0.00 (n=3)† |" in table2
     assert "| AdamW, matrices at lr x alpha (module-wise lr) | 47.00 ± 0.00 (n=3)† |" in table2
     assert "† llama_2m Full-Adam: lr on the grid's edge" in table2  # 2e-3 not run at full length
@@ -327,15 +349,16 @@ def test_without_a_search_alpha_is_read_from_the_finals(tmp_path):
     assert (
         "| llama_2m | FOAM-2 | 0.005 | - | 0.25 (best) | 50.00 |" in (out / "alpha.md").read_text()
     )
-    assert "alpha 0.25 on the edge of [0.25, 0.5]" in (out / "table2.md").read_text()
+    assert "† llama_2m FOAM-2: alpha on the grid's edge" in (out / "table2.md").read_text()
 
 
 def test_an_order_is_read_only_where_the_interval_resolves_it():
-    assert make_tables.agreement((-3.0, -1.0), -0.4) == "yes"
-    assert make_tables.agreement((1.0, 3.0), -0.4) == "no (the other way)"
-    assert make_tables.agreement((-1.0, 3.0), -0.4) == "not resolved (interval holds 0)"
-    assert make_tables.agreement(None, -0.4) == "-"  # one seed
-    assert make_tables.agreement((-3.0, -1.0), None) == "-"  # no paper number (the control)
+    assert make_tables.agreement((-3.0, -1.0), -0.4, 3) == "yes"
+    assert make_tables.agreement((1.0, 3.0), -0.4, 3) == "no (the other way)"
+    assert make_tables.agreement((-1.0, 3.0), -0.4, 3) == "not resolved (interval holds 0)"
+    assert make_tables.agreement((-3.0, -1.0), -0.4, 2) == "not read (n < 3)"  # the protocol's n
+    assert make_tables.agreement(None, -0.4, 1) == "-"  # one seed
+    assert make_tables.agreement((-3.0, -1.0), None, 3) == "-"  # no paper number (the control)
     assert make_tables.confidence_interval((-2.0, 1.0, 1)) is None
     low, high = make_tables.confidence_interval((-2.0, 1.0, 3))
     assert (low, high) == pytest.approx((-2.0 - 2.4841, -2.0 + 2.4841), abs=1e-4)
