@@ -4,8 +4,8 @@ The eager step (``FOAM._update`` in foam/optimizer.py) is the readable reference
 runs the same arithmetic (FOAM_SPEC section 2) as one kernel call for a whole parameter group:
 a C++ operator on the CPU (foam/csrc/foam_step.cpp, built on first use with
 ``torch.utils.cpp_extension``) and a Triton kernel on CUDA (foam/triton_kernels.py, imported
-only when a CUDA parameter steps). A device whose kernel cannot be built falls back to the eager
-step after one log line. Per-step numbers (bias corrections, step size, decay) are computed here
+only when a CUDA parameter steps). A device whose kernel cannot be built (or, on CUDA, compiled
+and run: ``triton_runs``) falls back to the eager step after one log line. Per-step numbers (bias corrections, step size, decay) are computed here
 and passed in, so the kernels know nothing of how they are derived.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import itertools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 
-from foam.folding import FoldPlan
+from foam.folding import FoldPlan, make_plan
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def kernel_available(device_type: str) -> bool:
         if importlib.util.find_spec("triton") is None:
             log.warning("foam: triton is not installed; CUDA parameters take the eager FOAM step")
             return False
-        return True
+        return triton_runs(torch.device("cuda", torch.cuda.current_device()))
     if device_type != "cpu":
         return False
     try:
@@ -72,6 +73,30 @@ def kernel_available(device_type: str) -> bool:
     except Exception as error:  # any build or load failure means: use the eager step
         log.warning(
             "foam: the fused CPU step could not be built (%s: %s); using the eager step",
+            type(error).__name__,
+            str(error).splitlines()[0] if str(error) else "",
+        )
+        return False
+    return True
+
+
+def triton_runs(device: torch.device) -> bool:
+    """Whether the Triton kernel compiles and runs on ``device`` for every pair of parameter and
+    state dtypes (a 2 x 4 matrix each): a GPU or dtype Triton cannot compile for then sends the
+    parameters to the eager step with one log line, instead of stopping a run at its first step."""
+    try:
+        from foam.triton_kernels import triton_step
+
+        plan = make_plan((2, 4), 1, "larger")
+        scalars = StepScalars(0.9, 0.95, 1.0, 1.0, 1e-8, 1e-3, 1.0, mean_of_squares=False)
+        for param_dtype, state_dtype in itertools.product(KERNEL_DTYPES, repeat=2):
+            p = torch.zeros(plan.rows, plan.cols, dtype=param_dtype, device=device)
+            m, v = (torch.zeros(plan.folded_shape, dtype=state_dtype, device=device) for _ in "mv")
+            triton_step([p], [torch.ones_like(p)], [m], [v], [plan], [(1.0, 1.0)], scalars)
+    except Exception as error:  # any compile or launch failure means: use the eager step
+        log.warning(
+            "foam: the Triton FOAM kernel does not run on %s (%s: %s); using the eager step",
+            device,
             type(error).__name__,
             str(error).splitlines()[0] if str(error) else "",
         )
@@ -154,7 +179,8 @@ def fused_step(
     if params[0].device.type == "cuda":
         from foam.triton_kernels import triton_step
 
-        triton_step(params, grads, exp_avgs, exp_avg_sqs, plans, bias_corrections, scalars)
+        with torch.cuda.device(params[0].device):  # Triton launches on the current device
+            triton_step(params, grads, exp_avgs, exp_avg_sqs, plans, bias_corrections, scalars)
         return
     geometry = [n for plan in plans for n in (plan.rows, plan.cols, plan.axis, plan.block)]
     torch.ops.foam.step_(

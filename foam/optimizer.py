@@ -74,7 +74,9 @@ class FOAM(DtypeFaithfulOptimizer):
     block. Each step re-adds the detail the fold loses, the residual ``R = G - E(A(G))``, to both
     moments (the first as ``E(m) + rho R``, the second as ``E(v) + rho^2 R^2``). Everything else,
     and every group with ``level=None``, takes the plain Adam update without ``alpha`` (AdamW's,
-    or in release semantics the release's step-size-corrected one).
+    or in release semantics the release's step-size-corrected one); a group's ``bias_correction``
+    applies to those parameters too, so ``False`` (Algorithm 1, uncorrected) leaves them
+    uncorrected unless their group says otherwise.
 
     ``semantics="paper"`` (default) follows FOAM_SPEC; ``semantics="release"`` follows the
     authors' released class (README, "Paper and release semantics"): fold along the last dim,

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -146,6 +147,8 @@ def check_triton_kernel() -> None:
         for a, e in zip((p, m, v), expected, strict=True):
             assert_agree(a, e, dtype)
     print(f"{len(TRITON_CASES)} cases agree")
+    assert fused.triton_runs(torch.device("cpu"))  # the probe kernel_available("cuda") runs
+    print("the probe passes")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
@@ -159,6 +162,17 @@ def test_triton_kernel_matches_eager_in_the_interpreter():
     )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert f"{len(TRITON_CASES)} cases agree" in done.stdout
+    assert "the probe passes" in done.stdout
+
+
+def test_a_triton_kernel_that_does_not_compile_sends_cuda_to_the_eager_step(monkeypatch, caplog):
+    def no_kernel(*args):
+        raise RuntimeError("PTX .version 8.4 does not support .target sm_60")
+
+    monkeypatch.setitem(sys.modules, "foam.triton_kernels", SimpleNamespace(triton_step=no_kernel))
+    with caplog.at_level("WARNING", logger="foam.fused"):
+        assert not fused.triton_runs(torch.device("cpu"))
+    assert "does not run on cpu (RuntimeError: PTX .version 8.4" in caplog.text
 
 
 def test_each_source_file_has_its_own_extension_build(tmp_path, monkeypatch):

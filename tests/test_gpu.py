@@ -129,6 +129,22 @@ def test_build_on_the_gpu_gives_the_cpu_weights() -> None:
         assert torch.equal(a, b.cpu()), name
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_the_fused_foam_step_runs_on_the_parameters_gpu_not_the_current_one() -> None:
+    """A library user's model on cuda:1 while cuda:0 is current (the trainer sets the device)."""
+    second = torch.device("cuda", 1)
+    torch.manual_seed(0)
+    start, grad = torch.randn(64, 32), torch.randn(64, 32)
+    stepped = {}
+    for implementation in ("eager", "fused"):
+        p = torch.nn.Parameter(start.to(second))
+        p.grad = grad.to(second)
+        with torch.cuda.device(0):
+            foam.FOAM([p], lr=1e-2, implementation=implementation).step()
+        stepped[implementation] = p.detach().cpu()
+    torch.testing.assert_close(stepped["fused"], stepped["eager"], rtol=1e-6, atol=1e-7)
+
+
 def test_train_peak_excludes_setup_and_eval() -> None:
     peaks = PhasePeaks(CUDA)
     setup = torch.empty(256 * 2**20, dtype=torch.uint8, device=CUDA)
