@@ -124,9 +124,15 @@ class ShardFold:
         """Whether the fold averages anything (level 0 on one rank is the identity)."""
         return self.local.block > 1 or self.across_ranks
 
+    @property
+    def state_shape(self) -> tuple[int, int]:
+        """One moment's shape on this rank: all of the folded matrix when the block spans the
+        ranks (it is replicated), even on a rank whose shard is empty."""
+        return self.plan.folded_shape if self.across_ranks else self.local.folded_shape
+
     def local_state_numel(self) -> int:
         """Elements of one moment on this rank."""
-        return math.prod(self.local.folded_shape)
+        return math.prod(self.state_shape)
 
 
 def shard_fold(p: torch.Tensor, plan: FoldPlan, where: str = "a parameter") -> ShardFold:
@@ -163,7 +169,9 @@ def shard_fold(p: torch.Tensor, plan: FoldPlan, where: str = "a parameter") -> S
 def fold_shard(x: torch.Tensor, fold_of: ShardFold, p: torch.Tensor) -> torch.Tensor:
     """A(x) of this rank's 2-d shard ``x``; the block means over all ranks when the block spans
     them (``across_ranks``)."""
-    y = fold(x, fold_of.local)
+    # A rank that torch's chunks left none of the axis adds nothing to the block mean, but joins
+    # its all-reduce.
+    y = fold(x, fold_of.local) if fold_of.local.length else x.new_zeros(fold_of.state_shape)
     if fold_of.across_ranks:
         y.mul_(fold_of.local.length / fold_of.plan.length)  # local mean -> share of the global mean
         dist.all_reduce(y, group=p.device_mesh.get_group())
@@ -175,7 +183,7 @@ def zeros_state(p: torch.Tensor, fold_of: ShardFold | None, dtype: torch.dtype) 
     ``p``'s mesh (and its placement, or replicated when the block spans the ranks) when ``p`` is."""
     if fold_of is None:
         return torch.zeros_like(p, dtype=dtype)
-    local_state = torch.zeros(fold_of.local.folded_shape, dtype=dtype, device=local(p).device)
+    local_state = torch.zeros(fold_of.state_shape, dtype=dtype, device=local(p).device)
     if not is_sharded(p):
         return local_state
     shape = torch.Size(fold_of.plan.folded_shape)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from test_train_cli import command, run, train_losses
 
 REPO = Path(__file__).resolve().parents[1]
@@ -217,3 +219,60 @@ def test_consolidated_fsdp_checkpoint_equals_the_exported_model(tmp_path, curves
     assert weights.keys() <= exported.keys() and len(weights) > 10
     for key, value in weights.items():
         assert torch.equal(value, exported[key]), key
+
+
+# -- FOAM-Mini whose one block spans the ranks, one of which holds none of it ------------------
+
+
+def _mini_on_three_ranks(rank: int, init_file: str, results) -> None:
+    """Two steps of FOAM-Mini on a 4 x 3 matrix sharded by rows over 3 ranks: torch's chunks
+    give ranks 2, 2 and 0 rows, and the fold (along the 4 rows) averages across all of them."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import foam
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=3)
+    mesh = init_device_mesh("cpu", (3,))
+    weight, grads = mini_inputs()
+    p = torch.nn.Parameter(distribute_tensor(weight, mesh, [Shard(0)]))
+    optimizer = foam.FOAM([p], lr=1e-2, level="mini")
+    for grad in grads:
+        p.grad = distribute_tensor(grad, mesh, [Shard(0)])
+        optimizer.step()
+    full = p.detach().full_tensor()
+    if rank == 0:
+        results["sharded"] = full
+    dist.destroy_process_group()
+
+
+def mini_inputs() -> tuple[torch.Tensor, list[torch.Tensor]]:
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(4, 3, generator=generator)
+    return weight, [torch.randn(4, 3, generator=generator) for _ in range(2)]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_foam_mini_across_ranks_steps_a_rank_with_an_empty_shard(tmp_path):
+    """The rank without rows still joins the block mean's all-reduce (it used to fail to fold an
+    empty shard, leaving the other ranks waiting), and the result is the unsharded step's."""
+    import foam
+
+    results = mp.Manager().dict()
+    context = mp.spawn(
+        _mini_on_three_ranks, args=(str(tmp_path / "init"), results), nprocs=3, join=False
+    )
+    deadline = time.monotonic() + 120
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("the ranks did not finish within 120 s (a rank left the all-reduce)")
+    weight, grads = mini_inputs()
+    p = torch.nn.Parameter(weight)
+    optimizer = foam.FOAM([p], lr=1e-2, level="mini")
+    for grad in grads:
+        p.grad = grad
+        optimizer.step()
+    torch.testing.assert_close(results["sharded"], p.detach(), rtol=1e-6, atol=1e-7)
