@@ -201,7 +201,7 @@ class Setting:
 
 
 def run_priority(stage: str, seed: int) -> tuple[int, int]:
-    """Smaller runs first: seed 0's search, then its full-length walk, then the other seeds.
+    """The lowest first: seed 0's search runs, then its full-length walk, then the other seeds.
 
     Seeds 1-2 have no runs waiting on them, while each search or walk step decides the next; run
     first, the search and walk leave the seeds to fill the cores at the end, instead of the last
