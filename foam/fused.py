@@ -5,8 +5,9 @@ runs the same arithmetic (FOAM_SPEC section 2) as one kernel call for a whole pa
 a C++ operator on the CPU (foam/csrc/foam_step.cpp, built on first use with
 ``torch.utils.cpp_extension``) and a Triton kernel on CUDA (foam/triton_kernels.py, imported
 only when a CUDA parameter steps). A device whose kernel cannot be built (or, on CUDA, compiled
-and run: ``triton_runs``) falls back to the eager step after one log line. Per-step numbers (bias corrections, step size, decay) are computed here
-and passed in, so the kernels know nothing of how they are derived.
+and run: ``triton_runs``) falls back to the eager step after one log line. Per-step numbers (bias
+corrections, step size, decay) are computed here and passed in, so the kernels know nothing of
+how they are derived.
 """
 
 from __future__ import annotations

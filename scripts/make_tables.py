@@ -46,7 +46,7 @@ from methods import (
 from paper_perplexity import STAND_INS, paper_ppl
 from sweep import run_dir_fields
 
-from train.summary import DIVERGED_FILE
+from train.summary import DIVERGED_FILE, finished_records
 
 STAGES = ("search", "final")
 CONTROL = "adamw_control"  # Table 2's row for the module-wise-lr AdamW control
@@ -113,7 +113,7 @@ def load_points(root: Path) -> list[Point]:
     """Every finished (``summary.json``) or diverged (``DIVERGED_FILE``) run under ``root``."""
     ppls: dict[Key, dict[int, float]] = defaultdict(dict)
     runs: dict[Key, list[dict]] = defaultdict(list)
-    for path in sorted([*root.rglob("summary.json"), *root.rglob(DIVERGED_FILE)]):
+    for path in finished_records(root):
         located = _key(root, path.parent)
         if located is None:
             continue

@@ -50,7 +50,7 @@ from make_corpus import corpus_digest, tokenizer_sha256
 from methods import ABLATION_PREFIX, ABLATIONS, Ablation
 from sweep import REPO, Point, hparam, run_dir_fields, train_command
 
-from train.summary import DIVERGED_FILE, uncommitted_changes
+from train.summary import DIVERGED_FILE, finished_records, uncommitted_changes
 
 MODEL = "llama_2m"
 SEARCH_STEPS = 500
@@ -470,7 +470,7 @@ def collect(root: Path, dest: Path) -> int:
     """Copy each finished run's ``summary.json`` (or ``diverged.json``) and ``config.yaml`` to
     ``dest`` (same layout), so the next session (``--finished``) and the tables see them."""
     copied = 0
-    for done in sorted([*root.rglob("summary.json"), *root.rglob(DIVERGED_FILE)]):
+    for done in finished_records(root):
         target = dest / done.parent.relative_to(root)
         target.mkdir(parents=True, exist_ok=True)
         for name in (done.name, "config.yaml"):

@@ -3,8 +3,8 @@
 The default grids are the paper's (Appendix, Hyperparameters): AdamW, Muon and Adam-mini over
 lr only; the low-rank methods and FOAM over lr x alpha. Each point gets its own run directory
 ``ROOT/MODEL/OPTIM/lr{lr}_alpha{alpha}_seed{seed}``; a point whose ``summary.json`` (or
-``diverged.json``) exists is finished and skipped, and an interrupted one resumes from its last checkpoint
-(``trainer.resume=auto``). Hydra's ``-m`` is never used inside torchrun: the sweep lives out here.
+``diverged.json``) exists is finished and skipped, and an interrupted one resumes from its last
+checkpoint (``trainer.resume=auto``). Hydra's ``-m`` is never used inside torchrun: the sweep lives out here.
 
 Results must be traceable to code: the sweep refuses to start from a tree with uncommitted
 changes to tracked files unless ``--allow-dirty`` (each summary's ``git_sha`` then ends in

@@ -52,6 +52,7 @@ from typing import Any
 from train.state import TrainState
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+SUMMARY_FILE = "summary.json"
 DIVERGED_FILE = "diverged.json"  # instead of summary.json when the run diverged (write_diverged)
 
 
@@ -130,7 +131,7 @@ def build_summary(
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
-    return _write_json(Path(run_dir) / "summary.json", summary)
+    return _write_json(Path(run_dir) / SUMMARY_FILE, summary)
 
 
 def write_diverged(run_dir: Path, step: int, error: str) -> Path:
@@ -141,6 +142,11 @@ def write_diverged(run_dir: Path, step: int, error: str) -> Path:
         Path(run_dir) / DIVERGED_FILE,
         {"stopped_at_step": step, "error": error, "git_sha": git_sha()},
     )
+
+
+def finished_records(root: Path) -> list[Path]:
+    """Every run under ``root`` that is done: its ``SUMMARY_FILE`` or its ``DIVERGED_FILE``."""
+    return sorted([*Path(root).rglob(SUMMARY_FILE), *Path(root).rglob(DIVERGED_FILE)])
 
 
 def _write_json(path: Path, record: dict[str, Any]) -> Path:
