@@ -4,10 +4,13 @@ Clusters stop jobs with a signal: SLURM sends SIGTERM on preemption and at the t
 SIGUSR1/SIGUSR2 ahead of it when the job asked with ``--signal``), then SIGKILL some 30-120 s
 later; torchrun forwards SIGTERM (and whatever its ``--signals-to-handle`` lists) to every worker
 and SIGKILLs them after its shutdown timeout. Here those signals are only recorded
-(``install_stop_signals``). The training loop calls ``StopAndSave.poll`` once per optimizer step
-on every rank; one small all-reduce agrees on the answer (a signal on any rank stops all of them;
-a wall-clock save is due when any rank's clock says so), so all ranks finish the same step, save
-together and exit with ``PREEMPTED_EXIT_STATUS``. A second signal during that save is recorded
+(``install_stop_signals``). The training loop calls ``StopAndSave.poll`` on every rank at the
+steps where it reads its step statistics anyway (every ``trainer.log_every`` steps, and before
+every evaluation and save: ``train/pretrain.py``), since polling is a host sync the other steps
+avoid; so a stop lands at most ``log_every`` steps after the signal, which SLURM's ``--signal``
+lead time must cover. One small all-reduce agrees on the answer (a signal on any rank stops all
+of them; a wall-clock save is due when any rank's clock says so), so all ranks finish the same
+step, save together and exit with ``PREEMPTED_EXIT_STATUS``. A second signal during that save is recorded
 and changes nothing; the save is atomic anyway (``train/checkpoint.py``): complete or absent.
 """
 
@@ -92,7 +95,7 @@ class StopAndSave:
         self._last_save = self._clock()
 
     def poll(self) -> Verdict:
-        """Collective: every rank calls it after every optimizer step (one all-reduce of two
+        """Collective: every rank calls it after the same optimizer steps (one all-reduce of two
         integers, on the device so that NCCL can carry it)."""
         due = self._interval_s > 0 and self._clock() - self._last_save >= self._interval_s
         sig = received_signal()

@@ -114,7 +114,8 @@ class TrainerConfig:
     eval_micro_batch_size: int | None = None
     """Null: micro_batch_size."""
     log_every: int = 10
-    """Optimizer steps between metrics.jsonl / wandb records."""
+    """Optimizer steps between metrics.jsonl / wandb records; also how late a stop signal or a
+    wall-clock save can land (``train/preemption.py``)."""
     save_every: int = 1000
     """Optimizer steps between checkpoints; 0 = only the final one."""
     save_every_minutes: float = 0.0
