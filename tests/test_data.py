@@ -199,12 +199,15 @@ def test_rank_loaders_differ(c4_dir, tok):
     assert not torch.equal(first[0]["input_ids"], first[1]["input_ids"])
 
 
-def test_epochs_restart_and_reshuffle(c4_dir, tok):
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_epochs_restart_and_reshuffle(c4_dir, tok, world_size):
+    """Also across ranks: split_dataset_by_node builds a new dataset, which must get the epoch."""
     c = cfg(path=str(c4_dir))
-    loader = build_train_loader(c, tok, micro_batch_size=10, rank=0, world_size=1, seed=0)
-    epoch0 = take(loader, 12)  # 120 documents = one epoch
-    assert loader.stats["epoch"] == 0 and loader.stats["documents"] == 120
-    epoch1 = take(loader, 12)
+    loader = build_train_loader(c, tok, micro_batch_size=10, rank=0, world_size=world_size, seed=0)
+    steps = 12 // world_size  # 120 documents = one epoch, shared by the ranks
+    epoch0 = take(loader, steps)
+    assert loader.stats["epoch"] == 0 and loader.stats["documents"] == 120 // world_size
+    epoch1 = take(loader, steps)
     assert loader.stats["epoch"] == 1
     key = lambda bs: sorted(tuple(r) for b in bs for r in b["input_ids"].tolist())  # noqa: E731
     assert key(epoch0) == key(epoch1)  # same documents...
@@ -371,23 +374,60 @@ def test_c4_mode_is_local_pipeline_with_hub_arguments(c4_dir, tok, monkeypatch):
 # ------------------------------------------------------------------------------------- validation
 
 
-def test_val_batches_fixed_budget_and_rank_split(c4_dir, tok):
+def val_rows(c: dict, tok, *, micro_batch_size: int, rank: int, world_size: int, max_tokens: int):
+    """(rows as tuples of ids without padding, the ValBatches) of one rank."""
+    v = build_val_batches(
+        c,
+        tok,
+        micro_batch_size=micro_batch_size,
+        rank=rank,
+        world_size=world_size,
+        max_tokens=max_tokens,
+    )
+    first, again = list(v), list(v)
+    assert_same(first, again)  # re-iterable, fixed
+    assert len(v) == len(first)
+    rows = []
+    for b in first:
+        assert b["input_ids"].shape[0] <= micro_batch_size
+        assert torch.equal(b["labels"], b["input_ids"].masked_fill(b["attention_mask"] == 0, -100))
+        rows += [
+            tuple(r[: int(m.sum())])
+            for r, m in zip(b["input_ids"].tolist(), b["attention_mask"], strict=True)
+        ]
+    return rows, v
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_the_validation_set_is_the_same_rows_for_any_world_and_micro_batch_size(c4_dir, tok, pack):
+    """Rank r scores rows r::W of one set, which stops at the row that reaches the budget, so
+    runs on other numbers of GPUs (or with another eval batch size) are scored on the same tokens."""
+    c = cfg(path=str(c4_dir), pack=pack)
+    whole, _ = val_rows(c, tok, micro_batch_size=3, rank=0, world_size=1, max_tokens=400)
+    tokens = sum(len(r) for r in whole)
+    assert tokens - len(whole[-1]) < 400 <= tokens  # stops at the row that reaches 400
+    assert len(set(whole)) == len(whole)
+    for world_size, micro in [(1, 5), (2, 3), (3, 2), (3, 7)]:
+        shares = [
+            val_rows(c, tok, micro_batch_size=micro, rank=r, world_size=world_size, max_tokens=400)
+            for r in range(world_size)
+        ]
+        for r, (rows, _) in enumerate(shares):
+            assert rows == whole[r::world_size]
+    # the end of the split: every document, the last packed row partial, nothing dropped
+    every, v = val_rows(c, tok, micro_batch_size=3, rank=0, world_size=1, max_tokens=10**9)
+    assert v.stats["documents"] == 40
+    assert sum(len(r) for r in every) == v.stats["tokens"]
+    if pack:
+        assert {len(r) for r in every[:-1]} == {32} and 0 < len(every[-1]) <= 32
+
+
+def test_a_validation_set_smaller_than_the_world_size_is_refused_on_every_rank(c4_dir, tok):
     c = cfg(path=str(c4_dir))
-    sets = [
-        build_val_batches(c, tok, micro_batch_size=3, rank=r, world_size=2, max_tokens=400)
-        for r in range(2)
-    ]
-    for v in sets:
-        first, again = list(v), list(v)
-        assert_same(first, again)  # re-iterable, fixed
-        n_tok = sum(int(b["attention_mask"].sum()) for b in first)
-        assert 200 <= n_tok < 200 + 3 * 32 and len(v) == len(first)
-        for b in first:
-            assert torch.equal(
-                b["labels"], b["input_ids"].masked_fill(b["attention_mask"] == 0, -100)
-            )
-    rows = [tuple(r) for v in sets for b in v for r in b["input_ids"].tolist()]
-    assert len(rows) == len(set(rows))  # ranks hold different documents
+    for rank in range(4):  # one row of at least 1 token: 1 row, 4 ranks
+        v = build_val_batches(c, tok, micro_batch_size=2, rank=rank, world_size=4, max_tokens=1)
+        with pytest.raises(corpus.DataSourceError, match="1 rows, fewer than the 4 ranks"):
+            list(v)
 
 
 def test_the_validation_set_does_not_follow_the_training_order_seed(c4_dir, tok):
@@ -462,7 +502,7 @@ def test_sentencepiece_fallback_trains_caches_and_round_trips(tmp_path, monkeypa
     again = build_tokenizer(dict(c, tokenizer_cache_dir=str(tmp_path / "b")), 32000)
     assert next((tmp_path / "b" / "tokenizers").glob("*.model")).read_bytes() == model.read_bytes()
     assert again.encode(text) == ids
-    with pytest.raises(RuntimeError, match="tokenizer=spm"):
+    with pytest.raises(corpus.DataSourceError, match="tokenizer=spm"):
         build_tokenizer(dict(c, tokenizer_fallback=False), 32000)
 
 
@@ -566,3 +606,19 @@ def test_rederive_position_refuses_what_it_cannot_make_exact(saved, reason):
         s["stats"] = {}
     with pytest.raises(ValueError, match=reason):
         rederive_position(saved, mine)
+
+
+def test_ranks_that_loaded_different_tokenizers_are_refused():
+    """A rank whose hub request failed would fall back alone: it would train on other token ids."""
+    tokenizer.check_same_tokenizer(["t5-base"] * 4)
+    with pytest.raises(
+        corpus.DataSourceError, match=r"t5-base on ranks \[0, 1, 3\]; spm:x on ranks \[2\]"
+    ):
+        tokenizer.check_same_tokenizer(["t5-base", "t5-base", "spm:x", "t5-base"])
+
+
+def test_one_process_builds_the_tokenizer_it_would_build_alone(c4_dir, tok, cache_dir):
+    c = cfg(path=str(c4_dir), tokenizer_cache_dir=str(cache_dir))
+    source = corpus.open_sources(c)
+    built = tokenizer.build_tokenizer_on_ranks(c, 32000, source, local_rank=0)
+    assert built.name == tok.name and built.encode("the of and") == tok.encode("the of and")

@@ -17,8 +17,10 @@ Batches are dicts of LongTensor[B, T]: `input_ids`; `attention_mask` (1 for real
 `labels` = `input_ids` with padding set to -100. Labels are **not shifted**: position t holds
 token t, and the trainer shifts (logits[:, :-1] predict labels[:, 1:]), as HF's causal-LM loss does.
 
-Ranks see disjoint data: `split_dataset_by_node` gives whole shards (files) to ranks when the
-shard count divides the world size, otherwise every rank keeps one record in `world_size`.
+Ranks see disjoint training data: `split_dataset_by_node` gives whole shards (files) to ranks
+when the shard count divides the world size, otherwise every rank keeps one record in
+`world_size`. The validation set is the same rows for every world size: each rank reads the whole
+validation stream and scores rows `rank::world_size` (`ValBatches`).
 
 Resume: the train loader's position is (epoch, raw records consumed from this rank's stream,
 tokens carried into the next batch). `load_state_dict` rebuilds the stream of that epoch and
@@ -87,9 +89,9 @@ def rank_stream(
     ds = split
     if shuffle_buffer > 0:
         ds = ds.shuffle(seed=seed, buffer_size=shuffle_buffer)
-    ds.set_epoch(epoch)
     if world_size > 1:
         ds = split_dataset_by_node(ds, rank=rank, world_size=world_size)
+    ds.set_epoch(epoch)  # after the split, which builds a new dataset at epoch 0
     return ds
 
 
@@ -465,11 +467,14 @@ def build_train_loader(
 class ValBatches:
     """A fixed validation set: built on first iteration, then re-iterated from memory.
 
-    Holds ~`max_tokens / world_size` non-pad tokens of this rank's shuffled validation stream
-    (stops after the batch that reaches the budget, or at the end of the split), stored as int32
-    ids plus lengths (~50 MB for the protocol's 10M tokens); masks and labels are rebuilt per
-    batch. The last batch may have fewer rows. Ranks may hold different numbers of batches:
-    reduce sums of loss and token counts once after the loop, not per batch.
+    The set is the same rows for every world size and micro-batch size, so runs on different
+    numbers of GPUs are scored on the same tokens: every rank reads the whole (unsplit) shuffled
+    validation stream, cuts it into rows (one per document, or packed rows of ``seq_len``) until
+    ``max_tokens`` non-pad tokens or the end of the split, and keeps rows ``rank::world_size``.
+    Rows are stored as int32 ids plus lengths (~50 MB for the protocol's 10M tokens over all
+    ranks); masks and labels are rebuilt per batch. The last batch may have fewer rows, and ranks
+    may hold different numbers of batches: reduce sums of loss and token counts once after the
+    loop, not per batch.
     """
 
     def __init__(
@@ -481,44 +486,65 @@ class ValBatches:
         seq_len: int,
         pack: bool,
         max_tokens: int,
+        rank: int = 0,
+        world_size: int = 1,
         label: str = "data",
     ):
         self._records = records
         self._label = label
         self._tokenizer = tokenizer
         self._batcher = _Batcher(tokenizer, micro_batch_size, seq_len, pack)
+        self._rows = _Batcher(tokenizer, 1, seq_len, pack)  # one row at a time: no batch rounding
         self._max_tokens = max_tokens
+        self._rank, self._world_size = rank, world_size
         self._ids: torch.Tensor | None = None
         self._lens: torch.Tensor | None = None
         self.stats: dict[str, int] = _new_stats()
 
     def _build(self) -> None:
         state = {"epoch": 0, "records": 0, "carry": [], "stats": self.stats}
-        rows: list[list[int]] = []
-        tokens = 0
-        for batch_rows, _ in _produce(iter(self._records()), self._tokenizer, self._batcher, state):
-            rows.extend(batch_rows)
-            tokens += sum(len(r) for r in batch_rows)
+        kept: list[list[int]] = []
+        rows = tokens = kept_tokens = 0
+
+        def take(row: list[int]) -> None:
+            nonlocal rows, tokens, kept_tokens
+            if rows % self._world_size == self._rank:
+                kept.append(row)
+                kept_tokens += len(row)
+            rows += 1
+            tokens += len(row)
+
+        produced = _produce(iter(self._records()), self._tokenizer, self._rows, state)
+        for (row,), _ in produced:
+            take(row)
             if tokens >= self._max_tokens:
                 break
         else:
-            tail = state["carry"] if not self._batcher.pack else []
-            rows.extend(tail)  # a last, smaller batch of padded documents
-            tokens += sum(len(r) for r in tail)
-            self.stats["tokens"] += sum(len(r) for r in tail)
+            tail = [row for row in state["carry"] if row]  # packing: the last, partial row
+            for row in tail:
+                take(row)
+                self.stats["tokens"] += len(row)
         if not rows:
             raise DataSourceError(
-                f"{self._label}: no usable validation documents on this rank: "
-                f"{describe_skips(self.stats)}"
+                f"{self._label}: no usable validation documents: {describe_skips(self.stats)}"
+            )
+        if rows < self._world_size:
+            raise DataSourceError(
+                f"{self._label}: the validation set has {rows} rows, fewer than the "
+                f"{self._world_size} ranks that share it; give more validation data"
             )
         T = self._batcher.T
-        ids = torch.full((len(rows), T), self._batcher.pad, dtype=torch.int32)
-        for r, row in enumerate(rows):
+        ids = torch.full((len(kept), T), self._batcher.pad, dtype=torch.int32)
+        for r, row in enumerate(kept):
             ids[r, : len(row)] = torch.tensor(row, dtype=torch.int32)
         self._ids = ids
-        self._lens = torch.tensor([len(r) for r in rows], dtype=torch.int32)
+        self._lens = torch.tensor([len(r) for r in kept], dtype=torch.int32)
         logger.info(
-            "data: validation set of %d sequences, %d tokens on this rank", len(rows), tokens
+            "data: validation set of %d sequences, %d tokens; %d sequences, %d tokens on this rank",
+            rows,
+            tokens,
+            len(kept),
+            kept_tokens,
         )
 
     def __len__(self) -> int:
@@ -551,28 +577,30 @@ def build_val_batches(
     max_tokens: int,
     source: Source | None = None,
 ) -> ValBatches:
-    """This rank's share of a fixed validation set of about `max_tokens` non-pad tokens.
+    """This rank's share of a fixed validation set of about `max_tokens` non-pad tokens in all.
 
-    Same shuffle buffer, rank split, tokenization and batch format as training, but always the
-    protocol's seed (``VALIDATION_SHUFFLE_SEED``): runs that train on other orders
-    (``data.shuffle_seed``) are scored on the same tokens. The data is read lazily on first
-    iteration, then kept in memory so every evaluation sees the same tokens.
+    Same shuffle buffer, tokenization and batch format as training, but always the protocol's
+    seed (``VALIDATION_SHUFFLE_SEED``): runs that train on other orders (``data.shuffle_seed``)
+    are scored on the same tokens, and so are runs on other world sizes (``ValBatches``). The
+    data is read lazily on first iteration, then kept in memory so every evaluation sees the same
+    tokens.
     """
     cfg = data_config(data_cfg)
     source = source or open_sources(cfg)
-    budget = -(-int(max_tokens) // world_size)
     return ValBatches(
         lambda: rank_stream(
             source.validation,
             shuffle_buffer=cfg.shuffle_buffer,
-            rank=rank,
-            world_size=world_size,
+            rank=0,
+            world_size=1,
             seed=VALIDATION_SHUFFLE_SEED,
         ),
         tokenizer,
         micro_batch_size=micro_batch_size,
         seq_len=cfg.seq_len,
         pack=cfg.pack,
-        max_tokens=budget,
+        max_tokens=int(max_tokens),
+        rank=rank,
+        world_size=world_size,
         label=source.label,
     )

@@ -50,13 +50,7 @@ from train.config import (
     optimizer_hparams,
 )
 from train.corpus import open_sources
-from train.data import (
-    TrainLoader,
-    ValBatches,
-    build_tokenizer,
-    build_train_loader,
-    build_val_batches,
-)
+from train.data import TrainLoader, ValBatches, build_train_loader, build_val_batches
 from train.evaluate import evaluate
 from train.export import HF_DIR, export_hf, unsharded_model
 from train.loggers import MetricSink
@@ -84,7 +78,7 @@ from train.state import TrainState
 from train.step import TrainingDiverged, train_step
 from train.step_stats import IntervalStats, StepStats
 from train.summary import build_summary, write_diverged, write_summary
-from train.tokenizer import Tokenizer
+from train.tokenizer import Tokenizer, build_tokenizer_on_ranks
 
 log = logging.getLogger("train.pretrain")
 PARAM_DTYPES = {"bf16": torch.bfloat16, "bf16_mixed": torch.float32, "fp32": torch.float32}
@@ -251,7 +245,9 @@ def build_data(cfg: DictConfig, info: dist.DistInfo) -> tuple[Tokenizer, TrainLo
     source is opened once, here, for the tokenizer and both loaders."""
     t = cfg.trainer
     source = open_sources(cfg.data)
-    tokenizer = build_tokenizer(cfg.data, cfg.model.vocab_size, source)
+    tokenizer = build_tokenizer_on_ranks(
+        cfg.data, cfg.model.vocab_size, source, local_rank=info.local_rank
+    )
     ranks = {"rank": info.rank, "world_size": info.world_size, "source": source}
     train_loader = build_train_loader(
         cfg.data, tokenizer, micro_batch_size=t.micro_batch_size, seed=t.seed, **ranks

@@ -296,8 +296,41 @@ def build_tokenizer(
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         why = f"fallback: {spec} unavailable ({reason})"
         return _from_project_spm(cfg, vocab_size, why, source)
-    raise RuntimeError(
+    raise DataSourceError(
         f"cannot load tokenizer {spec!r} ({error}). Connect to the hub once to cache it, give a "
         "local path (data.tokenizer=/path/to/t5-base), or use data.tokenizer=spm "
         "(or data.tokenizer_fallback=true) for the project's SentencePiece model."
     )
+
+
+def build_tokenizer_on_ranks(
+    data_cfg: DataConfig | Any, vocab_size: int, source: Source, *, local_rank: int
+) -> Tokenizer:
+    """``build_tokenizer`` on every rank of a run, the first rank of each node first.
+
+    The others then load what it cached instead of all asking the hub at once (or all training
+    the project's SentencePiece model). Every rank must end with the same tokenizer: a rank whose
+    hub request failed would otherwise fall back alone and train on other token ids.
+    """
+    from train.distributed import all_gather_object, barrier_for_slow_io
+
+    if local_rank != 0:
+        barrier_for_slow_io()
+    tokenizer = build_tokenizer(data_cfg, vocab_size, source)
+    if local_rank == 0:
+        barrier_for_slow_io()
+    check_same_tokenizer(all_gather_object(tokenizer.name))
+    return tokenizer
+
+
+def check_same_tokenizer(names: Sequence[str]) -> None:
+    """Refuse a run whose ranks (``names[rank]``) did not all load the same tokenizer."""
+    if len(set(names)) > 1:
+        by_name: dict[str, list[int]] = {}
+        for rank, name in enumerate(names):
+            by_name.setdefault(name, []).append(rank)
+        ranks = "; ".join(f"{name} on ranks {r}" for name, r in by_name.items())
+        raise DataSourceError(
+            f"the ranks loaded different tokenizers ({ranks}); give every rank the same one "
+            "(data.tokenizer=/path/to/it, or data.tokenizer_fallback=false to fail instead)"
+        )
