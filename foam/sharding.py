@@ -1,16 +1,19 @@
 """Optimizers on DTensor parameters (FSDP2's ``fully_shard``): which methods work, and how FOAM
 folds a rank's shard.
 
-FSDP2 shards each parameter along one dim on a 1-d device mesh (``Shard(0)`` by default, any
-dim through ``fully_shard(shard_placement_fn=...)``; ``torch.chunk`` sizes: ``ceil(n / ranks)``
-per rank, the last rank fewer). FOAM's fold runs along one axis of the 2-d view, so each rank
-folds its own shard exactly when no block crosses a shard boundary:
+FSDP2 shards each parameter along one dim on a 1-d device mesh (``Shard(0)`` by default, another
+dim through ``fully_shard(shard_placement_fn=...)``). Dim 0 may split unevenly (``torch.chunk``
+sizes: ``ceil(n / ranks)`` per rank, the last ranks fewer or none); a dim > 0 only evenly (torch
+2.13's ``FSDPParam`` refuses uneven sharding there), so ``shard_dim`` falls back to dim 0 when
+the ranks do not divide it. FOAM's fold runs along one axis of the 2-d view, so each rank folds
+its own shard exactly when no block crosses a shard boundary:
 
 * a fold along the dim that is not sharded is always local; the trainer shards every matrix so
-  (``shard_dim``), which makes any level and FOAM-Mini local;
-* a fold along the sharded dim is local when ``2**level`` divides the entries per rank (every
-  shard boundary is then a block boundary), checked when the optimizer is built, naming the
-  parameter that breaks it;
+  where FSDP2 can (``shard_dim``), which makes any level and FOAM-Mini local;
+* a fold along the sharded dim (a matrix whose preferred dim > 0 the ranks do not divide, so it
+  is sharded by dim 0) is local when ``2**level`` divides the entries per rank (every shard
+  boundary is then a block boundary), checked when the optimizer is built, naming the parameter
+  that breaks it;
 * FOAM-Mini along the sharded dim (one block over the whole axis) is computed exactly across
   ranks: the block mean is the all-reduced sum of the local entries (one all-reduce of the
   folded state's size per moment and step), and its state is replicated.
@@ -81,12 +84,18 @@ def check_supported(method: str, params: Iterable[torch.Tensor]) -> None:
     )
 
 
-def shard_dim(shape: torch.Size | tuple[int, ...], fold_axis: str = "larger") -> int:
-    """The dim to shard a matrix by so that FOAM folds every shard locally, at any level: the
-    one its fold does not run along (``fold_axis`` as FOAM's). 0 for tensors that are not 2-d."""
+def shard_dim(
+    shape: torch.Size | tuple[int, ...], fold_axis: str = "larger", ranks: int = 1
+) -> int:
+    """The dim to shard a matrix by over ``ranks`` so that FOAM folds every shard locally, at any
+    level: the one its fold does not run along (``fold_axis`` as FOAM's), unless that is a dim
+    > 0 that ``ranks`` does not divide, which FSDP2 cannot shard: then 0, and the fold runs along
+    the sharded dim (``shard_fold`` says whether its blocks align with the shards). 0 for tensors
+    that are not 2-d."""
     if len(shape) != 2:
         return 0
-    return 1 - make_plan(shape, 0, fold_axis).axis
+    dim = 1 - make_plan(shape, 0, fold_axis).axis
+    return dim if shape[dim] % ranks == 0 else 0
 
 
 def _shards(p: DTensor) -> tuple[int, int, int] | None:
@@ -156,12 +165,19 @@ def shard_fold(p: torch.Tensor, plan: FoldPlan, where: str = "a parameter") -> S
         mini = dataclasses.replace(local_plan, block=max(local_plan.length, 1))
         return ShardFold(plan, mini, across_ranks=True)
     if per_rank % plan.block:
+        other = 1 - dim
+        if other == 0 or p.shape[other] % ranks == 0:
+            instead = f"shard it by dim {other} (foam.sharding.shard_dim)"
+        else:  # the trainer's case: FSDP2 shards a dim > 0 only evenly
+            instead = (
+                f"a number of ranks that divides its dim {other} ({p.shape[other]}: FSDP2 "
+                "shards a dim > 0 only evenly, so it is sharded by dim 0)"
+            )
         raise ShardingNotSupported(
             f"FOAM under FSDP2: {where} of shape {tuple(p.shape)} folds blocks of {plan.block} "
             f"along its sharded dim {dim}, but each of {ranks} ranks holds {per_rank} of them, "
             f"so a block would straddle two ranks; use a level whose 2**level divides "
-            f"{per_rank}, shard it by dim {1 - dim} (foam.sharding.shard_dim), or "
-            "trainer.parallelism=ddp"
+            f"{per_rank}, {instead}, or trainer.parallelism=ddp"
         )
     return ShardFold(plan, local_plan, placement=Shard(dim))
 

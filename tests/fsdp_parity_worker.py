@@ -3,20 +3,25 @@ LLaMA with FSDP2 on two ranks; as a plain process, the same model unsharded on t
 Prints one JSON line per optimizer: the loss curve and the bytes of its moments on rank 0 (step
 counters left out: every rank holds all of them), or the refusal.
 
-Each rank takes half of every global batch as two micro-batches (so gradient accumulation without
-sync is exercised); the reference takes the whole batch as two micro-batches. Gradient clipping
-is on, at a norm the first steps exceed, so the global norm over shards is exercised too.
+Each rank takes half of every global batch as two micro-batches (so gradient accumulation is
+exercised); the reference takes the whole batch as two micro-batches. Under FSDP2 the record also
+says whether, at every step's second forward, each parameter's gradient from the first micro-batch
+was already a sharded DTensor of the parameter's layout (reduce-scattered, not held unsharded until
+the last micro-batch). Gradient clipping is on, at a norm the first steps exceed, so the global
+norm over shards is exercised too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import sys
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 import foam
 import models
@@ -60,7 +65,29 @@ def batches(rank: int, world: int) -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def train(name: str, world: int, rank: int, sharded: bool) -> tuple[list[float], int]:
+def grads_sharded_between_micro_batches(model: torch.nn.Module) -> list[bool]:
+    """One entry per forward after a step's first: whether every parameter then held a gradient
+    sharded like itself (its ``.grad`` a DTensor with its placements and local shape)."""
+    params = list(model.parameters())  # the sharded DTensors (forward swaps in unsharded ones)
+    seen: list[bool] = []
+    forwards = itertools.count()
+
+    def check(module: torch.nn.Module, args: object) -> None:
+        if next(forwards) % 2:  # the second of a step's two micro-batches
+            seen.append(
+                all(
+                    isinstance(p.grad, DTensor)
+                    and p.grad.placements == p.placements
+                    and p.grad.to_local().shape == p.to_local().shape
+                    for p in params
+                )
+            )
+
+    model.register_forward_pre_hook(check)
+    return seen
+
+
+def train(name: str, world: int, rank: int, sharded: bool) -> tuple[list[float], int, list[bool]]:
     model = tiny_model()
     replica = parallelize(
         model,
@@ -69,6 +96,7 @@ def train(name: str, world: int, rank: int, sharded: bool) -> tuple[list[float],
         device=torch.device("cpu"),
         world_size=world if sharded else 1,
     )
+    sharded_grads = grads_sharded_between_micro_batches(model) if sharded else []
     optimizer = foam.build_optimizer(name, model, lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     loader = iter(batches(rank if sharded else 0, world if sharded else 1))
@@ -89,7 +117,8 @@ def train(name: str, world: int, rank: int, sharded: bool) -> tuple[list[float],
     steps = sum(
         local(s["step"]).numel() * s["step"].element_size() for s in optimizer.state.values()
     )
-    return losses, foam.state_bytes(optimizer) - steps  # the moments, without step counters
+    moments = foam.state_bytes(optimizer) - steps  # without step counters
+    return losses, moments, sharded_grads
 
 
 def main(names: list[str]) -> None:
@@ -100,13 +129,18 @@ def main(names: list[str]) -> None:
     rank, world = (dist.get_rank(), dist.get_world_size()) if sharded else (0, 1)
     for name in names:
         try:
-            losses, state_bytes = train(name, world, rank, sharded)
+            losses, state_bytes, sharded_grads = train(name, world, rank, sharded)
         except foam.sharding.ShardingNotSupported as err:
             if rank == 0:
                 print(json.dumps({"optimizer": name, "refused": str(err)}), flush=True)
             continue
         if rank == 0:
-            record = {"optimizer": name, "losses": losses, "moment_bytes": state_bytes}
+            record = {
+                "optimizer": name,
+                "losses": losses,
+                "moment_bytes": state_bytes,
+                "sharded_grads_between_micro_batches": sharded_grads,
+            }
             print(json.dumps(record), flush=True)
     if sharded:
         dist.destroy_process_group()

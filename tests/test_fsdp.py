@@ -5,6 +5,7 @@ refused before any compute."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -18,6 +19,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from test_train_cli import command, run, train_losses
+
+from foam.sharding import shard_dim
+from train.parallelism import uses_autocast
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
@@ -53,6 +57,16 @@ def test_two_rank_fsdp_equals_one_rank(runs, name):
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("name", PARITY)
+def test_accumulated_gradients_stay_sharded_between_micro_batches(runs, name):
+    """Each micro-batch is reduce-scattered into the sharded gradients: holding the whole
+    gradient until the last one (``set_requires_gradient_sync(False)``) leaves them None."""
+    sharded, _ = runs
+    assert sharded[name]["sharded_grads_between_micro_batches"] == [True] * 5
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", PARITY)
 def test_each_rank_holds_half_of_the_moments(runs, name):
     sharded, single = runs
     assert 2 * sharded[name]["moment_bytes"] == single[name]["moment_bytes"] > 0
@@ -74,8 +88,8 @@ def test_whole_matrix_method_is_refused_under_fsdp(runs):
 RUN = ("trainer.max_steps=6", "trainer.save_every=2", "trainer.eval_every=0")
 
 
-def torchrun(cmd: list[str]) -> list[str]:
-    return [TORCHRUN, "--standalone", "--nproc_per_node", "2", *cmd[1:]]
+def torchrun(cmd: list[str], ranks: int = 2) -> list[str]:
+    return [TORCHRUN, "--standalone", "--nproc_per_node", str(ranks), *cmd[1:]]
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +110,9 @@ def curves(tmp_path_factory, corpus) -> dict[str, Path]:
     """A 1-rank run and a 2-rank FSDP2 run of the same 6 steps, checkpointed every 2."""
     root = tmp_path_factory.mktemp("curves")
     dirs = {"one": root / "one", "fsdp": root / "fsdp"}
-    run(command(dirs["one"], *corpus))
-    run(torchrun(command(dirs["fsdp"], *corpus, "trainer.parallelism=fsdp")))
+    part = "trainer.eval_tokens=60"  # a part of the split: the same on 1 or 2 ranks
+    run(command(dirs["one"], *corpus, part))
+    run(torchrun(command(dirs["fsdp"], *corpus, part, "trainer.parallelism=fsdp")))
     return dirs
 
 
@@ -108,6 +123,15 @@ def test_fsdp_run_follows_the_one_rank_curve(curves):
     assert sorted(fsdp) == list(range(1, 7))
     for step, loss in one.items():
         assert fsdp[step] == pytest.approx(loss, rel=1e-5)
+    # and is scored on the same validation tokens, split among the ranks
+    one_eval, fsdp_eval = final_evaluation(curves["one"]), final_evaluation(curves["fsdp"])
+    assert fsdp_eval["val_tokens"] == one_eval["val_tokens"]
+    assert fsdp_eval["val_loss"] == pytest.approx(one_eval["val_loss"], rel=1e-5)
+
+
+def final_evaluation(run_dir: Path) -> dict:
+    records = (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
+    return [r for r in records if "val_tokens" in r][-1]
 
 
 @pytest.mark.slow
@@ -219,6 +243,80 @@ def test_consolidated_fsdp_checkpoint_equals_the_exported_model(tmp_path, curves
     assert weights.keys() <= exported.keys() and len(weights) > 10
     for key, value in weights.items():
         assert torch.equal(value, exported[key]), key
+
+
+# -- three ranks that do not divide the hidden size -------------------------------------------
+
+UNEVEN = (
+    "trainer.parallelism=fsdp",
+    "trainer.global_batch_size=6",
+    "trainer.micro_batch_size=1",
+    "trainer.max_steps=1",
+    "trainer.save_every=0",
+    "trainer.eval_every=0",
+)
+
+
+def test_matrix_is_sharded_by_rows_when_the_ranks_do_not_divide_its_columns():
+    """FSDP2 shards a dim > 0 only evenly, dim 0 any way."""
+    assert shard_dim((172, 64), "larger", ranks=2) == 1  # fold along rows, shard the columns
+    assert shard_dim((172, 64), "larger", ranks=3) == 0
+    assert shard_dim((64, 172), "larger", ranks=3) == 0  # fold along the columns: rows anyway
+
+
+@pytest.mark.parametrize(
+    ("parallelism", "precision", "world_size", "expected"),
+    [
+        ("ddp", "bf16_mixed", 2, True),
+        ("fsdp", "bf16_mixed", 2, False),  # MixedPrecisionPolicy casts instead
+        ("fsdp", "bf16_mixed", 1, True),  # one rank trains the unwrapped model: it must autocast
+        ("ddp", "bf16", 2, False),
+        ("fsdp", "fp32", 1, False),
+    ],
+)
+def test_bf16_mixed_autocasts_wherever_fsdp2_does_not_cast(
+    parallelism, precision, world_size, expected
+):
+    assert uses_autocast(parallelism, precision, world_size) is expected
+
+
+@pytest.fixture(scope="module")
+def hidden_not_divisible_by_three() -> None:
+    """llama_tiny's gate/up projections (172 x 64) fold along their 172 rows, so they would be
+    sharded by their 64 columns, which FSDP2 refuses over 3 ranks (uneven on a dim > 0): they
+    are sharded by rows instead, 58 per rank."""
+    from models.config import load_model_config
+
+    cfg = load_model_config("llama_tiny")
+    assert cfg["hidden_size"] % 3 and cfg["intermediate_size"] > cfg["hidden_size"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_three_ranks_train_a_hidden_size_they_do_not_divide(
+    tmp_path, hidden_not_divisible_by_three
+):
+    run_dir = tmp_path / "run"
+    run(torchrun(command(run_dir, *UNEVEN, optim="adamw"), ranks=3))
+    losses = train_losses(run_dir)
+    assert sorted(losses) == [1] and math.isfinite(losses[1])
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fold_that_straddles_three_row_shards_is_a_config_error(
+    tmp_path, hidden_not_divisible_by_three
+):
+    """FOAM-2's blocks of 4 rows cannot align with 58 rows per rank: one line says so, naming the
+    parameter's shape and what fits, before any step (not a raw torch error)."""
+    proc = run(torchrun(command(tmp_path / "run", *UNEVEN, optim="foam2"), ranks=3), expect_rc=1)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert errors, proc.stderr[-4000:]
+    assert errors[0].startswith("error: trainer.parallelism=fsdp: FOAM under FSDP2: ")
+    assert "of shape (172, 64) folds blocks of 4 along its sharded dim 0" in errors[0]
+    assert "2**level divides 58" in errors[0] and errors[0].endswith("trainer.parallelism=ddp")
+    assert "NotImplementedError" not in proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 # -- FOAM-Mini whose one block spans the ranks, one of which holds none of it ------------------

@@ -4,12 +4,14 @@
 ``trainer.parallelism=fsdp`` applies ``torch.distributed.fsdp.fully_shard`` to every decoder layer
 and then the root on a 1-d device mesh, so a rank holds ``1/N`` of each parameter, its gradient and
 its optimizer state, and all-gathers one layer's weights at a time. Each matrix is sharded along the
-dim FOAM does not fold (``foam.sharding.shard_dim``), so FOAM folds every shard locally at any
-level; the rest is sharded by rows. Precision:
+dim FOAM does not fold where FSDP2 can (``foam.sharding.shard_dim``: a dim > 0 only when the
+ranks divide it), so FOAM folds every shard locally at any level; otherwise, and for the rest, by
+rows. Precision:
 
 * ``bf16`` (the paper's pure bf16): parameters are stored in bf16, gradients are reduced in bf16;
 * ``bf16_mixed``: fp32 parameters, computed in bf16 and reduced in fp32 through FSDP2's
-  ``MixedPrecisionPolicy`` (DDP uses ``torch.autocast`` instead, see ``uses_autocast``);
+  ``MixedPrecisionPolicy`` (DDP uses ``torch.autocast`` instead, see ``uses_autocast``; how the
+  two differ is documented with ``trainer.precision`` in ``train/schema.py``);
 * ``fp32``: everything in fp32.
 
 With one rank there is nothing to shard or replicate: the model trains unwrapped either way.
@@ -35,9 +37,10 @@ from train.distributed import wrap_ddp
 PARALLELISMS = ("ddp", "fsdp")
 
 
-def uses_autocast(parallelism: str, precision: str) -> bool:
-    """bf16_mixed computes in bf16 under ``torch.autocast`` with DDP; FSDP2 casts on its own."""
-    return precision == "bf16_mixed" and parallelism == "ddp"
+def uses_autocast(parallelism: str, precision: str, world_size: int) -> bool:
+    """bf16_mixed computes in bf16 under ``torch.autocast`` with DDP, and on one rank, where
+    ``parallelize`` leaves the model unwrapped whatever the parallelism; FSDP2 casts on its own."""
+    return precision == "bf16_mixed" and (parallelism == "ddp" or world_size == 1)
 
 
 def fold_axis_of(optim: Mapping[str, Any]) -> str:
@@ -80,7 +83,7 @@ def parallelize(
     matrices = {id(p) for _, p in foam.split_params(model).matrices}
 
     def placement(p: nn.Parameter) -> Shard:
-        return Shard(shard_dim(p.shape, fold_axis) if id(p) in matrices else 0)
+        return Shard(shard_dim(p.shape, fold_axis, world_size) if id(p) in matrices else 0)
 
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy, shard_placement_fn=placement)
@@ -90,17 +93,17 @@ def parallelize(
 
 @contextlib.contextmanager
 def no_gradient_sync(model: nn.Module) -> Iterator[None]:
-    """Accumulate gradients locally (all micro-batches of a step but the last): DDP's ``no_sync``,
-    FSDP2's ``set_requires_gradient_sync(False)``; nothing to do with one rank."""
+    """Around every micro-batch of a step but the last. DDP accumulates the gradients locally
+    (``no_sync``) and all-reduces once per step: its gradients are whole on every rank anyway.
+    FSDP2 still reduce-scatters every micro-batch and accumulates into the sharded gradient:
+    skipping the sync (``set_requires_gradient_sync(False)``) would keep every layer's unsharded
+    gradient (fp32 under ``bf16_mixed``) until the last micro-batch, about 13.5-27 GB per GPU
+    for LLaMA-7B, undoing the sharding of gradients for one collective per step instead of one
+    per micro-batch. The sum is the same: each micro-batch's loss is already scaled for the
+    ranks' average (``train/step.py``). Nothing to do with one rank."""
     if hasattr(model, "no_sync"):  # DDP (and stand-ins for it)
         with model.no_sync():
             yield
-    elif isinstance(model, FSDPModule):
-        model.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            model.set_requires_gradient_sync(True)
     else:
         yield
 

@@ -108,9 +108,10 @@ class Run:
         return Resumable(self.model, self.optimizer, self.scheduler, self.train_loader)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """bf16_mixed under DDP: fp32 weights under a bf16 autocast (FSDP2 casts by itself); pure
-        bf16 and fp32 need none."""
-        if uses_autocast(self.cfg.trainer.parallelism, self.cfg.trainer.precision):
+        """bf16_mixed under DDP or on one rank: fp32 weights under a bf16 autocast (FSDP2 casts
+        by itself); pure bf16 and fp32 need none."""
+        t = self.cfg.trainer
+        if uses_autocast(t.parallelism, t.precision, self.info.world_size):
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 

@@ -4,8 +4,9 @@ The loss of a step is (sum of next-token losses over the global batch) / (non-pa
 global batch). The global target count is all-reduced *before* the backward passes, and each
 micro-batch backpropagates its summed loss divided by that count. DDP averages gradients over
 ranks, so each rank's loss is multiplied by the world size to turn the average back into the
-global sum (FSDP2's reduce-scatter averages the same way). Gradients are only reduced on the last
-micro-batch (``train/parallelism.py``'s ``no_gradient_sync`` elsewhere).
+global sum (FSDP2's reduce-scatter averages the same way). DDP reduces gradients on the last
+micro-batch only; FSDP2 reduce-scatters every micro-batch into the sharded gradients, which sums
+to the same (``train/parallelism.py``'s ``no_gradient_sync`` says why).
 This replaces the references' mean-of-micro-batch-means, which weights short documents more.
 """
 
