@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_train_cli import command, run, train_losses
+from test_train_cli import TINY, command, run, train_losses
 
 from foam.sharding import shard_dim
 from train.parallelism import uses_autocast
@@ -127,6 +127,22 @@ def test_fsdp_run_follows_the_one_rank_curve(curves):
     one_eval, fsdp_eval = final_evaluation(curves["one"]), final_evaluation(curves["fsdp"])
     assert fsdp_eval["val_tokens"] == one_eval["val_tokens"]
     assert fsdp_eval["val_loss"] == pytest.approx(one_eval["val_loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_tied_model_built_by_rank_0_alone_follows_the_one_rank_curve(tmp_path, corpus):
+    """Under FSDP2 the ranks build the model on the meta device and rank 0 alone builds it whole,
+    then scatters weights and buffers (``fill_from_rank0``). Qwen's head is tied to its
+    embeddings: the tie must survive, and the run must start from the one-rank weights."""
+    qwen = [a.replace("+model=llama_tiny", "+model=qwen_tiny") for a in TINY]
+    one, fsdp = tmp_path / "one", tmp_path / "fsdp"
+    run(command(one, *qwen, *corpus, tiny=False))
+    run(torchrun(command(fsdp, *qwen, *corpus, "trainer.parallelism=fsdp", tiny=False)))
+    one_losses, fsdp_losses = train_losses(one), train_losses(fsdp)
+    assert sorted(fsdp_losses) == list(range(1, 7))
+    for step, loss in one_losses.items():
+        assert fsdp_losses[step] == pytest.approx(loss, rel=1e-5)
 
 
 def final_evaluation(run_dir: Path) -> dict:

@@ -15,6 +15,11 @@ rows. Precision:
 * ``fp32``: everything in fp32.
 
 With one rank there is nothing to shard or replicate: the model trains unwrapped either way.
+
+Under FSDP2 no rank holds the whole model on its device, and only rank 0 builds it at all: the
+model is built on the meta device, sharded, then ``fill_from_rank0`` gives each rank its shards
+of the weights rank 0 initialises (the ones a one-rank run starts from). For LLaMA-7B that saves
+every other rank 27 GB of host memory and 13.5 GB on its GPU at start-up.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard
@@ -58,6 +65,12 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
+def shards_parameters(parallelism: str, world_size: int) -> bool:
+    """Whether ``parallelize`` shards the model (FSDP2 over several ranks), so that it is built
+    on the meta device and filled by ``fill_from_rank0``."""
+    return parallelism == "fsdp" and world_size > 1
+
+
 def parallelize(
     model: nn.Module,
     *,
@@ -74,7 +87,7 @@ def parallelize(
         raise ValueError(f"trainer.parallelism must be one of {PARALLELISMS}, got {parallelism!r}")
     if world_size == 1:
         return model
-    if parallelism == "ddp":
+    if not shards_parameters(parallelism, world_size):
         return wrap_ddp(model, device)
     mesh = init_device_mesh(device.type, (world_size,))
     policy = MixedPrecisionPolicy()
@@ -89,6 +102,24 @@ def parallelize(
         fully_shard(layer, mesh=mesh, mp_policy=policy, shard_placement_fn=placement)
     fully_shard(model, mesh=mesh, mp_policy=policy, shard_placement_fn=placement)
     return model
+
+
+def fill_from_rank0(model: nn.Module, whole: nn.Module | None, device: torch.device) -> None:
+    """Allocate ``model``, sharded by ``parallelize`` while on the meta device, on ``device`` and
+    give every rank its shards of ``whole``: the model rank 0 built in full (``None`` on the other
+    ranks). Collective. Buffers (the rotary frequencies, which no state dict holds) are
+    broadcast whole, as FSDP2 keeps them unsharded."""
+    model.to_empty(device=device)
+    set_model_state_dict(
+        model,
+        whole.state_dict() if whole is not None else {},
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+    )
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            source = whole.get_buffer(name).to(device) if whole is not None else buffer
+            dist.broadcast(source, src=0)
+            buffer.copy_(source)
 
 
 @contextlib.contextmanager

@@ -64,7 +64,14 @@ from train.metrics import (
     peak_flops,
     per_rank_memory_line,
 )
-from train.parallelism import fold_axis_of, is_sharded, parallelize, uses_autocast
+from train.parallelism import (
+    fill_from_rank0,
+    fold_axis_of,
+    is_sharded,
+    parallelize,
+    shards_parameters,
+    uses_autocast,
+)
 from train.preemption import (
     PREEMPTED_EXIT_STATUS,
     RunPreempted,
@@ -212,7 +219,8 @@ def build_model_and_optimizer(
     before any compute."""
     t = cfg.trainer
     seed_everything(t.seed)
-    model = models.build_model(cfg.model, device=device, dtype=PARAM_DTYPES[t.precision])
+    dtype, sharded = PARAM_DTYPES[t.precision], shards_parameters(t.parallelism, info.world_size)
+    model = models.build_model(cfg.model, device="meta" if sharded else device, dtype=dtype)
     model.train()
     if t.grad_checkpointing:
         models.enable_gradient_checkpointing(model)
@@ -227,6 +235,10 @@ def build_model_and_optimizer(
         world_size=info.world_size,
         fold_axis=fold_axis_of(cfg.optim),
     )
+    if sharded:  # rank 0 alone builds the whole model, the weights a one-rank run starts from
+        whole = models.build_model(cfg.model, dtype=dtype) if info.is_main else None
+        fill_from_rank0(model, whole, device)
+        del whole
     optimizer = build_optimizer(cfg.optim, model)
     scheduler = build_scheduler(
         optimizer, max_steps=t.max_steps, warmup_ratio=t.warmup_ratio, min_lr_ratio=t.min_lr_ratio
