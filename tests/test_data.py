@@ -622,3 +622,25 @@ def test_one_process_builds_the_tokenizer_it_would_build_alone(c4_dir, tok, cach
     source = corpus.open_sources(c)
     built = tokenizer.build_tokenizer_on_ranks(c, 32000, source, local_rank=0)
     assert built.name == tok.name and built.encode("the of and") == tok.encode("the of and")
+
+
+def test_only_rank_0_opens_the_source_and_every_rank_gets_it_or_its_error(c4_dir, monkeypatch):
+    """One hub request per run, not one per rank: rank 0 opens, the others receive."""
+    from train import distributed
+
+    c = cfg(path=str(c4_dir))
+    opened = corpus.open_sources_on_rank0(c, is_main=True)  # one process: no one to tell
+    assert [r["text"] for r in opened.validation] == [
+        r["text"] for r in corpus.open_sources(c).validation
+    ]
+
+    def never(*args, **kwargs):
+        raise AssertionError("a rank other than 0 opened the source")
+
+    monkeypatch.setattr(corpus, "open_sources", never)
+    monkeypatch.setattr(distributed, "broadcast_object", lambda obj: opened)  # rank 0 sent it
+    assert corpus.open_sources_on_rank0(c, is_main=False) is opened
+    failed = corpus.DataSourceError("data.path=/nowhere does not exist")
+    monkeypatch.setattr(distributed, "broadcast_object", lambda obj: failed)
+    with pytest.raises(corpus.DataSourceError, match="/nowhere"):
+        corpus.open_sources_on_rank0(c, is_main=False)

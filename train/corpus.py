@@ -341,6 +341,25 @@ def open_sources(cfg: DataConfig | Any) -> Source:
     return Source(open_source(cfg, "train"), open_source(cfg, "validation"), label)
 
 
+def open_sources_on_rank0(cfg: DataConfig | Any, is_main: bool) -> Source:
+    """``open_sources`` on rank 0, handed to the other ranks (collective; an error is raised on
+    every rank). Opening resolves the hub's file list: one request per run instead of one per
+    rank, which the hub rate-limits at cluster scale. The opened splits are lazy and
+    picklable, and each rank then streams only its own part."""
+    from train.distributed import broadcast_object
+
+    opened: Source | DataSourceError | None = None
+    if is_main:
+        try:
+            opened = open_sources(cfg)
+        except DataSourceError as err:
+            opened = err
+    opened = broadcast_object(opened)
+    if isinstance(opened, DataSourceError):
+        raise opened
+    return opened
+
+
 def _held_out_fraction(cfg: DataConfig) -> float:
     return float(cfg.val_fraction or 0.0)
 
