@@ -624,23 +624,87 @@ def test_one_process_builds_the_tokenizer_it_would_build_alone(c4_dir, tok, cach
     assert built.name == tok.name and built.encode("the of and") == tok.encode("the of and")
 
 
-def test_only_rank_0_opens_the_source_and_every_rank_gets_it_or_its_error(c4_dir, monkeypatch):
-    """One hub request per run, not one per rank: rank 0 opens, the others receive."""
+def test_the_hub_is_opened_by_rank_0_alone_and_local_files_by_every_rank(c4_dir, monkeypatch):
+    """One hub request per run, not one per rank; but every node checks its own local files."""
     from train import distributed
 
     c = cfg(path=str(c4_dir))
-    opened = corpus.open_sources_on_rank0(c, is_main=True)  # one process: no one to tell
-    assert [r["text"] for r in opened.validation] == [
-        r["text"] for r in corpus.open_sources(c).validation
-    ]
+    local = corpus.open_sources_on_ranks(c, is_main=False)  # one process: no one to tell
+    texts = [r["text"] for r in local.validation]
+    assert texts == [r["text"] for r in corpus.open_sources(c).validation]
+    sent = pickle.loads(pickle.dumps(local))  # what rank 0 would broadcast
+    assert [r["text"] for r in sent.validation] == texts
 
-    def never(*args, **kwargs):
-        raise AssertionError("a rank other than 0 opened the source")
+    opened_by = []
+    monkeypatch.setattr(corpus, "open_sources", lambda cfg: opened_by.append(cfg.name) or local)
+    monkeypatch.setattr(distributed, "broadcast_object", lambda obj: "rank 0's splits")
+    assert corpus.open_sources_on_ranks(c, is_main=False) is local and opened_by == ["local"]
+    hub = cfg(name="c4", path=None)
+    assert corpus.open_sources_on_ranks(hub, is_main=False) == "rank 0's splits"
+    assert opened_by == ["local"]  # a rank other than 0 did not open the hub
+    assert corpus.open_sources_on_ranks(hub, is_main=True) == "rank 0's splits"
+    assert opened_by == ["local", "c4"]
 
-    monkeypatch.setattr(corpus, "open_sources", never)
-    monkeypatch.setattr(distributed, "broadcast_object", lambda obj: opened)  # rank 0 sent it
-    assert corpus.open_sources_on_rank0(c, is_main=False) is opened
-    failed = corpus.DataSourceError("data.path=/nowhere does not exist")
-    monkeypatch.setattr(distributed, "broadcast_object", lambda obj: failed)
-    with pytest.raises(corpus.DataSourceError, match="/nowhere"):
-        corpus.open_sources_on_rank0(c, is_main=False)
+
+def _sets_up_the_data(rank: int, store: str, over: list[dict], out: dict) -> None:
+    """Rank ``rank`` of 2 opens its data (``cfg(**over[rank])``), builds the tokenizer and reads
+    the validation set as the trainer does; ``out[rank]`` is what it raised, or "ok"."""
+    import torch.distributed as torch_dist
+
+    from train import distributed
+    from train.distributed import DistInfo
+
+    torch.set_num_threads(1)
+    torch_dist.init_process_group("gloo", init_method=store, rank=rank, world_size=2)
+    distributed.init_distributed(DistInfo(rank=rank, world_size=2), torch.device("cpu"))
+    try:
+        c = cfg(**over[rank])
+        source = corpus.open_sources_on_ranks(c, is_main=rank == 0)
+        tok = tokenizer.build_tokenizer_on_ranks(c, 32000, source, local_rank=rank)
+        val = build_val_batches(
+            c, tok, micro_batch_size=2, rank=rank, world_size=2, max_tokens=10**9, source=source
+        )
+        len(val)
+        out[rank] = "ok"
+    except Exception as exc:
+        out[rank] = f"{type(exc).__name__}: {exc}"
+    finally:
+        distributed.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    ("rank_1_has", "rank_1_raises", "rank_0_raises"),
+    [
+        ("no data", r"DataSourceError: .*node_b", r"DataSourceError: rank 1 failed: .*node_b"),
+        ("a validation file fewer", "ranks read different validation sets", "ranks read diff"),
+        ("no tokenizer", "cannot load tokenizer", "rank 1 failed: cannot load tokenizer"),
+        ("the same data", "^ok$", "^ok$"),
+    ],
+)
+def test_a_data_error_on_one_rank_stops_every_rank(
+    c4_dir, tok, cache_dir, tmp_path, rank_1_has, rank_1_raises, rank_0_raises
+):
+    """A rank that raised alone would leave the other waiting in a collective until its timeout;
+    a node whose copy of the data lacks a file would score other validation rows than rank 0."""
+    import shutil
+
+    import torch.multiprocessing as mp
+
+    node_b = tmp_path / "node_b"
+    if rank_1_has != "no data":
+        shutil.copytree(c4_dir, node_b)
+    if rank_1_has == "a validation file fewer":
+        next(node_b.glob("en/c4-validation.*.json.gz")).unlink()
+    common = {"tokenizer_cache_dir": str(cache_dir), "tokenizer_fallback": False}
+    over = [{"path": str(c4_dir), **common}, {"path": str(node_b), **common}]
+    if rank_1_has == "no tokenizer":
+        over[1]["tokenizer"] = str(tmp_path / "no-such-tokenizer")
+    with mp.Manager() as manager:
+        out = manager.dict()
+        store = f"file://{tmp_path / 'store'}"
+        mp.spawn(_sets_up_the_data, args=(store, over, out), nprocs=2, join=True)
+        raised = dict(out)
+    assert re.search(rank_0_raises, raised[0]), raised
+    assert re.search(rank_1_raises, raised[1]), raised

@@ -341,23 +341,28 @@ def open_sources(cfg: DataConfig | Any) -> Source:
     return Source(open_source(cfg, "train"), open_source(cfg, "validation"), label)
 
 
-def open_sources_on_rank0(cfg: DataConfig | Any, is_main: bool) -> Source:
-    """``open_sources`` on rank 0, handed to the other ranks (collective; an error is raised on
-    every rank). Opening resolves the hub's file list: one request per run instead of one per
-    rank, which the hub rate-limits at cluster scale. The opened splits are lazy and
-    picklable, and each rank then streams only its own part."""
-    from train.distributed import broadcast_object
+def open_sources_on_ranks(cfg: DataConfig | Any, is_main: bool) -> Source:
+    """``open_sources`` for every rank of a run (collective; an error on any rank is raised on
+    every rank, so none waits for the others in a later collective).
 
-    opened: Source | DataSourceError | None = None
-    if is_main:
+    The hub is opened by rank 0 alone and handed to the others: resolving its file list is then
+    one request per run instead of one per rank, which the hub rate-limits at cluster scale (the
+    opened splits are lazy and picklable). A local or embedded source is opened by every rank,
+    so each node checks the files it will itself read.
+    """
+    from train.distributed import broadcast_object, raise_on_every_rank
+
+    cfg = data_config(cfg)
+    from_rank0 = cfg.name == "c4"
+    opened: Source | None = None
+    error: Exception | None = None
+    if is_main or not from_rank0:
         try:
             opened = open_sources(cfg)
-        except DataSourceError as err:
-            opened = err
-    opened = broadcast_object(opened)
-    if isinstance(opened, DataSourceError):
-        raise opened
-    return opened
+        except Exception as exc:  # any failure, not only ours: the other ranks must hear of it
+            error = exc
+    raise_on_every_rank(error, DataSourceError)
+    return broadcast_object(opened) if from_rank0 else opened
 
 
 def _held_out_fraction(cfg: DataConfig) -> float:

@@ -50,6 +50,7 @@ from train.corpus import (
     describe_skips,
     open_sources,
 )
+from train.distributed import all_gather_object, raise_on_every_rank
 from train.schema import DataConfig, data_config
 from train.tokenizer import Tokenizer, build_tokenizer
 
@@ -501,16 +502,16 @@ class ValBatches:
         self._lens: torch.Tensor | None = None
         self.stats: dict[str, int] = _new_stats()
 
-    def _build(self) -> None:
+    def _read_rows(self) -> tuple[list[list[int]], int, int]:
+        """This rank's rows, and the rows and tokens of the whole set."""
         state = {"epoch": 0, "records": 0, "carry": [], "stats": self.stats}
         kept: list[list[int]] = []
-        rows = tokens = kept_tokens = 0
+        rows = tokens = 0
 
         def take(row: list[int]) -> None:
-            nonlocal rows, tokens, kept_tokens
+            nonlocal rows, tokens
             if rows % self._world_size == self._rank:
                 kept.append(row)
-                kept_tokens += len(row)
             rows += 1
             tokens += len(row)
 
@@ -524,15 +525,39 @@ class ValBatches:
             for row in tail:
                 take(row)
                 self.stats["tokens"] += len(row)
+        return kept, rows, tokens
+
+    def _unusable(self, rows: int, read: list[tuple[int, int]]) -> DataSourceError | None:
+        """Why the set the ranks read (``read[rank]`` = its rows and tokens) cannot be used."""
         if not rows:
-            raise DataSourceError(
+            return DataSourceError(
                 f"{self._label}: no usable validation documents: {describe_skips(self.stats)}"
             )
         if rows < self._world_size:
-            raise DataSourceError(
+            return DataSourceError(
                 f"{self._label}: the validation set has {rows} rows, fewer than the "
                 f"{self._world_size} ranks that share it; give more validation data"
             )
+        if len(set(read)) > 1:
+            return DataSourceError(
+                f"{self._label}: the ranks read different validation sets ((rows, tokens) by "
+                f"rank: {read}); every rank must read the same files"
+            )
+        return None
+
+    def _build(self) -> None:
+        """Read the set (every rank at the same evaluation: collective). Each rank keeps its
+        share of rows by position in the stream it read itself, so the ranks must have read the
+        same stream: a node with fewer files would score some rows twice and others never."""
+        kept: list[list[int]] = []
+        rows = tokens = 0
+        error: Exception | None = None
+        try:
+            kept, rows, tokens = self._read_rows()
+        except Exception as exc:  # the other ranks must hear of it (raise_on_every_rank)
+            error = exc
+        read = all_gather_object((rows, tokens), slow_io=True)
+        raise_on_every_rank(error or self._unusable(rows, read), DataSourceError)
         T = self._batcher.T
         ids = torch.full((len(kept), T), self._batcher.pad, dtype=torch.int32)
         for r, row in enumerate(kept):
@@ -544,7 +569,7 @@ class ValBatches:
             rows,
             tokens,
             len(kept),
-            kept_tokens,
+            sum(len(r) for r in kept),
         )
 
     def __len__(self) -> int:

@@ -160,13 +160,33 @@ def broadcast_object(obj: Any) -> Any:
     return holder[0]
 
 
-def all_gather_object(obj: Any) -> list[Any]:
-    """Every rank's ``obj``, indexed by rank."""
+def all_gather_object(obj: Any, *, slow_io: bool = False) -> list[Any]:
+    """Every rank's ``obj``, indexed by rank. ``slow_io``: on the slow-I/O group, for set-up
+    steps that the ranks may finish minutes apart (opening the data, building the tokenizer,
+    reading the validation set), which the default group's watchdog would not wait for."""
     if not dist.is_initialized():
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=_slow_io_group if slow_io else None)
     return out
+
+
+def raise_on_every_rank(error: Exception | None, error_type: type[Exception]) -> None:
+    """Raise on every rank if any rank failed a set-up step (collective).
+
+    A rank that raised alone would leave the others in the run's next collective until its
+    timeout (10 minutes under NCCL, hours for a slow-I/O wait). The failing rank raises its own
+    error; the others an ``error_type`` that names the first failing rank and its message.
+    """
+    reason = None if error is None else (str(error) or type(error).__name__).splitlines()[0]
+    failed = [
+        (rank, r) for rank, r in enumerate(all_gather_object(reason, slow_io=True)) if r is not None
+    ]
+    if error is not None:
+        raise error
+    if failed:
+        rank, reason = failed[0]
+        raise error_type(f"rank {rank} failed: {reason}")
 
 
 def barrier_for_slow_io() -> None:

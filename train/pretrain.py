@@ -49,7 +49,7 @@ from train.config import (
     check_config,
     optimizer_hparams,
 )
-from train.corpus import open_sources_on_rank0
+from train.corpus import open_sources_on_ranks
 from train.data import TrainLoader, ValBatches, build_train_loader, build_val_batches
 from train.evaluate import evaluate
 from train.export import HF_DIR, export_hf, unsharded_model
@@ -255,9 +255,9 @@ def build_model_and_optimizer(
 
 def build_data(cfg: DictConfig, info: dist.DistInfo) -> tuple[Tokenizer, TrainLoader, ValBatches]:
     """Each rank reads its own shard of the stream; validation is a fixed token budget. The
-    source is opened once, by rank 0, here, for the tokenizer and both loaders."""
+    source is opened once, here, for the tokenizer and both loaders (the hub by rank 0 alone)."""
     t = cfg.trainer
-    source = open_sources_on_rank0(cfg.data, info.is_main)
+    source = open_sources_on_ranks(cfg.data, info.is_main)
     tokenizer = build_tokenizer_on_ranks(
         cfg.data, cfg.model.vocab_size, source, local_rank=info.local_rank
     )

@@ -101,9 +101,10 @@ class TrainerConfig:
     """0 = off (the paper); GaLore's 7B recipe uses 1.0."""
     precision: str = "bf16"
     """bf16 = pure bf16 (weights, grads, states; the paper) | bf16_mixed | fp32. bf16_mixed keeps
-    fp32 weights but computes differently per parallelism: DDP autocasts, so the matmuls run in
-    bf16 while the residual stream and norms stay fp32; FSDP2 casts the weights to bf16
-    (``MixedPrecisionPolicy``), so the residual stream is bf16 too."""
+    fp32 weights but computes differently per parallelism: DDP (and any one-rank run) autocasts,
+    so the matmuls run in bf16 while the residual stream and norms stay fp32; FSDP2 on two or
+    more ranks casts the weights to bf16 (``MixedPrecisionPolicy``), so the residual stream is
+    bf16 too."""
     grad_checkpointing: bool = False
     parallelism: str = "ddp"
     """ddp (replicate the model on every rank) | fsdp (FSDP2: shard parameters, gradients and
