@@ -304,3 +304,32 @@ def test_every_ablation_composes_with_its_overrides(ablation):
     for override in ablation.overrides:
         key, _, value = override.partition("=")
         assert str(OmegaConf.select(cfg, key)).lower() == value
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_under_fsdp_only_rank_0_builds_the_whole_model(monkeypatch, rank):
+    """The other ranks build it on the meta device alone and get their shards from rank 0
+    (``fill_from_rank0``): a whole LLaMA-7B is 27 GB of host memory on every rank otherwise."""
+    import torch
+
+    from train import pretrain
+    from train.distributed import DistInfo
+
+    built_on = []
+    real_build = models.build_model
+
+    def build(cfg, device="cpu", **kwargs):
+        built_on.append(str(device))
+        return real_build(cfg, device=device, **kwargs)
+
+    filled = []
+    monkeypatch.setattr(models, "build_model", build)
+    monkeypatch.setattr(pretrain, "parallelize", lambda model, **kwargs: model)  # no group here
+    monkeypatch.setattr(pretrain, "log_model_and_optimizer", lambda *args: None)  # no Hydra app
+    monkeypatch.setattr(
+        pretrain, "fill_from_rank0", lambda model, whole, device: filled.append(whole)
+    )
+    cfg = cfg_for("+model=llama_tiny", "+optim=foam2", "trainer.parallelism=fsdp")
+    pretrain.build_model_and_optimizer(cfg, DistInfo(rank=rank, world_size=2), torch.device("cpu"))
+    assert built_on == (["meta", "cpu"] if rank == 0 else ["meta"])
+    assert (filled[0] is not None) == (rank == 0)
