@@ -95,7 +95,12 @@ def shard_dim(
     if len(shape) != 2:
         return 0
     dim = 1 - make_plan(shape, 0, fold_axis).axis
-    return dim if shape[dim] % ranks == 0 else 0
+    return dim if fsdp_can_shard(shape, dim, ranks) else 0
+
+
+def fsdp_can_shard(shape: torch.Size | tuple[int, ...], dim: int, ranks: int) -> bool:
+    """Whether FSDP2 shards dim ``dim`` over ``ranks``: dim 0 unevenly too, any other evenly."""
+    return dim == 0 or shape[dim] % ranks == 0
 
 
 def _shards(p: DTensor) -> tuple[int, int, int] | None:
@@ -166,7 +171,7 @@ def shard_fold(p: torch.Tensor, plan: FoldPlan, where: str = "a parameter") -> S
         return ShardFold(plan, mini, across_ranks=True)
     if per_rank % plan.block:
         other = 1 - dim
-        if other == 0 or p.shape[other] % ranks == 0:
+        if fsdp_can_shard(p.shape, other, ranks):
             instead = f"shard it by dim {other} (foam.sharding.shard_dim)"
         else:  # the trainer's case: FSDP2 shards a dim > 0 only evenly
             instead = (
