@@ -648,7 +648,8 @@ def test_the_hub_is_opened_by_rank_0_alone_and_local_files_by_every_rank(c4_dir,
 
 def _sets_up_the_data(rank: int, store: str, over: list[dict], out: dict) -> None:
     """Rank ``rank`` of 2 opens its data (``cfg(**over[rank])``), builds the tokenizer and reads
-    the validation set as the trainer does; ``out[rank]`` is what it raised, or "ok"."""
+    the validation set as the trainer does; ``out[rank]`` is what it raised, or its rows'
+    lengths."""
     import torch.distributed as torch_dist
 
     from train import distributed
@@ -664,8 +665,7 @@ def _sets_up_the_data(rank: int, store: str, over: list[dict], out: dict) -> Non
         val = build_val_batches(
             c, tok, micro_batch_size=2, rank=rank, world_size=2, max_tokens=10**9, source=source
         )
-        len(val)
-        out[rank] = "ok"
+        out[rank] = [int(n) for batch in val for n in batch["attention_mask"].sum(1)]
     except Exception as exc:
         out[rank] = f"{type(exc).__name__}: {exc}"
     finally:
@@ -675,36 +675,52 @@ def _sets_up_the_data(rank: int, store: str, over: list[dict], out: dict) -> Non
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize(
-    ("rank_1_has", "rank_1_raises", "rank_0_raises"),
+    ("case", "rank_0_gets", "rank_1_gets"),
     [
-        ("no data", r"DataSourceError: .*node_b", r"DataSourceError: rank 1 failed: .*node_b"),
-        ("a validation file fewer", "ranks read different validation sets", "ranks read diff"),
-        ("no tokenizer", "cannot load tokenizer", "rank 1 failed: cannot load tokenizer"),
-        ("the same data", "^ok$", "^ok$"),
+        ("the same data", "its rows", "its rows"),
+        ("rank 1 lacks a validation file", "its rows", "its rows"),  # rank 0 reads the set
+        ("rank 1 has no data", r"rank 1 failed: .*node_1", r"DataSourceError: .*node_1"),
+        ("rank 1 has no tokenizer", "rank 1 failed: cannot load tokenizer", "cannot load token"),
+        ("rank 0 has no usable validation text", "no usable validation", "rank 0 failed: .*no us"),
     ],
 )
-def test_a_data_error_on_one_rank_stops_every_rank(
-    c4_dir, tok, cache_dir, tmp_path, rank_1_has, rank_1_raises, rank_0_raises
+def test_two_ranks_score_one_validation_set_or_both_stop(
+    c4_dir, tok, cache_dir, tmp_path, case, rank_0_gets, rank_1_gets
 ):
-    """A rank that raised alone would leave the other waiting in a collective until its timeout;
-    a node whose copy of the data lacks a file would score other validation rows than rank 0."""
+    """Rank 0 reads the validation set and each rank gets its rows r::2, so the ranks score one
+    set whatever each could read; and an error on one rank stops both (raised alone, it would
+    leave the other waiting in a collective until its timeout)."""
     import shutil
 
     import torch.multiprocessing as mp
 
-    node_b = tmp_path / "node_b"
-    if rank_1_has != "no data":
-        shutil.copytree(c4_dir, node_b)
-    if rank_1_has == "a validation file fewer":
-        next(node_b.glob("en/c4-validation.*.json.gz")).unlink()
-    common = {"tokenizer_cache_dir": str(cache_dir), "tokenizer_fallback": False}
-    over = [{"path": str(c4_dir), **common}, {"path": str(node_b), **common}]
-    if rank_1_has == "no tokenizer":
+    nodes = [tmp_path / "node_0", tmp_path / "node_1"]
+    for node in nodes:
+        shutil.copytree(c4_dir, node)
+    if case == "rank 1 lacks a validation file":
+        next(nodes[1].glob("en/c4-validation.*.json.gz")).unlink()
+    if case == "rank 1 has no data":
+        shutil.rmtree(nodes[1])
+    if case == "rank 0 has no usable validation text":
+        for shard in nodes[0].glob("en/c4-validation.*.json.gz"):
+            shard.write_bytes(b"not gzip")
+    over = [
+        {"path": str(node), "tokenizer_cache_dir": str(cache_dir), "tokenizer_fallback": False}
+        for node in nodes
+    ]
+    if case == "rank 1 has no tokenizer":
         over[1]["tokenizer"] = str(tmp_path / "no-such-tokenizer")
     with mp.Manager() as manager:
         out = manager.dict()
         store = f"file://{tmp_path / 'store'}"
         mp.spawn(_sets_up_the_data, args=(store, over, out), nprocs=2, join=True)
-        raised = dict(out)
-    assert re.search(rank_0_raises, raised[0]), raised
-    assert re.search(rank_1_raises, raised[1]), raised
+        got = dict(out)
+    if rank_0_gets == "its rows":
+        whole = build_val_batches(
+            cfg(path=str(c4_dir)), tok, micro_batch_size=2, rank=0, world_size=1, max_tokens=10**9
+        )
+        lengths = [int(n) for batch in whole for n in batch["attention_mask"].sum(1)]
+        assert got == {0: lengths[0::2], 1: lengths[1::2]}
+    else:
+        assert re.search(rank_0_gets, str(got[0])), got
+        assert re.search(rank_1_gets, str(got[1])), got

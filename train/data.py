@@ -50,7 +50,7 @@ from train.corpus import (
     describe_skips,
     open_sources,
 )
-from train.distributed import all_gather_object, raise_on_every_rank
+from train.distributed import is_initialized, raise_on_every_rank, scatter_from_rank0
 from train.schema import DataConfig, data_config
 from train.tokenizer import Tokenizer, build_tokenizer
 
@@ -469,10 +469,10 @@ class ValBatches:
     """A fixed validation set: built on first iteration, then re-iterated from memory.
 
     The set is the same rows for every world size and micro-batch size, so runs on different
-    numbers of GPUs are scored on the same tokens: every rank reads the whole (unsplit) shuffled
+    numbers of GPUs are scored on the same tokens: rank 0 reads the whole (unsplit) shuffled
     validation stream, cuts it into rows (one per document, or packed rows of ``seq_len``) until
-    ``max_tokens`` non-pad tokens or the end of the split, and keeps rows ``rank::world_size``.
-    Rows are stored as int32 ids plus lengths (~50 MB for the protocol's 10M tokens over all
+    ``max_tokens`` non-pad tokens or the end of the split, and sends each rank its rows
+    ``rank::world_size``. Rows are stored as int32 ids plus lengths (~50 MB for the protocol's 10M tokens over all
     ranks); masks and labels are rebuilt per batch. The last batch may have fewer rows, and ranks
     may hold different numbers of batches: reduce sums of loss and token counts once after the
     loop, not per batch.
@@ -502,74 +502,63 @@ class ValBatches:
         self._lens: torch.Tensor | None = None
         self.stats: dict[str, int] = _new_stats()
 
-    def _read_rows(self) -> tuple[list[list[int]], int, int]:
-        """This rank's rows, and the rows and tokens of the whole set."""
+    def _read_set(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The whole set: every row's ids (padded to ``seq_len``), its length, and the tokens."""
         state = {"epoch": 0, "records": 0, "carry": [], "stats": self.stats}
-        kept: list[list[int]] = []
-        rows = tokens = 0
-
-        def take(row: list[int]) -> None:
-            nonlocal rows, tokens
-            if rows % self._world_size == self._rank:
-                kept.append(row)
-            rows += 1
-            tokens += len(row)
-
+        rows: list[list[int]] = []
+        tokens = 0
         produced = _produce(iter(self._records()), self._tokenizer, self._rows, state)
         for (row,), _ in produced:
-            take(row)
+            rows.append(row)
+            tokens += len(row)
             if tokens >= self._max_tokens:
                 break
         else:
             tail = [row for row in state["carry"] if row]  # packing: the last, partial row
-            for row in tail:
-                take(row)
-                self.stats["tokens"] += len(row)
-        return kept, rows, tokens
-
-    def _unusable(self, rows: int, read: list[tuple[int, int]]) -> DataSourceError | None:
-        """Why the set the ranks read (``read[rank]`` = its rows and tokens) cannot be used."""
+            rows += tail
+            tokens += sum(len(row) for row in tail)
+            self.stats["tokens"] += sum(len(row) for row in tail)
         if not rows:
-            return DataSourceError(
+            raise DataSourceError(
                 f"{self._label}: no usable validation documents: {describe_skips(self.stats)}"
             )
-        if rows < self._world_size:
-            return DataSourceError(
-                f"{self._label}: the validation set has {rows} rows, fewer than the "
+        if len(rows) < self._world_size:
+            raise DataSourceError(
+                f"{self._label}: the validation set has {len(rows)} rows, fewer than the "
                 f"{self._world_size} ranks that share it; give more validation data"
             )
-        if len(set(read)) > 1:
-            return DataSourceError(
-                f"{self._label}: the ranks read different validation sets ((rows, tokens) by "
-                f"rank: {read}); every rank must read the same files"
-            )
-        return None
+        ids = torch.full((len(rows), self._batcher.T), self._batcher.pad, dtype=torch.int32)
+        for r, row in enumerate(rows):
+            ids[r, : len(row)] = torch.tensor(row, dtype=torch.int32)
+        return ids, torch.tensor([len(row) for row in rows], dtype=torch.int32), tokens
 
     def _build(self) -> None:
-        """Read the set (every rank at the same evaluation: collective). Each rank keeps its
-        share of rows by position in the stream it read itself, so the ranks must have read the
-        same stream: a node with fewer files would score some rows twice and others never."""
-        kept: list[list[int]] = []
-        rows = tokens = 0
+        """Rank 0 reads the set and hands each rank ``r`` its rows ``r::world_size`` (every rank
+        at the same evaluation: collective; an error on rank 0 is raised on every rank).
+
+        One reader, so the ranks share one set whatever each of them could read, and the hub
+        and the tokenizer serve it once per run instead of once per rank. Without a process
+        group (one process, or a rank simulated in a test) the rank reads it itself.
+        """
+        shares = None
         error: Exception | None = None
-        try:
-            kept, rows, tokens = self._read_rows()
-        except Exception as exc:  # the other ranks must hear of it (raise_on_every_rank)
-            error = exc
-        read = all_gather_object((rows, tokens), slow_io=True)
-        raise_on_every_rank(error or self._unusable(rows, read), DataSourceError)
-        T = self._batcher.T
-        ids = torch.full((len(kept), T), self._batcher.pad, dtype=torch.int32)
-        for r, row in enumerate(kept):
-            ids[r, : len(row)] = torch.tensor(row, dtype=torch.int32)
-        self._ids = ids
-        self._lens = torch.tensor([len(r) for r in kept], dtype=torch.int32)
+        if self._rank == 0 or not is_initialized():
+            try:
+                ids, lens, tokens = self._read_set()
+                n = self._world_size
+                shares = [
+                    (ids[r::n].clone(), lens[r::n].clone(), len(lens), tokens) for r in range(n)
+                ]
+            except Exception as exc:  # the other ranks must hear of it
+                error = exc
+        raise_on_every_rank(error, DataSourceError)
+        self._ids, self._lens, rows, tokens = scatter_from_rank0(shares, self._rank)
         logger.info(
             "data: validation set of %d sequences, %d tokens; %d sequences, %d tokens on this rank",
             rows,
             tokens,
-            len(kept),
-            sum(len(r) for r in kept),
+            len(self._lens),
+            int(self._lens.sum()),
         )
 
     def __len__(self) -> int:

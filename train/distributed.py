@@ -162,13 +162,24 @@ def broadcast_object(obj: Any) -> Any:
 
 def all_gather_object(obj: Any, *, slow_io: bool = False) -> list[Any]:
     """Every rank's ``obj``, indexed by rank. ``slow_io``: on the slow-I/O group, for set-up
-    steps that the ranks may finish minutes apart (opening the data, building the tokenizer,
-    reading the validation set), which the default group's watchdog would not wait for."""
+    steps that the ranks may finish minutes apart (opening the data, building the tokenizer),
+    which the default group's watchdog would not wait for."""
     if not dist.is_initialized():
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj, group=_slow_io_group if slow_io else None)
     return out
+
+
+def scatter_from_rank0(shares: list[Any] | None, rank: int) -> Any:
+    """Rank ``rank``'s ``shares[rank]`` of rank 0's list (``None`` on the other ranks), sent on
+    the slow-I/O group: rank 0 may take minutes to make it. Without a process group, the rank's
+    own list."""
+    if not dist.is_initialized():
+        return shares[rank]
+    mine: list[Any] = [None]
+    dist.scatter_object_list(mine, shares, src=0, group=_slow_io_group)
+    return mine[0]
 
 
 def raise_on_every_rank(error: Exception | None, error_type: type[Exception]) -> None:
