@@ -472,8 +472,8 @@ class ValBatches:
     numbers of GPUs are scored on the same tokens: rank 0 reads the whole (unsplit) shuffled
     validation stream, cuts it into rows (one per document, or packed rows of ``seq_len``) until
     ``max_tokens`` non-pad tokens or the end of the split, and sends each rank its rows
-    ``rank::world_size``. Rows are stored as int32 ids plus lengths (~50 MB for the protocol's 10M tokens over all
-    ranks); masks and labels are rebuilt per batch. The last batch may have fewer rows, and ranks
+    ``rank::world_size``. Rows are stored as int32 ids plus lengths (~50 MB for the protocol's
+    10M tokens over all ranks); masks and labels are rebuilt per batch. The last batch may have fewer rows, and ranks
     may hold different numbers of batches: reduce sums of loss and token counts once after the
     loop, not per batch.
     """
@@ -502,8 +502,8 @@ class ValBatches:
         self._lens: torch.Tensor | None = None
         self.stats: dict[str, int] = _new_stats()
 
-    def _read_set(self) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """The whole set: every row's ids (padded to ``seq_len``), its length, and the tokens."""
+    def _read_set(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole set: every row's ids (padded to ``seq_len``) and its length."""
         state = {"epoch": 0, "records": 0, "carry": [], "stats": self.stats}
         rows: list[list[int]] = []
         tokens = 0
@@ -516,7 +516,6 @@ class ValBatches:
         else:
             tail = [row for row in state["carry"] if row]  # packing: the last, partial row
             rows += tail
-            tokens += sum(len(row) for row in tail)
             self.stats["tokens"] += sum(len(row) for row in tail)
         if not rows:
             raise DataSourceError(
@@ -530,7 +529,7 @@ class ValBatches:
         ids = torch.full((len(rows), self._batcher.T), self._batcher.pad, dtype=torch.int32)
         for r, row in enumerate(rows):
             ids[r, : len(row)] = torch.tensor(row, dtype=torch.int32)
-        return ids, torch.tensor([len(row) for row in rows], dtype=torch.int32), tokens
+        return ids, torch.tensor([len(row) for row in rows], dtype=torch.int32)
 
     def _build(self) -> None:
         """Rank 0 reads the set and hands each rank ``r`` its rows ``r::world_size`` (every rank
@@ -544,8 +543,8 @@ class ValBatches:
         error: Exception | None = None
         if self._rank == 0 or not is_initialized():
             try:
-                ids, lens, tokens = self._read_set()
-                n = self._world_size
+                ids, lens = self._read_set()
+                n, tokens = self._world_size, int(lens.sum())
                 shares = [
                     (ids[r::n].clone(), lens[r::n].clone(), len(lens), tokens) for r in range(n)
                 ]
