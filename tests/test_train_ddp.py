@@ -52,6 +52,17 @@ def test_ddp_builds_with_the_installed_torch(process_group) -> None:
     distributed.barrier_for_slow_io()
 
 
+def test_a_rank_that_fails_a_set_up_step_raises_its_own_error(process_group) -> None:
+    """The other ranks' side (an error naming the failing rank) is tested with two ranks in
+    tests/test_data.py."""
+    with distributed.failure_stops_every_rank(RuntimeError):
+        pass  # no rank failed: nothing raised
+    error = OSError("disk gone")
+    with pytest.raises(OSError) as raised, distributed.failure_stops_every_rank(RuntimeError):
+        raise error
+    assert raised.value is error
+
+
 def test_older_torch_gets_broadcast_buffers(monkeypatch) -> None:
     """torch < 2.13 has no forward_sync_buffers: its predecessor is passed instead."""
     seen = {}

@@ -350,18 +350,14 @@ def open_sources_on_ranks(cfg: DataConfig | Any, is_main: bool) -> Source:
     opened splits are lazy and picklable). A local or embedded source is opened by every rank,
     so each node checks the files it will itself read.
     """
-    from train.distributed import broadcast_object, raise_on_every_rank
+    from train.distributed import broadcast_object, failure_stops_every_rank
 
     cfg = data_config(cfg)
     from_rank0 = cfg.name == "c4"
     opened: Source | None = None
-    error: Exception | None = None
-    if is_main or not from_rank0:
-        try:
+    with failure_stops_every_rank(DataSourceError):
+        if is_main or not from_rank0:
             opened = open_sources(cfg)
-        except Exception as exc:  # any failure, not only ours: the other ranks must hear of it
-            error = exc
-    raise_on_every_rank(error, DataSourceError)
     return broadcast_object(opened) if from_rank0 else opened
 
 

@@ -50,7 +50,7 @@ from train.corpus import (
     describe_skips,
     open_sources,
 )
-from train.distributed import is_initialized, raise_on_every_rank, scatter_from_rank0
+from train.distributed import failure_stops_every_rank, is_initialized, scatter_from_rank0
 from train.schema import DataConfig, data_config
 from train.tokenizer import Tokenizer, build_tokenizer
 
@@ -540,17 +540,13 @@ class ValBatches:
         group (one process, or a rank simulated in a test) the rank reads it itself.
         """
         shares = None
-        error: Exception | None = None
-        if self._rank == 0 or not is_initialized():
-            try:
+        with failure_stops_every_rank(DataSourceError):
+            if self._rank == 0 or not is_initialized():
                 ids, lens = self._read_set()
                 n, tokens = self._world_size, int(lens.sum())
                 shares = [
                     (ids[r::n].clone(), lens[r::n].clone(), len(lens), tokens) for r in range(n)
                 ]
-            except Exception as exc:  # the other ranks must hear of it
-                error = exc
-        raise_on_every_rank(error, DataSourceError)
         self._ids, self._lens, rows, tokens = scatter_from_rank0(shares, self._rank)
         logger.info(
             "data: validation set of %d sequences, %d tokens; %d sequences, %d tokens on this rank",

@@ -13,8 +13,10 @@ and rank 0's checkpoint writes are waited for on a separate group with a long ti
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -182,13 +184,21 @@ def scatter_from_rank0(shares: list[Any] | None, rank: int) -> Any:
     return mine[0]
 
 
-def raise_on_every_rank(error: Exception | None, error_type: type[Exception]) -> None:
-    """Raise on every rank if any rank failed a set-up step (collective).
+@contextlib.contextmanager
+def failure_stops_every_rank(error_type: type[Exception]) -> Iterator[None]:
+    """Around a set-up step that any rank may fail: leaving the block is a collective, and every
+    rank raises if any rank's block raised.
 
     A rank that raised alone would leave the others in the run's next collective until its
     timeout (10 minutes under NCCL, hours for a slow-I/O wait). The failing rank raises its own
-    error; the others an ``error_type`` that names the first failing rank and its message.
+    error; the others an ``error_type`` that names the first failing rank and its message. Every
+    rank must enter the block, including ranks with nothing to do in it.
     """
+    error: Exception | None = None
+    try:
+        yield
+    except Exception as exc:  # any failure, not only ours: the other ranks must hear of it
+        error = exc
     reason = None if error is None else (str(error) or type(error).__name__).splitlines()[0]
     failed = [
         (rank, r) for rank, r in enumerate(all_gather_object(reason, slow_io=True)) if r is not None

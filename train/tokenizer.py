@@ -313,20 +313,16 @@ def build_tokenizer_on_ranks(
     hub request failed would otherwise fall back alone and train on other token ids. A rank that
     cannot build one stops every rank (collective), instead of leaving them waiting for it.
     """
-    from train.distributed import all_gather_object, barrier_for_slow_io, raise_on_every_rank
+    from train.distributed import all_gather_object, barrier_for_slow_io, failure_stops_every_rank
 
     if local_rank != 0:
         barrier_for_slow_io()
-    tokenizer: Tokenizer | None = None
-    error: Exception | None = None
-    try:
-        tokenizer = build_tokenizer(data_cfg, vocab_size, source)
-    except Exception as exc:  # the ranks waiting below must hear of any failure
-        error = exc
-    if local_rank == 0:
-        barrier_for_slow_io()
-    raise_on_every_rank(error, DataSourceError)
-    assert tokenizer is not None  # no rank failed
+    with failure_stops_every_rank(DataSourceError):
+        try:
+            tokenizer = build_tokenizer(data_cfg, vocab_size, source)
+        finally:  # the node's other ranks wait for this one, built or not
+            if local_rank == 0:
+                barrier_for_slow_io()
     check_same_tokenizer(all_gather_object(tokenizer.name, slow_io=True))
     return tokenizer
 
