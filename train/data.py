@@ -473,9 +473,9 @@ class ValBatches:
     validation stream, cuts it into rows (one per document, or packed rows of ``seq_len``) until
     ``max_tokens`` non-pad tokens or the end of the split, and sends each rank its rows
     ``rank::world_size``. Rows are stored as int32 ids plus lengths (~50 MB for the protocol's
-    10M tokens over all ranks); masks and labels are rebuilt per batch. The last batch may have fewer rows, and ranks
-    may hold different numbers of batches: reduce sums of loss and token counts once after the
-    loop, not per batch.
+    10M tokens over all ranks); masks and labels are rebuilt per batch. The last batch may have
+    fewer rows, and ranks may hold different numbers of batches: reduce sums of loss and token
+    counts once after the loop, not per batch.
     """
 
     def __init__(
