@@ -2,16 +2,23 @@
 
 Public API: :func:`load_model_config`, :func:`build_model`, :func:`count_params`
 (:class:`ParamCounts`), :func:`flops_per_token`, :func:`available_models`,
-:func:`enable_gradient_checkpointing`, :func:`materialize`.
+:func:`enable_gradient_checkpointing`, :func:`materialize`, :func:`allocate_for_loading`.
 """
 
-from .build import build_model, enable_gradient_checkpointing, hf_config, materialize
+from .build import (
+    allocate_for_loading,
+    build_model,
+    enable_gradient_checkpointing,
+    hf_config,
+    materialize,
+)
 from .config import CONFIG_DIR, available_models, head_dim, load_model_config
 from .counting import ParamCounts, count_params, flops_per_token, matmul_params
 
 __all__ = [
     "CONFIG_DIR",
     "ParamCounts",
+    "allocate_for_loading",
     "available_models",
     "build_model",
     "count_params",

@@ -108,6 +108,25 @@ def materialize(
     return model.to(device=device, dtype=dtype)
 
 
+def allocate_for_loading(
+    model: PreTrainedModel, *, device: str | torch.device = "cpu"
+) -> PreTrainedModel:
+    """Allocate a model built on ``"meta"`` (and maybe sharded by FSDP2 since) on ``device`` for a
+    checkpoint to fill: its weights are left as allocated, since drawing them would be work thrown
+    away (minutes of CPU for a 7B model). Its buffers, which no state dict holds (the rotary
+    frequencies), are computed from the config as constructing the model computes them: in
+    LLaMA and Qwen2 only the rotary embedding owns buffers, and it is built from the config."""
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for module in model.modules():
+            own = dict(module.named_buffers(recurse=False))
+            if own:
+                fresh = type(module)(model.config)
+                for name, buffer in own.items():
+                    buffer.copy_(fresh.get_buffer(name))
+    return model
+
+
 def enable_gradient_checkpointing(model: PreTrainedModel) -> None:
     """Checkpoint every decoder layer (``torch.utils.checkpoint``, non-reentrant).
 

@@ -189,6 +189,25 @@ def _tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {**dict(model.named_parameters()), **dict(model.named_buffers())}
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["llama_tiny", "qwen_tiny"])
+def test_a_model_allocated_for_loading_has_the_built_buffers_and_draws_nothing(name, dtype):
+    """A resumed FSDP run loads every weight from its checkpoint; the rotary frequencies, which
+    no checkpoint holds, must be the ones construction computes, and no random draw may be
+    spent on weights the checkpoint overwrites."""
+    cfg = models.load_model_config(name)
+    built = dict(models.build_model(cfg, dtype=dtype).named_buffers())
+    meta = models.build_model(cfg, device="meta", dtype=dtype)
+    generator = torch.get_rng_state()
+    allocated = models.allocate_for_loading(meta)
+    assert torch.equal(torch.get_rng_state(), generator)
+    buffers = dict(allocated.named_buffers())
+    assert buffers.keys() == built.keys() and built
+    for name, expected in built.items():
+        assert buffers[name].dtype == expected.dtype and torch.equal(buffers[name], expected), name
+    assert not any(p.is_meta for p in allocated.parameters())
+
+
 @pytest.mark.parametrize("name", ["llama_60m", "qwen_tiny"])  # untied and tied embeddings
 def test_every_build_path_gives_the_reference_weights_for_a_seed(name: str) -> None:
     """The reference scripts' init (transformers' plain construction on the CPU after

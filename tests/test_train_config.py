@@ -306,10 +306,12 @@ def test_every_ablation_composes_with_its_overrides(ablation):
         assert str(OmegaConf.select(cfg, key)).lower() == value
 
 
+@pytest.mark.parametrize("resuming", [False, True])
 @pytest.mark.parametrize("rank", [0, 1])
-def test_under_fsdp_only_rank_0_builds_the_whole_model(monkeypatch, rank):
+def test_under_fsdp_only_rank_0_builds_the_whole_model(monkeypatch, rank, resuming):
     """The other ranks build it on the meta device alone and get their shards from rank 0
-    (``fill_from_rank0``): a whole LLaMA-7B is 27 GB of host memory on every rank otherwise."""
+    (``fill_from_rank0``): a whole LLaMA-7B is 27 GB of host memory on every rank otherwise. A
+    resumed run's checkpoint holds every weight, so no rank builds the whole model then."""
     import torch
 
     from train import pretrain
@@ -330,6 +332,11 @@ def test_under_fsdp_only_rank_0_builds_the_whole_model(monkeypatch, rank):
         pretrain, "fill_from_rank0", lambda model, whole, device: filled.append(whole)
     )
     cfg = cfg_for("+model=llama_tiny", "+optim=foam2", "trainer.parallelism=fsdp")
-    pretrain.build_model_and_optimizer(cfg, DistInfo(rank=rank, world_size=2), torch.device("cpu"))
-    assert built_on == (["meta", "cpu"] if rank == 0 else ["meta"])
-    assert (filled[0] is not None) == (rank == 0)
+    model, *_ = pretrain.build_model_and_optimizer(
+        cfg, DistInfo(rank=rank, world_size=2), torch.device("cpu"), initialise=not resuming
+    )
+    whole = rank == 0 and not resuming
+    assert built_on == (["meta", "cpu"] if whole else ["meta"])
+    assert [w is not None for w in filled] == ([] if resuming else [rank == 0])
+    if resuming:  # allocated for the checkpoint instead, on every rank
+        assert not any(t.is_meta for t in model.state_dict().values())

@@ -19,7 +19,9 @@ With one rank there is nothing to shard or replicate: the model trains unwrapped
 Under FSDP2 no rank holds the whole model on its device, and only rank 0 builds it at all: the
 model is built on the meta device, sharded, then ``fill_from_rank0`` gives each rank its shards
 of the weights rank 0 initialises (the ones a one-rank run starts from). For LLaMA-7B that saves
-every other rank 27 GB of host memory and 13.5 GB on its GPU at start-up.
+every other rank 27 GB of host memory and 13.5 GB on its GPU at start-up. A resumed run's
+checkpoint holds every weight, so there no rank builds the whole model: the shards are allocated
+for it (``models.allocate_for_loading``).
 """
 
 from __future__ import annotations

@@ -101,6 +101,9 @@ class Run:
     peaks: PhasePeaks
     """Peak memory per phase: setup, train, eval, checkpoint."""
     run_dir: Path
+    resume_from: Path | None
+    """The checkpoint the run goes on from, found before the model is built so that no weight is
+    drawn only to be overwritten by it."""
     accumulation: int
     model: torch.nn.Module
     """The bare model (checkpoints, evaluation); ``replica`` is what trains (DDP or the model)."""
@@ -129,17 +132,18 @@ def train(cfg: DictConfig) -> dict:
     state = TrainState(world_size=info.world_size)  # its clock starts now
     check_config(cfg, info.world_size)
     run = build_run(cfg, info)
-    resume_from = dist.broadcast_object(find_resume_checkpoint(cfg.trainer.resume, run.run_dir))
-    if resume_from is not None:
-        restore_training_state(resume_from, run.resumable(), state, rank=info.rank)
-        log.info("resumed from %s at step %d (%d tokens)", resume_from, state.step, state.tokens)
+    if run.resume_from is not None:
+        restore_training_state(run.resume_from, run.resumable(), state, rank=info.rank)
+        log.info(
+            "resumed from %s at step %d (%d tokens)", run.resume_from, state.step, state.tokens
+        )
     config = OmegaConf.to_container(cfg, resolve=True)
     sink = MetricSink(
         cfg.logger,
         run.run_dir,
         state,
         is_main=info.is_main,
-        resumed=bool(resume_from),
+        resumed=run.resume_from is not None,
         config=config,
     )
     try:
@@ -187,6 +191,7 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
     dist.init_distributed(info, device)
     peaks = PhasePeaks(device)
     run_dir = Path(dist.broadcast_object(HydraConfig.get().runtime.output_dir))
+    resume_from = dist.broadcast_object(find_resume_checkpoint(t.resume, run_dir))
     if info.is_main:
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     log.info(
@@ -203,20 +208,25 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
         device,
         peaks,
         run_dir,
+        resume_from,
         accumulation,
-        *build_model_and_optimizer(cfg, info, device),  # model, replica, optimizer, scheduler
+        *build_model_and_optimizer(  # model, replica, optimizer, scheduler
+            cfg, info, device, initialise=resume_from is None
+        ),
         *build_data(cfg, info),  # tokenizer, train loader, validation batches
     )
 
 
 def build_model_and_optimizer(
-    cfg: DictConfig, info: dist.DistInfo, device: torch.device
+    cfg: DictConfig, info: dist.DistInfo, device: torch.device, *, initialise: bool = True
 ) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer, LambdaLR]:
     """Identical seeds give identical replicas or shards of the same model (initialised on the
     CPU, so the same on any device). Pure bf16 (the paper) keeps weights, grads and states in
     bf16; bf16_mixed keeps fp32 weights computed in bf16. Under FSDP2 the optimizer is built on
     the sharded (DTensor) parameters, so a method that cannot update shards is refused here,
-    before any compute."""
+    before any compute. ``initialise=False`` (a resumed run) leaves a sharded model's weights
+    for the checkpoint to fill, where rank 0 would otherwise build the whole model for nothing;
+    an unsharded model is built whole either way."""
     t = cfg.trainer
     seed_everything(t.seed)
     dtype, sharded = PARAM_DTYPES[t.precision], shards_parameters(t.parallelism, info.world_size)
@@ -235,7 +245,9 @@ def build_model_and_optimizer(
         world_size=info.world_size,
         fold_axis=fold_axis_of(cfg.optim),
     )
-    if sharded:  # rank 0 alone builds the whole model, the weights a one-rank run starts from
+    if sharded and not initialise:  # the checkpoint about to be loaded holds every weight
+        models.allocate_for_loading(model, device=device)
+    elif sharded:  # rank 0 alone builds the whole model, the weights a one-rank run starts from
         whole = models.build_model(cfg.model, dtype=dtype) if info.is_main else None
         fill_from_rank0(model, whole, device)
         del whole
