@@ -384,6 +384,30 @@ def confidence_interval(diff: tuple[float, float | None, int] | None) -> tuple[f
     return mean - half, mean + half
 
 
+def paired_p(diff: tuple[float, float | None, int] | None) -> float | None:
+    """The two-sided p of a paired t-test on a difference's seeds (None below 2 seeds)."""
+    if diff is None or diff[1] is None or diff[2] < 2:
+        return None
+    mean, std, n = diff
+    if std == 0:
+        return 1.0 if mean == 0 else 0.0
+    from scipy.stats import t
+
+    return float(2 * t.sf(abs(mean) / (std / math.sqrt(n)), n - 1))
+
+
+def holm(pvalues: list[float | None]) -> list[float | None]:
+    """Holm's step-down adjustment of the p values that are not None, over those only: the
+    family-wise check on a model's comparisons with FOAM-2 (scipy has no Holm)."""
+    tested = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
+    adjusted: list[float | None] = [None] * len(pvalues)
+    running = 0.0
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - rank) * p))
+        adjusted[i] = running
+    return adjusted
+
+
 def agreement(interval: tuple[float, float] | None, paper_diff: float | None, n: int) -> str:
     """Whether a difference's sign here is the paper's, where the interval resolves it over the
     finals' seeds (PROTOCOL.md: an order is read over 3 paired seeds, not fewer)."""
@@ -402,23 +426,28 @@ def paired_table(best: dict[tuple[str, str], Point]) -> str:
     interval, and the paper's difference on the model this one is (or stands in for)."""
     lines = [
         f"| Model | Method | {label(REFERENCE)} PPL − method PPL (paired over seeds) | 95% interval "
-        "| paper | same order as the paper |",
-        "|---|---|---:|---:|---:|---|",
+        "| p (Holm) | paper | same order as the paper |",
+        "|---|---|---:|---:|---:|---:|---|",
     ]
     for model in sorted({m for m, _ in best}, key=model_order):
         reference = best.get((model, REFERENCE))
         if reference is None:
             continue
-        for row in method_rows({r for m, r in best if m == model}):
-            if row is None or row == REFERENCE:
-                continue
-            diff = paired(reference, best[(model, row)])
+        rows = [
+            r for r in method_rows({r for m, r in best if m == model}) if r not in (None, REFERENCE)
+        ]
+        diffs = [paired(reference, best[(model, row)]) for row in rows]
+        family = holm(
+            [paired_p(d) if d is not None and d[2] >= ORDER_SEEDS else None for d in diffs]
+        )
+        for row, diff, p in zip(rows, diffs, family, strict=True):
             interval = confidence_interval(diff)
             theirs = paper_ppl(model, REFERENCE), paper_ppl(model, row)
             paper_diff = None if None in theirs else theirs[0] - theirs[1]
             lines.append(
                 f"| {model} | {row_label(row)} | {fmt_diff(diff)} | "
                 f"{'-' if interval is None else f'[{interval[0]:+.2f}, {interval[1]:+.2f}]'} | "
+                f"{'-' if p is None else f'{p:.3f}'} | "
                 f"{'-' if paper_diff is None else f'{paper_diff:+.2f}'} | "
                 f"{agreement(interval, paper_diff, 0 if diff is None else diff[2])} |"
             )
@@ -427,7 +456,9 @@ def paired_table(best: dict[tuple[str, str], Point]) -> str:
         "",
         f"paper: the same difference in the paper's Table 2 (its mean perplexities), on the "
         f"same model{''.join(f'; {s}' for s in stand_ins)}. The interval is Student's t over "
-        "the seeds.",
+        f"the seeds. p (Holm): the paired t-test's two-sided p, Holm-adjusted over the model's "
+        f"comparisons with {ORDER_SEEDS} or more seeds, the family-wise check on the order column "
+        "(which reads each comparison on its own, as PROTOCOL.md decided before the finals).",
     ]
     return "\n".join(lines) + "\n"
 

@@ -127,7 +127,7 @@ def test_tables_take_the_best_point_with_sample_std(tmp_path):
     # FOAM-2 - AdamW over seeds 0 and 1: (28.5 - 30) and (28.5 - 32); t(0.975, 1) = 12.706;
     # the paper: 28.53 - 29.57
     assert (
-        "| llama_60m | Full-Adam | -2.50 ± 1.41 (n=2) | [-15.21, +10.21] | -1.04 "
+        "| llama_60m | Full-Adam | -2.50 ± 1.41 (n=2) | [-15.21, +10.21] | - | -1.04 "
         "| not read (n < 3) |"
     ) in (out / "paired.md").read_text()
     # 7 runs of summary()'s 3600 s each
@@ -224,9 +224,11 @@ def test_staged_study_layout(tmp_path):
     assert "| llama_2m | FOAM-Mini | 0.01 | 0.25 | 46.00 ± 0.00 (n=3) |" in ablations
     assert "| FOAM-Mini | 0.005 |" not in ablations
     # FOAM-2 - GaLore: -4, -3, -2; t(0.975, 2) = 4.303, 4.303 / sqrt(3) = 2.484; the paper's 60M
-    # (llama_2m's stand-in): 28.53 - 34.38
+    # (llama_2m's stand-in): 28.53 - 34.38. Its paired p, 1 - t / sqrt(t^2 + 2) at t = 3 sqrt(3)
+    # for 2 degrees of freedom, is 0.0351, the family's smallest (with Full-Adam's), so Holm
+    # multiplies it by the 5 comparisons with 3 seeds (APOLLO-1/4 has none).
     assert (
-        "| llama_2m | GaLore-1/4 | -3.00 ± 1.00 (n=3) | [-5.48, -0.52] | -5.85 | yes |"
+        "| llama_2m | GaLore-1/4 | -3.00 ± 1.00 (n=3) | [-5.48, -0.52] | 0.175 | -5.85 | yes |"
         in (out / "paired.md").read_text()
     )
     carry = (out / "carry_over.md").read_text()
@@ -350,6 +352,23 @@ def test_without_a_search_alpha_is_read_from_the_finals(tmp_path):
         "| llama_2m | FOAM-2 | 0.005 | - | 0.25 (best) | 50.00 |" in (out / "alpha.md").read_text()
     )
     assert "† llama_2m FOAM-2: alpha on the grid's edge" in (out / "table2.md").read_text()
+
+
+def test_holm_adjusts_step_down_over_the_tested_comparisons_only():
+    # sorted 0.01, 0.03, 0.04 times 3, 2, 1 = 0.03, 0.06, 0.04, kept monotone: 0.04 -> 0.06
+    assert make_tables.holm([0.01, 0.04, 0.03, None]) == pytest.approx([0.03, 0.06, 0.06, None])
+    assert make_tables.holm([0.9, 0.8]) == [1.0, 1.0]  # capped at 1
+    assert make_tables.holm([]) == []
+
+
+def test_the_paired_p_is_the_t_tests():
+    # 2 degrees of freedom: two-sided p = 1 - t / sqrt(t^2 + 2), t = 3 / (1 / sqrt(3))
+    t = 3 * math.sqrt(3)
+    assert make_tables.paired_p((-3.0, 1.0, 3)) == pytest.approx(1 - t / math.sqrt(t * t + 2))
+    assert make_tables.paired_p((-3.0, 1.0, 3)) == make_tables.paired_p((3.0, 1.0, 3))
+    assert make_tables.paired_p((-3.0, 0.0, 3)) == 0.0  # the same difference on every seed
+    assert make_tables.paired_p((0.0, 0.0, 3)) == 1.0
+    assert make_tables.paired_p((-3.0, None, 1)) is None
 
 
 def test_an_order_is_read_only_where_the_interval_resolves_it():
