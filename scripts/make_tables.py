@@ -7,8 +7,9 @@ mean, **sample** standard deviation and n. Table 2 takes, for each method, the f
 with the most seeds and then the lowest mean perplexity (the point whose finals ran; with no
 stages, the best point of the sweep), and flags a best point whose lr neighbours (x2, /2) were
 not both run at its length, or whose alpha lies on the edge of the alphas run there at its lr.
-Also written: Table 3, every point (``sweep.md``), FOAM-2 against each method paired over the
-same seeds, with its 95% interval and the paper's difference (``paired.md``), the ablations
+Also written: Table 3, every point (``sweep.md``), FOAM-2 against each method (and FOAM-Mini
+against APOLLO-Mini) paired over the same seeds, with its 95% interval, its Holm-adjusted p and
+the paper's difference (``paired.md``), the ablations
 (``ablations.md``, FOAM-2's variants in ``ablation_*`` directories), every lr run at full length
 at the best points' alpha and gap (``carry_over.md``), each method's perplexity against alpha at
 its best lr of each stage (``alpha.md``; with ``--curves`` also ``alpha_MODEL.png``, and the
@@ -51,6 +52,9 @@ from train.summary import DIVERGED_FILE, finished_records
 STAGES = ("search", "final")
 CONTROL = "adamw_control"  # Table 2's row for the module-wise-lr AdamW control
 REFERENCE = "foam2"  # the method the paired and ablation tables compare against
+# Paired comparisons besides FOAM-2 against each row: Table 2's Mini tier, whose memory FOAM-Mini
+# matches APOLLO-Mini's.
+TIER_COMPARISONS = (("foam_mini", "apollo_mini"),)
 EDGE = "†"
 ORDER_SEEDS = 3  # paired seeds an order is read over (PROTOCOL.md, "Finals, seeds, statistics")
 NO_ALPHA = -1.0  # the alpha of a point whose method has none (keeps Key sortable and hashable)
@@ -421,31 +425,37 @@ def agreement(interval: tuple[float, float] | None, paper_diff: float | None, n:
     return "yes" if (low > 0) == (paper_diff > 0) else "no (the other way)"
 
 
+def comparisons(rows: set[str]) -> list[tuple[str, str]]:
+    """The (row, row) pairs of a model's paired table: FOAM-2 against every other row, in Table
+    2's order, then the tier comparisons whose rows both ran."""
+    against = [
+        (REFERENCE, r)
+        for r in method_rows(rows)
+        if REFERENCE in rows and r not in (None, REFERENCE)
+    ]
+    return against + [(a, b) for a, b in TIER_COMPARISONS if {a, b} <= rows]
+
+
 def paired_table(best: dict[tuple[str, str], Point]) -> str:
-    """FOAM-2 minus each method, seed by seed (the same initialisation and data order), its 95%
-    interval, and the paper's difference on the model this one is (or stands in for)."""
+    """Each comparison's difference seed by seed (the same initialisation and data order), its
+    95% interval, and the paper's difference on the model this one is (or stands in for)."""
     lines = [
-        f"| Model | Method | {label(REFERENCE)} PPL − method PPL (paired over seeds) | 95% interval "
+        "| Model | Comparison | PPL difference (paired over seeds) | 95% interval "
         "| p (Holm) | paper | same order as the paper |",
         "|---|---|---:|---:|---:|---:|---|",
     ]
     for model in sorted({m for m, _ in best}, key=model_order):
-        reference = best.get((model, REFERENCE))
-        if reference is None:
-            continue
-        rows = [
-            r for r in method_rows({r for m, r in best if m == model}) if r not in (None, REFERENCE)
-        ]
-        diffs = [paired(reference, best[(model, row)]) for row in rows]
+        pairs = comparisons({r for m, r in best if m == model})
+        diffs = [paired(best[(model, a)], best[(model, b)]) for a, b in pairs]
         family = holm(
             [paired_p(d) if d is not None and d[2] >= ORDER_SEEDS else None for d in diffs]
         )
-        for row, diff, p in zip(rows, diffs, family, strict=True):
+        for (a, b), diff, p in zip(pairs, diffs, family, strict=True):
             interval = confidence_interval(diff)
-            theirs = paper_ppl(model, REFERENCE), paper_ppl(model, row)
+            theirs = paper_ppl(model, a), paper_ppl(model, b)
             paper_diff = None if None in theirs else theirs[0] - theirs[1]
             lines.append(
-                f"| {model} | {row_label(row)} | {fmt_diff(diff)} | "
+                f"| {model} | {row_label(a)} − {row_label(b)} | {fmt_diff(diff)} | "
                 f"{'-' if interval is None else f'[{interval[0]:+.2f}, {interval[1]:+.2f}]'} | "
                 f"{'-' if p is None else f'{p:.3f}'} | "
                 f"{'-' if paper_diff is None else f'{paper_diff:+.2f}'} | "
@@ -457,7 +467,7 @@ def paired_table(best: dict[tuple[str, str], Point]) -> str:
         f"paper: the same difference in the paper's Table 2 (its mean perplexities), on the "
         f"same model{''.join(f'; {s}' for s in stand_ins)}. The interval is Student's t over "
         f"the seeds. p (Holm): the paired t-test's two-sided p, Holm-adjusted over the model's "
-        f"comparisons with {ORDER_SEEDS} or more seeds, the family-wise check on the order column "
+        f"comparisons with {ORDER_SEEDS} or more paired seeds, the family-wise check on the order column "
         "(which reads each comparison on its own, as PROTOCOL.md decided before the finals).",
     ]
     return "\n".join(lines) + "\n"

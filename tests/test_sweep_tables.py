@@ -127,7 +127,7 @@ def test_tables_take_the_best_point_with_sample_std(tmp_path):
     # FOAM-2 - AdamW over seeds 0 and 1: (28.5 - 30) and (28.5 - 32); t(0.975, 1) = 12.706;
     # the paper: 28.53 - 29.57
     assert (
-        "| llama_60m | Full-Adam | -2.50 ± 1.41 (n=2) | [-15.21, +10.21] | - | -1.04 "
+        "| llama_60m | FOAM-2 − Full-Adam | -2.50 ± 1.41 (n=2) | [-15.21, +10.21] | - | -1.04 "
         "| not read (n < 3) |"
     ) in (out / "paired.md").read_text()
     # 7 runs of summary()'s 3600 s each
@@ -228,8 +228,8 @@ def test_staged_study_layout(tmp_path):
     # for 2 degrees of freedom, is 0.0351, the family's smallest (with Full-Adam's), so Holm
     # multiplies it by the 5 comparisons with 3 seeds (APOLLO-1/4 has none).
     assert (
-        "| llama_2m | GaLore-1/4 | -3.00 ± 1.00 (n=3) | [-5.48, -0.52] | 0.175 | -5.85 | yes |"
-        in (out / "paired.md").read_text()
+        "| llama_2m | FOAM-2 − GaLore-1/4 | -3.00 ± 1.00 (n=3) | [-5.48, -0.52] | 0.175 | -5.85 "
+        "| yes |" in (out / "paired.md").read_text()
     )
     carry = (out / "carry_over.md").read_text()
     assert "| llama_2m | FOAM-2 | 0.01 (chosen) | 0.25 | 40.00 |" in carry
@@ -352,6 +352,19 @@ def test_without_a_search_alpha_is_read_from_the_finals(tmp_path):
         "| llama_2m | FOAM-2 | 0.005 | - | 0.25 (best) | 50.00 |" in (out / "alpha.md").read_text()
     )
     assert "† llama_2m FOAM-2: alpha on the grid's edge" in (out / "table2.md").read_text()
+
+
+def test_the_paired_table_compares_foam2_with_every_row_and_the_mini_tier():
+    rows = {"foam2", "adamw", "foam_mini", "apollo_mini", make_tables.CONTROL}
+    assert make_tables.comparisons(rows) == [
+        ("foam2", "adamw"),
+        ("foam2", make_tables.CONTROL),
+        ("foam2", "apollo_mini"),
+        ("foam2", "foam_mini"),
+        ("foam_mini", "apollo_mini"),
+    ]
+    assert make_tables.comparisons({"foam_mini", "apollo_mini"}) == [("foam_mini", "apollo_mini")]
+    assert make_tables.comparisons({"foam2", "foam_mini"}) == [("foam2", "foam_mini")]
 
 
 def test_holm_adjusts_step_down_over_the_tested_comparisons_only():
