@@ -388,6 +388,19 @@ def confidence_interval(diff: tuple[float, float | None, int] | None) -> tuple[f
     return mean - half, mean + half
 
 
+def fmt_interval(interval: tuple[float, float] | None) -> str:
+    return "-" if interval is None else f"[{interval[0]:+.2f}, {interval[1]:+.2f}]"
+
+
+def fmt_p(p: float | None) -> str:
+    return "-" if p is None else f"{p:.3f}"
+
+
+def holm_family(diffs: list[tuple[float, float | None, int] | None]) -> list[float | None]:
+    """Holm-adjusted paired p of each difference, over those with the seeds an order needs."""
+    return holm([paired_p(d) if d is not None and d[2] >= ORDER_SEEDS else None for d in diffs])
+
+
 def paired_p(diff: tuple[float, float | None, int] | None) -> float | None:
     """The two-sided p of a paired t-test on a difference's seeds (None below 2 seeds)."""
     if diff is None or diff[1] is None or diff[2] < 2:
@@ -447,17 +460,13 @@ def paired_table(best: dict[tuple[str, str], Point]) -> str:
     for model in sorted({m for m, _ in best}, key=model_order):
         pairs = comparisons({r for m, r in best if m == model})
         diffs = [paired(best[(model, a)], best[(model, b)]) for a, b in pairs]
-        family = holm(
-            [paired_p(d) if d is not None and d[2] >= ORDER_SEEDS else None for d in diffs]
-        )
-        for (a, b), diff, p in zip(pairs, diffs, family, strict=True):
+        for (a, b), diff, p in zip(pairs, diffs, holm_family(diffs), strict=True):
             interval = confidence_interval(diff)
             theirs = paper_ppl(model, a), paper_ppl(model, b)
             paper_diff = None if None in theirs else theirs[0] - theirs[1]
             lines.append(
                 f"| {model} | {row_label(a)} − {row_label(b)} | {fmt_diff(diff)} | "
-                f"{'-' if interval is None else f'[{interval[0]:+.2f}, {interval[1]:+.2f}]'} | "
-                f"{'-' if p is None else f'{p:.3f}'} | "
+                f"{fmt_interval(interval)} | {fmt_p(p)} | "
                 f"{'-' if paper_diff is None else f'{paper_diff:+.2f}'} | "
                 f"{agreement(interval, paper_diff, 0 if diff is None else diff[2])} |"
             )
@@ -502,19 +511,22 @@ def ablation_rows(
 
 
 def ablation_table(best: dict[tuple[str, str], Point], points: list[Point]) -> str:
-    """FOAM-2's variants at FOAM-2's best point, each against FOAM-2 over the same seeds."""
+    """FOAM-2's variants at FOAM-2's best point, each against FOAM-2 over the same seeds, read
+    as ``paired.md`` reads Table 2's comparisons (95% interval, Holm over the model's variants)."""
     lines = [
-        "| Model | Variant | lr | alpha | final PPL | variant − FOAM-2 (paired) |",
-        "|---|---|---:|---:|---:|---:|",
+        "| Model | Variant | lr | alpha | final PPL | variant − FOAM-2 (paired) | 95% interval "
+        "| p (Holm) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for model, rows in ablation_rows(best, points).items():
         reference = rows[0][1]
-        for ablation, point in rows:
+        diffs = [None if p is reference else paired(p, reference) for _, p in rows]
+        for (ablation, point), diff, p in zip(rows, diffs, holm_family(diffs), strict=True):
             alpha = point.key.alpha_or_none
-            diff = "-" if point is reference else fmt_diff(paired(point, reference))
             lines.append(
                 f"| {model} | {variant_label(ablation)} | {point.key.lr:g} | "
-                f"{'-' if alpha is None else f'{alpha:g}'} | {fmt_ppl(point, latex=False)} | {diff} |"
+                f"{'-' if alpha is None else f'{alpha:g}'} | {fmt_ppl(point, latex=False)} | "
+                f"{fmt_diff(diff)} | {fmt_interval(confidence_interval(diff))} | {fmt_p(p)} |"
             )
     return "\n".join(lines) + "\n"
 
