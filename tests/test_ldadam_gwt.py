@@ -80,15 +80,20 @@ def test_ldadamw_matches_reference_golden_trajectory(config):
         add_grads(params, grads_of(step))
         opt.step()
     expected = data["results"][config]
+    # The QR and SVD run in float32, as in the reference, so the trajectory carries float32
+    # rounding that depends on the CPU's LAPACK kernels: 1.4e-16 on the machine that made the
+    # golden, up to 6.2e-8 (params) and 3.2e-6 (states) on an AVX-512 Xeon, where perturbing the
+    # float64 inputs by 1e-15 moves the result by 2e-15 only. A 0.1% change of rho moves the
+    # params by 6e-5 and the states by 7e-3, one of beta2 the params by 1.5e-5.
     for i, p in enumerate(params):
-        assert max_relative(p, expected["params"][i]) < 1e-12  # measured <= 1.4e-16
+        assert max_relative(p, expected["params"][i]) < 1e-6
         for key in ("exp_avg", "exp_avg_sq"):
             assert opt.state[p][key].shape == expected[key][i].shape
-            assert max_relative(opt.state[p][key], expected[key][i]) < 1e-12
+            assert max_relative(opt.state[p][key], expected[key][i]) < 1e-4
     for i, p in enumerate(params[:3]):
-        assert max_relative(opt.state[p]["basis"], expected["basis"][i]) < 1e-12
+        assert max_relative(opt.state[p]["basis"], expected["basis"][i]) < 1e-4
         if error_feedback:  # .grad holds the error after step()
-            assert max_relative(p.grad, expected["grad"][i]) < 1e-12
+            assert max_relative(p.grad, expected["grad"][i]) < 1e-4
     assert opt.state[params[2]]["exp_avg"].shape == (4, 12)  # square: projected on the left
 
 
