@@ -415,7 +415,7 @@ def paired_p(diff: tuple[float, float | None, int] | None) -> float | None:
 
 def holm(pvalues: list[float | None]) -> list[float | None]:
     """Holm's step-down adjustment of the p values that are not None, over those only: the
-    family-wise check on a model's comparisons with FOAM-2 (scipy has no Holm)."""
+    family-wise check on one table's comparisons for a model (scipy has no Holm)."""
     tested = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
     adjusted: list[float | None] = [None] * len(pvalues)
     running = 0.0
@@ -475,9 +475,10 @@ def paired_table(best: dict[tuple[str, str], Point]) -> str:
         "",
         f"paper: the same difference in the paper's Table 2 (its mean perplexities), on the "
         f"same model{''.join(f'; {s}' for s in stand_ins)}. The interval is Student's t over "
-        f"the seeds. p (Holm): the paired t-test's two-sided p, Holm-adjusted over the model's "
-        f"comparisons with {ORDER_SEEDS} or more paired seeds, the family-wise check on the order column "
-        "(which reads each comparison on its own, as PROTOCOL.md decided before the finals).",
+        "the seeds. p (Holm): the paired t-test's two-sided p, Holm-adjusted over the model's "
+        f"comparisons with {ORDER_SEEDS} or more paired seeds, the family-wise check on the order "
+        "column (which reads each comparison on its own, as PROTOCOL.md decided before the "
+        "finals).",
     ]
     return "\n".join(lines) + "\n"
 
