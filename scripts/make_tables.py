@@ -441,11 +441,11 @@ def agreement(interval: tuple[float, float] | None, paper_diff: float | None, n:
 def comparisons(rows: set[str]) -> list[tuple[str, str]]:
     """The (row, row) pairs of a model's paired table: FOAM-2 against every other row, in Table
     2's order, then the tier comparisons whose rows both ran."""
-    against = [
-        (REFERENCE, r)
-        for r in method_rows(rows)
-        if REFERENCE in rows and r not in (None, REFERENCE)
-    ]
+    against = (
+        [(REFERENCE, r) for r in method_rows(rows) if r not in (None, REFERENCE)]
+        if REFERENCE in rows
+        else []
+    )
     return against + [(a, b) for a, b in TIER_COMPARISONS if {a, b} <= rows]
 
 
@@ -521,7 +521,7 @@ def ablation_table(best: dict[tuple[str, str], Point], points: list[Point]) -> s
     ]
     for model, rows in ablation_rows(best, points).items():
         reference = rows[0][1]
-        diffs = [None if p is reference else paired(p, reference) for _, p in rows]
+        diffs = [None if point is reference else paired(point, reference) for _, point in rows]
         for (ablation, point), diff, p in zip(rows, diffs, holm_family(diffs), strict=True):
             alpha = point.key.alpha_or_none
             lines.append(
