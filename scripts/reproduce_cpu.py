@@ -21,6 +21,10 @@ checkpoint):
    own run there).
 4. **Ablations** (``final/``, seeds 0-2): FOAM-2's variants at FOAM-2's finals' point; a variant
    that is a Table 2 method whose walk ended at the same point reuses that method's finals.
+5. **Two views** (PROTOCOL.md, amendment of 2026-11-27): "equal freedom", where Muon and
+   Adam-mini also get the module-wise lr (``*_modulewise``), and "as the paper tunes", the same
+   stages with alpha kept on the paper's grid (``PAPER_VIEW``); and FOAM-2 at the paper's lr at
+   each alpha of the paper's grid, 3 seeds each (the paper's alpha figure).
 
 Points run ``--jobs`` at a time (two single-thread runs on the 2-core machine), the runs later
 runs wait on first (``run_priority``); a run that diverges (the trainer then writes
@@ -43,7 +47,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from make_corpus import corpus_digest, tokenizer_sha256
@@ -105,10 +109,19 @@ class Method:
     gaps: tuple[int, ...] = ()  # GaLore / APOLLO update_proj_gap candidates
     start_gap: int | None = None  # None: the first of ``gaps``
     overrides: tuple[str, ...] = ()
+    alpha_range: tuple[float, float] | None = None
+    """Where set, alpha stays inside it (both ends included): the "as the paper tunes" view."""
 
     def start(self) -> Setting:
         gap = self.start_gap or (self.gaps[0] if self.gaps else None)
         return Setting(self.start_lr, self.start_alpha, gap)
+
+    def allows(self, setting: Setting) -> bool:
+        """Whether ``setting`` is in this method's search space (its alpha range)."""
+        if self.alpha_range is None or setting.alpha is None:
+            return True
+        low, high = self.alpha_range
+        return low <= setting.alpha <= high
 
 
 # Start points: the best points the withdrawn first corpus's search found (PROTOCOL.md,
@@ -133,8 +146,27 @@ METHODS = (
         start_gap=FINAL_STEPS // 50,
     ),
     Method("foam_mini", "foam_mini", 5e-3, start_alpha=0.25, searches_alpha=True),
+    # Equal freedom (PROTOCOL.md, amendment of 2026-11-27): Muon and Adam-mini with the two lrs
+    # the control gives AdamW, starting at the non-matrix lr where every module-wise walk ended
+    # and the matrices at the lr of the method's own one-lr search.
+    Method("muon_modulewise", "muon", 4e-2, start_alpha=0.25, searches_alpha=True),
+    Method("adam_mini_modulewise", "adam_mini", 4e-2, start_alpha=0.03125, searches_alpha=True),
 )
 CONTROL = METHODS[1]  # the module-wise-lr AdamW control
+FOAM2 = next(m for m in METHODS if m.name == "foam2")  # its finals' point is the ablations'
+PAPER_ALPHA_GRID = (0.25, 0.5, 1.0)  # the paper's alpha grid (Appendix, Hyperparameters)
+PAPER_ALPHA_RANGE = {"apollo_mini": (64.0, 256.0)}  # around the paper's 128; others: the grid's
+PAPER_VIEW = tuple(
+    replace(
+        m, alpha_range=PAPER_ALPHA_RANGE.get(m.name, (PAPER_ALPHA_GRID[0], PAPER_ALPHA_GRID[-1]))
+    )
+    for m in METHODS
+    if m.searches_alpha and not m.name.endswith("_modulewise")
+)
+"""The "as the paper tunes" view (amendment of 2026-11-27): each method with an alpha searched
+and walked the same way, with alpha kept on the paper's grid. Runs share the methods' directories;
+Full-Adam, Muon and Adam-mini are in this view with their one lr."""
+PAPER_LR_FOAM2 = 1e-2  # the paper's FOAM lr for the 60M model
 
 
 def twin_method(optim: str, overrides: tuple[str, ...]) -> Method | None:
@@ -179,7 +211,7 @@ class Setting:
                 Setting(self.lr, self.alpha / 2, self.gap),
                 Setting(self.lr, self.alpha * 2, self.gap),
             ]
-        return around
+        return [s for s in around if method.allows(s)]
 
     def neighbours(self, method: Method) -> list[Setting]:
         """The walk's lr and alpha steps, GaLore/APOLLO's other gaps, and, where alpha is
@@ -197,7 +229,7 @@ class Setting:
                 Setting(self.lr / 2, self.alpha * 2, self.gap),
             ]
         around += [Setting(self.lr, self.alpha, gap) for gap in method.gaps if gap != self.gap]
-        return around
+        return [s for s in around if method.allows(s)]
 
 
 def run_priority(stage: str, seed: int) -> tuple[int, int]:
@@ -397,9 +429,10 @@ class Study:
                 lr, alpha, gap, _ = fields
                 if not method.searches_alpha and alpha != method.start_alpha:
                     continue  # AdamW's directory also holds its module-wise-lr control's runs
+                setting = Setting(lr, alpha, gap)
                 ppl = self.result(self.root / run_dir.relative_to(base))
-                if ppl is not None:
-                    done[Setting(lr, alpha, gap)] = ppl
+                if ppl is not None and method.allows(setting):
+                    done[setting] = ppl
         return done
 
     def best_at_full_length(self, method: Method) -> Setting | None:
@@ -453,13 +486,20 @@ class Study:
             list(pool.map(one, ABLATIONS))
 
     def all(self) -> None:
-        with ThreadPoolExecutor(max_workers=len(METHODS)) as pool:
+        with ThreadPoolExecutor(
+            max_workers=len(METHODS) + len(PAPER_VIEW) + len(PAPER_ALPHA_GRID)
+        ) as pool:
             # The slots wait while the finished runs are looked up, so the first runs to start
             # are the most urgent of all that can, not the first asked for.
             with self.slots.paused():
                 futures = [
-                    pool.submit(self.method_pipeline, m, ablations=m.name == "foam2")
-                    for m in METHODS
+                    pool.submit(self.method_pipeline, m, ablations=m is FOAM2)
+                    for m in (*METHODS, *PAPER_VIEW)
+                ]
+                # The paper's alpha figure at the paper's lr: FOAM-2 at each alpha of its grid.
+                futures += [
+                    pool.submit(self.finals, "foam2", "foam2", Setting(PAPER_LR_FOAM2, alpha, None))
+                    for alpha in PAPER_ALPHA_GRID
                 ]
                 time.sleep(0 if self.dry_run else LOOKUP_SECONDS)
             for future in futures:

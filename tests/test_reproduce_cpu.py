@@ -320,6 +320,11 @@ def test_the_finals_lr_and_alpha_are_walked_to_their_optimum_at_full_length(tmp_
         if method.searches_alpha:
             bracket += [(best_lr, best_alpha / 2), (best_lr, best_alpha * 2)]
         assert {(*point, 0) for point in bracket} <= runs, method  # bracketed at full length
+    paper_lr = {(reproduce_cpu.PAPER_LR_FOAM2, alpha) for alpha in reproduce_cpu.PAPER_ALPHA_GRID}
+    assert {(lr, a, seed) for n, a, _, lr, seed in finals if n == "foam2"} >= {
+        (*point, seed) for point in paper_lr for seed in reproduce_cpu.SEEDS
+    }  # the paper's alpha figure at the paper's lr
+    finals_at["foam2"] |= paper_lr
     for name, points in finals_at.items():  # no wasted seeds
         assert {(lr, a) for n, a, _, lr, seed in finals if n == name and seed > 0} == points
     ablations = {(lr, alpha) for name, alpha, _, lr, _ in finals if name.startswith("ablation_")}
@@ -375,3 +380,39 @@ def test_every_slot_is_used_when_runs_wait():
     for thread in threads:
         thread.join(timeout=10)
     assert most == 2 and slots.waiting == 0
+
+
+def test_the_papers_view_keeps_alpha_on_the_papers_grid(tmp_path):
+    """The "as the paper tunes" view searches and walks like the other, but never leaves the
+    paper's alpha grid, even where a lower alpha is better; it reads only in-grid runs."""
+    foam2 = next(m for m in reproduce_cpu.PAPER_VIEW if m.name == "foam2")
+    assert foam2.alpha_range == (0.25, 1.0)
+    study, ran = fake_study(tmp_path, bowl(best_lr=5e-3, best_alpha=0.0625))
+    best = study.best_at_full_length(foam2)
+    assert best == Setting(5e-3, 0.25, None)  # on the grid's edge, as the paper's tuning allows
+    assert min(s.alpha for s in ran) == 0.25 and max(s.alpha for s in ran) <= 1.0
+    assert Setting(2.5e-3, 0.25, None) in ran and Setting(1e-2, 0.25, None) in ran  # lr bracketed
+    apollo_mini = next(m for m in reproduce_cpu.PAPER_VIEW if m.name == "apollo_mini")
+    assert apollo_mini.alpha_range == (64.0, 256.0)
+    assert {m.name for m in reproduce_cpu.PAPER_VIEW} == {
+        m.name for m in METHODS if m.searches_alpha and not m.name.endswith("_modulewise")
+    }
+
+    study = Study(tmp_path / "data", tmp_path / "runs2", jobs=2)
+    for setting, ppl in ((Setting(4e-2, 0.0625, None), 80.0), (Setting(5e-3, 0.25, None), 90.0)):
+        run_dir = study.run_dir("search", "foam2", setting, 0)
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps({"final_val_ppl": ppl}))
+    assert study.seed0_runs("search", foam2) == {Setting(5e-3, 0.25, None): 90.0}
+    assert len(study.seed0_runs("search", reproduce_cpu.FOAM2)) == 2
+
+
+def test_muon_and_adam_mini_get_the_module_wise_lr(tmp_path):
+    """Equal freedom: Muon and Adam-mini search lr and alpha (with the diagonal) like the control,
+    in directories of their own, their optim configs unchanged."""
+    for name, optim in (("muon_modulewise", "muon"), ("adam_mini_modulewise", "adam_mini")):
+        method = next(m for m in METHODS if m.name == name)
+        assert method.optim == optim and method.searches_alpha and method.alpha_range is None
+        study, ran = fake_study(tmp_path, bowl(best_lr=2e-2, best_alpha=0.125))
+        assert study.search(method) == Setting(2e-2, 0.125, None)
+        assert set(Setting(2e-2, 0.125, None).neighbours(method)) <= set(ran)
