@@ -23,20 +23,17 @@ Output is deterministic, so committed tables regenerate byte for byte.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from memory_estimator import estimate, table2_gb
 from methods import (
     ABLATION_PREFIX,
     ABLATIONS,
-    CONTROL_LABEL,
     FOLD_LEVEL,
     RESIDUAL,
     TABLE2,
@@ -44,148 +41,33 @@ from methods import (
     Ablation,
     label,
 )
+from paired_stats import (
+    ORDER_SEEDS,
+    REFERENCE,
+    TIER_COMPARISONS,
+    confidence_interval,
+    fmt_diff,
+    fmt_interval,
+    fmt_p,
+    holm_family,
+    paired,
+)
 from paper_perplexity import STAND_INS, paper_ppl
-from sweep import run_dir_fields
-
-from train.summary import DIVERGED_FILE, finished_records
-
-STAGES = ("search", "final")
-CONTROL = "adamw_control"  # Table 2's row for the module-wise-lr AdamW control
-REFERENCE = "foam2"  # the method the paired and ablation tables compare against
-# Paired comparisons besides FOAM-2 against each row: Table 2's Mini tier, whose memory FOAM-Mini
-# matches APOLLO-Mini's.
-TIER_COMPARISONS = (("foam_mini", "apollo_mini"),)
-EDGE = "†"
-ORDER_SEEDS = 3  # paired seeds an order is read over (PROTOCOL.md, "Finals, seeds, statistics")
-NO_ALPHA = -1.0  # the alpha of a point whose method has none (keeps Key sortable and hashable)
-
-
-@dataclass(frozen=True, order=True)
-class Key:
-    """Where a run belongs: everything but its seed."""
-
-    stage: str
-    model: str
-    method: str
-    lr: float
-    alpha: float
-    gap: int
-
-    @property
-    def alpha_or_none(self) -> float | None:
-        return None if self.alpha == NO_ALPHA else self.alpha
-
-
-@dataclass
-class Point:
-    """One grid point and its seeds: ``ppl_by_seed`` (inf: diverged) and their summaries."""
-
-    key: Key
-    ppl_by_seed: dict[int, float]
-    runs: list[dict]
-
-    @property
-    def n(self) -> int:
-        return len(self.ppl_by_seed)
-
-    @property
-    def mean_ppl(self) -> float:
-        return statistics.fmean(self.ppl_by_seed.values())
-
-    @property
-    def std_ppl(self) -> float | None:
-        """Sample standard deviation (n - 1); None for one seed."""
-        values = list(self.ppl_by_seed.values())
-        return statistics.stdev(values) if len(values) > 1 else None
-
-    def mean(self, key: str) -> float:
-        return statistics.fmean(r[key] for r in self.runs)
-
-
-def _key(root: Path, run_dir: Path) -> tuple[Key, int] | None:
-    fields = run_dir_fields(run_dir.name)
-    parts = run_dir.relative_to(root).parts
-    if fields is None or len(parts) < 3:
-        return None
-    lr, alpha, gap, seed = fields
-    stage = parts[0] if parts[0] in STAGES and len(parts) >= 4 else ""
-    key = Key(stage, parts[-3], parts[-2], lr, NO_ALPHA if alpha is None else alpha, gap or 0)
-    return key, seed
-
-
-def load_points(root: Path) -> list[Point]:
-    """Every finished (``summary.json``) or diverged (``DIVERGED_FILE``) run under ``root``."""
-    ppls: dict[Key, dict[int, float]] = defaultdict(dict)
-    runs: dict[Key, list[dict]] = defaultdict(list)
-    for path in finished_records(root):
-        located = _key(root, path.parent)
-        if located is None:
-            continue
-        key, seed = located
-        if path.name == DIVERGED_FILE:
-            ppls[key][seed] = math.inf
-            continue
-        summary = json.loads(path.read_text())
-        ppl = summary.get("final_val_ppl")
-        ppls[key][seed] = ppl if ppl is not None and math.isfinite(ppl) else math.inf
-        runs[key].append(summary)
-    return [Point(key, ppls[key], runs[key]) for key in sorted(ppls)]
-
-
-def row_of(point: Point) -> str:
-    """Table 2's row a point can fill: AdamW below alpha 1 is the module-wise-lr control."""
-    alpha = point.key.alpha_or_none
-    if point.key.method == "adamw" and alpha is not None and alpha != 1.0:
-        return CONTROL
-    return point.key.method
-
-
-def row_label(row: str) -> str:
-    return CONTROL_LABEL if row == CONTROL else label(row)
-
-
-def first_stage(points: list[Point], preference: tuple[str, ...]) -> str:
-    """The first stage of ``preference`` that has points ("" for runs laid out without stages)."""
-    stages = {p.key.stage for p in points}
-    return next((s for s in preference if s in stages), "")
-
-
-def table_stage(points: list[Point]) -> str:
-    """The stage Tables 2-3 read: the finals when there are any (else the search: a study in
-    progress; its rows say n=1)."""
-    return first_stage(points, ("final", "search"))
-
-
-def stages(points: list[Point]) -> list[str]:
-    """The stages present, the search's first ("" for runs laid out without stages)."""
-    present = {p.key.stage for p in points}
-    return [s for s in ("", *STAGES) if s in present]
-
-
-def best_points(points: list[Point], stage: str | None = None) -> dict[tuple[str, str], Point]:
-    """(model, row) -> the point of ``stage`` (default: ``table_stage``) with the most seeds, then
-    the lowest mean perplexity (a point with a diverged seed counts as diverged, not left out).
-
-    The control row competes with AdamW at alpha 1 too (alpha 1 is part of its grid), once it has
-    a point of its own at ``stage``: before that, it would only repeat Full-Adam's row.
-    """
-    stage = table_stage(points) if stage is None else stage
-    at_stage = [p for p in points if p.key.stage == stage]
-    controls = {p.key.model for p in at_stage if row_of(p) == CONTROL}
-    best: dict[tuple[str, str], Point] = {}
-
-    def rank(p: Point) -> tuple:
-        return (-p.n, p.mean_ppl, p.key)
-
-    for point in at_stage:
-        rows = [row_of(point)]
-        if point.key.method == "adamw" and rows[0] != CONTROL and point.key.model in controls:
-            rows.append(CONTROL)
-        for row in rows:
-            key = (point.key.model, row)
-            if key not in best or rank(point) < rank(best[key]):
-                best[key] = point
-    return best
+from study_points import (
+    CONTROL,
+    EDGE,
+    NO_ALPHA,
+    Point,
+    best_points,
+    fmt_ppl,
+    load_points,
+    model_order,
+    row_label,
+    row_of,
+    stages,
+    table_stage,
+)
+from table_views import views_table
 
 
 def edge_notes(point: Point, points: list[Point], row: str) -> list[str]:
@@ -235,37 +117,12 @@ def method_rows(rows_seen: set[str]) -> list[str | None]:
     return rows
 
 
-def model_order(name: str) -> tuple[str, float]:
-    """llama_60m < llama_130m < llama_1b; unknown sizes (tiny) first."""
-    family, _, size = name.partition("_")
-    scale = {"m": 1e6, "b": 1e9}.get(size[-1:], 0.0)
-    try:
-        return family, float(size[:-1]) * scale
-    except ValueError:
-        return family, 0.0
-
-
 def estimated_gb(model: str, method: str) -> float | None:
     """Table 2's memory convention, from the estimator (None where it has no such size/method)."""
     try:
         return table2_gb(estimate(model, "adamw" if method == CONTROL else method))
     except (LookupError, ValueError, FileNotFoundError):
         return None
-
-
-def fmt_ppl(point: Point | None, latex: bool, flag: bool = False) -> str:
-    if point is None:
-        return "-"
-    mark = EDGE if flag else ""
-    if not math.isfinite(point.mean_ppl):
-        diverged = sum(not math.isfinite(v) for v in point.ppl_by_seed.values())
-        return f"diverged ({diverged} of {point.n} seeds){mark}"
-    std = point.std_ppl
-    if latex:
-        spread = "" if std is None else f"_{{\\pm {std:.2f}}}"
-        return f"${point.mean_ppl:.2f}{spread}$" + ("$^\\dagger$" if flag else "")
-    spread = "" if std is None else f" ± {std:.2f}"
-    return f"{point.mean_ppl:.2f}{spread} (n={point.n}){mark}"
 
 
 def fmt_gb(gb: float | None) -> str:
@@ -355,74 +212,6 @@ def table3(best: dict[tuple[str, str], Point], steps: list[int], latex: bool) ->
     if latex:
         lines += ["\\bottomrule", "\\end{tabular}"]
     return "\n".join(lines) + "\n"
-
-
-def paired(a: Point, b: Point) -> tuple[float, float | None, int] | None:
-    """Mean, sample std and n of ppl(a) - ppl(b) over the seeds both ran (None: none shared)."""
-    seeds = sorted(set(a.ppl_by_seed) & set(b.ppl_by_seed))
-    diffs = [a.ppl_by_seed[s] - b.ppl_by_seed[s] for s in seeds]
-    if not diffs or not all(math.isfinite(d) for d in diffs):
-        return None
-    return (
-        statistics.fmean(diffs),
-        (statistics.stdev(diffs) if len(diffs) > 1 else None),
-        len(diffs),
-    )
-
-
-def fmt_diff(diff: tuple[float, float | None, int] | None) -> str:
-    if diff is None:
-        return "-"
-    mean, std, n = diff
-    return f"{mean:+.2f}" + ("" if std is None else f" ± {std:.2f}") + f" (n={n})"
-
-
-def confidence_interval(diff: tuple[float, float | None, int] | None) -> tuple[float, float] | None:
-    """The 95% interval of a paired mean difference (Student's t over its n seeds; None below 2)."""
-    if diff is None or diff[1] is None or diff[2] < 2:
-        return None
-    from scipy.stats import t
-
-    mean, std, n = diff
-    half = float(t.ppf(0.975, n - 1)) * std / math.sqrt(n)
-    return mean - half, mean + half
-
-
-def fmt_interval(interval: tuple[float, float] | None) -> str:
-    return "-" if interval is None else f"[{interval[0]:+.2f}, {interval[1]:+.2f}]"
-
-
-def fmt_p(p: float | None) -> str:
-    return "-" if p is None else f"{p:.3f}"
-
-
-def holm_family(diffs: list[tuple[float, float | None, int] | None]) -> list[float | None]:
-    """Holm-adjusted paired p of each difference, over those with the seeds an order needs."""
-    return holm([paired_p(d) if d is not None and d[2] >= ORDER_SEEDS else None for d in diffs])
-
-
-def paired_p(diff: tuple[float, float | None, int] | None) -> float | None:
-    """The two-sided p of a paired t-test on a difference's seeds (None below 2 seeds)."""
-    if diff is None or diff[1] is None or diff[2] < 2:
-        return None
-    mean, std, n = diff
-    if std == 0:
-        return 1.0 if mean == 0 else 0.0
-    from scipy.stats import t
-
-    return float(2 * t.sf(abs(mean) / (std / math.sqrt(n)), n - 1))
-
-
-def holm(pvalues: list[float | None]) -> list[float | None]:
-    """Holm's step-down adjustment of the p values that are not None, over those only: the
-    family-wise check on one table's comparisons for a model (scipy has no Holm)."""
-    tested = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
-    adjusted: list[float | None] = [None] * len(pvalues)
-    running = 0.0
-    for rank, (p, i) in enumerate(tested):
-        running = max(running, min(1.0, (len(tested) - rank) * p))
-        adjusted[i] = running
-    return adjusted
 
 
 def agreement(interval: tuple[float, float] | None, paper_diff: float | None, n: int) -> str:
@@ -852,6 +641,7 @@ def main(argv: list[str] | None = None) -> int:
         "table3.md": table3(best, steps, latex=False),
         "table3.tex": table3(best, steps, latex=True),
         "paired.md": paired_table(best),
+        "views.md": views_table(points),
         "ablations.md": ablation_table(best, points),
         "carry_over.md": carry_over_table(best, points),
         "alpha.md": alpha_table(points),

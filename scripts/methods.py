@@ -48,6 +48,24 @@ TABLE2: tuple[Method, ...] = tuple(m for block in TABLE2_BLOCKS for m in block)
 
 TABLE3_ONLY: tuple[Method, ...] = (Method("adamw8bit", "8-bit Adam"),)
 
+MODULEWISE: tuple[Method, ...] = (
+    Method("muon_modulewise", "Muon, module-wise lr"),
+    Method("adam_mini_modulewise", "Adam-mini, module-wise lr"),
+)
+"""The CPU study's Muon and Adam-mini with the two lrs the control gives AdamW (lr for the
+embeddings, head and norms, lr x alpha for the matrices): ``results/repro/PROTOCOL.md``, v3."""
+
+PAPER_ALPHA_GRID: tuple[float, ...] = (0.25, 0.5, 1.0)
+"""The alphas the paper's grid sweeps (Appendix, Hyperparameters)."""
+PAPER_ALPHA_RANGES: dict[str, tuple[float, float]] = {"apollo_mini": (64.0, 256.0)}
+"""Methods whose alpha lives on another scale: APOLLO-Mini around the paper's 128."""
+
+
+def paper_alpha_range(name: str) -> tuple[float, float]:
+    """The alphas (both ends included) "as the paper tunes" allows ``name``."""
+    return PAPER_ALPHA_RANGES.get(name, (PAPER_ALPHA_GRID[0], PAPER_ALPHA_GRID[-1]))
+
+
 TABLE3: tuple[str, ...] = ("adamw8bit", "muon", "galore_1_4", "apollo_1_4", "foam2")
 """Table 3's rows (3B and 7B)."""
 
@@ -124,7 +142,7 @@ ABLATION_PREFIX = "ablation_"
 CONTROL_LABEL = "AdamW, matrices at lr x alpha (module-wise lr)"
 """The paper's control for FOAM's alpha (Appendix): the ``adamw`` runs with ``alpha`` below 1."""
 
-BY_NAME: dict[str, Method] = {m.name: m for m in (*TABLE2, *TABLE3_ONLY)}
+BY_NAME: dict[str, Method] = {m.name: m for m in (*TABLE2, *TABLE3_ONLY, *MODULEWISE)}
 
 
 def label(name: str) -> str:

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from make_corpus import corpus_digest, tokenizer_sha256
-from methods import ABLATION_PREFIX, ABLATIONS, Ablation
+from methods import ABLATION_PREFIX, ABLATIONS, PAPER_ALPHA_GRID, Ablation, paper_alpha_range
 from sweep import REPO, Point, hparam, run_dir_fields, train_command
 
 from train.summary import DIVERGED_FILE, finished_records, uncommitted_changes
@@ -154,12 +154,8 @@ METHODS = (
 )
 CONTROL = METHODS[1]  # the module-wise-lr AdamW control
 FOAM2 = next(m for m in METHODS if m.name == "foam2")  # its finals' point is the ablations'
-PAPER_ALPHA_GRID = (0.25, 0.5, 1.0)  # the paper's alpha grid (Appendix, Hyperparameters)
-PAPER_ALPHA_RANGE = {"apollo_mini": (64.0, 256.0)}  # around the paper's 128; others: the grid's
 PAPER_VIEW = tuple(
-    replace(
-        m, alpha_range=PAPER_ALPHA_RANGE.get(m.name, (PAPER_ALPHA_GRID[0], PAPER_ALPHA_GRID[-1]))
-    )
+    replace(m, alpha_range=paper_alpha_range(m.name))
     for m in METHODS
     if m.searches_alpha and not m.name.endswith("_modulewise")
 )

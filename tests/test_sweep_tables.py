@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import make_tables
+import paired_stats
 import pytest
 import sweep
 
@@ -371,19 +372,19 @@ def test_the_paired_table_compares_foam2_with_every_row_and_the_mini_tier():
 
 def test_holm_adjusts_step_down_over_the_tested_comparisons_only():
     # sorted 0.01, 0.03, 0.04 times 3, 2, 1 = 0.03, 0.06, 0.04, kept monotone: 0.04 -> 0.06
-    assert make_tables.holm([0.01, 0.04, 0.03, None]) == pytest.approx([0.03, 0.06, 0.06, None])
-    assert make_tables.holm([0.9, 0.8]) == [1.0, 1.0]  # capped at 1
-    assert make_tables.holm([]) == []
+    assert paired_stats.holm([0.01, 0.04, 0.03, None]) == pytest.approx([0.03, 0.06, 0.06, None])
+    assert paired_stats.holm([0.9, 0.8]) == [1.0, 1.0]  # capped at 1
+    assert paired_stats.holm([]) == []
 
 
 def test_the_paired_p_is_the_t_tests():
     # 2 degrees of freedom: two-sided p = 1 - t / sqrt(t^2 + 2), t = 3 / (1 / sqrt(3))
     t = 3 * math.sqrt(3)
-    assert make_tables.paired_p((-3.0, 1.0, 3)) == pytest.approx(1 - t / math.sqrt(t * t + 2))
-    assert make_tables.paired_p((-3.0, 1.0, 3)) == make_tables.paired_p((3.0, 1.0, 3))
-    assert make_tables.paired_p((-3.0, 0.0, 3)) == 0.0  # the same difference on every seed
-    assert make_tables.paired_p((0.0, 0.0, 3)) == 1.0
-    assert make_tables.paired_p((-3.0, None, 1)) is None
+    assert paired_stats.paired_p((-3.0, 1.0, 3)) == pytest.approx(1 - t / math.sqrt(t * t + 2))
+    assert paired_stats.paired_p((-3.0, 1.0, 3)) == paired_stats.paired_p((3.0, 1.0, 3))
+    assert paired_stats.paired_p((-3.0, 0.0, 3)) == 0.0  # the same difference on every seed
+    assert paired_stats.paired_p((0.0, 0.0, 3)) == 1.0
+    assert paired_stats.paired_p((-3.0, None, 1)) is None
 
 
 def test_an_order_is_read_only_where_the_interval_resolves_it():
@@ -393,6 +394,6 @@ def test_an_order_is_read_only_where_the_interval_resolves_it():
     assert make_tables.agreement((-3.0, -1.0), -0.4, 2) == "not read (n < 3)"  # the protocol's n
     assert make_tables.agreement(None, -0.4, 1) == "-"  # one seed
     assert make_tables.agreement((-3.0, -1.0), None, 3) == "-"  # no paper number (the control)
-    assert make_tables.confidence_interval((-2.0, 1.0, 1)) is None
-    low, high = make_tables.confidence_interval((-2.0, 1.0, 3))
+    assert paired_stats.confidence_interval((-2.0, 1.0, 1)) is None
+    low, high = paired_stats.confidence_interval((-2.0, 1.0, 3))
     assert (low, high) == pytest.approx((-2.0 - 2.4841, -2.0 + 2.4841), abs=1e-4)

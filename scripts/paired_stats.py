@@ -1,0 +1,86 @@
+"""Paired differences over seeds and how they are read: Student's t intervals, paired t-test p
+values and Holm's family-wise adjustment (``results/repro/PROTOCOL.md``, "Finals, seeds,
+statistics")."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from study_points import Point
+
+REFERENCE = "foam2"  # the method the paired and ablation tables compare against
+# Paired comparisons besides FOAM-2 against each row: Table 2's Mini tier, whose memory FOAM-Mini
+# matches APOLLO-Mini's.
+TIER_COMPARISONS = (("foam_mini", "apollo_mini"),)
+ORDER_SEEDS = 3  # paired seeds an order is read over (PROTOCOL.md, "Finals, seeds, statistics")
+Diff = tuple[float, float | None, int]
+"""Mean, sample std (None for one seed) and n of a paired difference."""
+
+
+def paired(a: Point, b: Point) -> Diff | None:
+    """Mean, sample std and n of ppl(a) - ppl(b) over the seeds both ran (None: none shared)."""
+    seeds = sorted(set(a.ppl_by_seed) & set(b.ppl_by_seed))
+    diffs = [a.ppl_by_seed[s] - b.ppl_by_seed[s] for s in seeds]
+    if not diffs or not all(math.isfinite(d) for d in diffs):
+        return None
+    return (
+        statistics.fmean(diffs),
+        (statistics.stdev(diffs) if len(diffs) > 1 else None),
+        len(diffs),
+    )
+
+
+def fmt_diff(diff: Diff | None) -> str:
+    if diff is None:
+        return "-"
+    mean, std, n = diff
+    return f"{mean:+.2f}" + ("" if std is None else f" ± {std:.2f}") + f" (n={n})"
+
+
+def confidence_interval(diff: Diff | None) -> tuple[float, float] | None:
+    """The 95% interval of a paired mean difference (Student's t over its n seeds; None below 2)."""
+    if diff is None or diff[1] is None or diff[2] < 2:
+        return None
+    from scipy.stats import t
+
+    mean, std, n = diff
+    half = float(t.ppf(0.975, n - 1)) * std / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def fmt_interval(interval: tuple[float, float] | None) -> str:
+    return "-" if interval is None else f"[{interval[0]:+.2f}, {interval[1]:+.2f}]"
+
+
+def fmt_p(p: float | None) -> str:
+    return "-" if p is None else f"{p:.3f}"
+
+
+def holm_family(diffs: list[Diff | None]) -> list[float | None]:
+    """Holm-adjusted paired p of each difference, over those with the seeds an order needs."""
+    return holm([paired_p(d) if d is not None and d[2] >= ORDER_SEEDS else None for d in diffs])
+
+
+def paired_p(diff: Diff | None) -> float | None:
+    """The two-sided p of a paired t-test on a difference's seeds (None below 2 seeds)."""
+    if diff is None or diff[1] is None or diff[2] < 2:
+        return None
+    mean, std, n = diff
+    if std == 0:
+        return 1.0 if mean == 0 else 0.0
+    from scipy.stats import t
+
+    return float(2 * t.sf(abs(mean) / (std / math.sqrt(n)), n - 1))
+
+
+def holm(pvalues: list[float | None]) -> list[float | None]:
+    """Holm's step-down adjustment of the p values that are not None, over those only: the
+    family-wise check on one table's comparisons for a model (scipy has no Holm)."""
+    tested = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
+    adjusted: list[float | None] = [None] * len(pvalues)
+    running = 0.0
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - rank) * p))
+        adjusted[i] = running
+    return adjusted
