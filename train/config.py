@@ -9,7 +9,6 @@ message names the offending key, so a bad launch of a thousand-GPU-hour run cost
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import foam
+from foam.errors import OptionError
 from foam.sharding import ShardingNotSupported
 from train.parallelism import PARALLELISMS
 from train.schema import DESCRIPTIVE_OPTIM_KEYS
@@ -131,15 +131,15 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
 
 def build_optimizer(optim: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     """The run's optimizer. What the optimizer itself rejects at construction (a fold level
-    beyond a matrix, an unknown keyword, a negative lr) becomes a config error naming the keys
-    its message mentions (all of them when it mentions none), before any compute: the optimizer
-    is the one place those rules live."""
+    beyond the model's matrices, a negative lr) becomes a config error before any compute,
+    naming ``optim.<key>`` from the key its ``OptionError`` carries: the optimizer is the one
+    place those rules live."""
     hparams = optimizer_hparams(optim)
     try:
         return foam.build_optimizer(optim.name, model, **hparams)
     except ShardingNotSupported as err:
         raise ConfigError(f"trainer.parallelism=fsdp: {err}") from None
+    except OptionError as err:
+        raise ConfigError(f"optim.{err.key}={hparams.get(err.key)}: {err}") from None
     except (ValueError, TypeError) as err:
-        named = [k for k in hparams if re.search(rf"\b{k}\b", str(err))] or list(hparams)
-        keys = ", ".join(f"optim.{key}={hparams[key]}" for key in named)
-        raise ConfigError(f"{keys}: {err}") from None
+        raise ConfigError(f"optim.name={optim.name}: {err}") from None
