@@ -93,6 +93,10 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
         f"(available: {', '.join(registry)})",
     )
     _check_schema_keys(cfg)
+    try:  # the model is sharded for the optimizer's fold axis before the optimizer is built
+        foam.fold_axis_of(cfg.optim)
+    except OptionError as err:
+        raise _config_error(err, cfg.optim) from None
     t = cfg.trainer
     _require(t.max_steps > 0, f"trainer.max_steps must be positive, got {t.max_steps}")
     accumulation_steps(t.global_batch_size, t.micro_batch_size, world_size)
@@ -140,6 +144,11 @@ def build_optimizer(optim: DictConfig, model: torch.nn.Module) -> torch.optim.Op
     except ShardingNotSupported as err:
         raise ConfigError(f"trainer.parallelism=fsdp: {err}") from None
     except OptionError as err:
-        raise ConfigError(f"optim.{err.key}={hparams.get(err.key)}: {err}") from None
+        raise _config_error(err, optim) from None
     except (ValueError, TypeError) as err:
         raise ConfigError(f"optim.name={optim.name}: {err}") from None
+
+
+def _config_error(err: OptionError, optim: DictConfig) -> ConfigError:
+    """The optimizer's refusal as a config error naming ``optim.<the key it carries>``."""
+    return ConfigError(f"optim.{err.key}={optim.get(err.key)}: {err}")
