@@ -298,7 +298,7 @@ def test_invalid_fold_level(tiny_model):
     [
         # the key comes with the optimizer's error: the message's own words do not matter
         ("optim.level=7", "optim.level=7: level 7 makes blocks of 128 entries"),
-        ("optim.residual=-0.5", "optim.residual=-0.5: residual must be"),
+        ("optim.state_dtype=int8", "optim.state_dtype=int8: state_dtype must be a floating"),
         ("optim.semantics=draft", "optim.semantics=draft: semantics must be one of"),
     ],
 )
