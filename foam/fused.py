@@ -103,13 +103,13 @@ def kernel_runs(device: torch.device, kernel: str) -> bool:
     corrections = (0.1, 0.05)  # the bias corrections of a first step
     try:
         for param_dtype, state_dtype in itertools.product(KERNEL_DTYPES, repeat=2):
-            g = torch.linspace(-1.0, 2.0, 28, device=device).reshape(4, 7).to(param_dtype)
             p = torch.zeros(4, 7, dtype=param_dtype, device=device)
+            p.grad = torch.linspace(-1.0, 2.0, 28, device=device).reshape(4, 7).to(param_dtype)
             m, v = (torch.zeros(plan.folded_shape, dtype=state_dtype, device=device) for _ in "mv")
             expected = [t.clone() for t in (p, m, v)]
             folds = functools.partial(fold, plan=plan)
-            eager_step_(expected[0], g, *expected[1:], plan, folds, corrections, scalars)
-            _launch(kernel, [p], [g], [m], [v], [plan], [corrections], scalars)
+            eager_step_(expected[0], p.grad, *expected[1:], plan, folds, corrections, scalars)
+            fused_step([p], [m], [v], [plan], [corrections], scalars, kernel)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             for name, actual, reference in zip("pmv", (p, m, v), expected, strict=True):
@@ -158,36 +158,25 @@ def fused_step(
     plans: list[FoldPlan],
     bias_corrections: list[tuple[float, float]],
     scalars: StepScalars,
+    kernel: str | None = None,
 ) -> None:
-    """One FOAM step for folded matrices on one device, in place on params and states."""
-    kernel = KERNELS[params[0].device.type]
+    """One FOAM step for folded matrices on one device, in place on params and states, by
+    ``kernel`` (the device's, :data:`KERNELS`, unless given: the probe runs Triton's
+    interpreter on the CPU too)."""
     grads = [p.grad for p in params]
-    _launch(kernel, params, grads, exp_avgs, exp_avg_sqs, plans, bias_corrections, scalars)
-
-
-def _launch(
-    kernel: str,
-    params: list[torch.Tensor],
-    grads: list[torch.Tensor],
-    exp_avgs: list[torch.Tensor],
-    exp_avg_sqs: list[torch.Tensor],
-    plans: list[FoldPlan],
-    bias_corrections: list[tuple[float, float]],
-    scalars: StepScalars,
-) -> None:
-    tensors = (params, grads, exp_avgs, exp_avg_sqs)
-    if kernel == "triton":
+    device = params[0].device
+    if (kernel or KERNELS[device.type]) == "triton":
         from foam.triton_kernels import triton_step
 
-        device = params[0].device
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            triton_step(
-                *tensors, plans, bias_corrections, scalars
-            )  # launches on the current device
+            triton_step(params, grads, exp_avgs, exp_avg_sqs, plans, bias_corrections, scalars)
         return
     geometry = [n for plan in plans for n in (plan.rows, plan.cols, plan.axis, plan.block)]
     torch.ops.foam.step_(
-        *tensors,
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
         geometry,
         [c for pair in bias_corrections for c in pair],
         scalars.as_list(),

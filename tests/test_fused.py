@@ -194,7 +194,7 @@ def test_the_probe_compares_the_kernel_with_the_eager_step(monkeypatch, caplog):
     by its probe, which says what differs; the real CPU kernel passes it."""
     needs_cpu_kernel()
     assert fused.kernel_runs(torch.device("cpu"), "cpp")
-    monkeypatch.setattr(fused, "_launch", lambda *args: None)
+    monkeypatch.setattr(fused, "fused_step", lambda *args: None)
     with caplog.at_level("WARNING", logger="foam.fused"):
         assert not fused.kernel_runs(torch.device("cpu"), "cpp")
     assert "C++ FOAM kernel does not run on cpu (ArithmeticError: p is" in caplog.text
