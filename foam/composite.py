@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from foam.state import DtypeFaithfulOptimizer, planned_state_numel
+from foam.state import DtypeFaithfulOptimizer, planned_state_numel, run_closure
 
 
 class Composite(DtypeFaithfulOptimizer):
@@ -49,10 +49,7 @@ class Composite(DtypeFaithfulOptimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = run_closure(closure)
         for part in self.parts:
             part.step()
         return loss

@@ -11,17 +11,23 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-FOLD_AXES = ("larger", "last")
-# How a block shorter than 2**level (the last one of a non-divisible axis) is averaged: over its
-# real entries ("mean", FOAM_SPEC section 1), or zero-padded to the full block and divided by
-# 2**level ("zero_pad", the authors' release; also when 2**level exceeds the whole axis).
-TAIL_BLOCKS = ("mean", "zero_pad")
+from foam.errors import OptionError, require_choice
+
+PAPER_FOLD_AXIS = "larger"
+"""The paper's fold axis: the larger dim (ties: the last), so that FOAM-Mini keeps one value per
+row of the smaller dim; ``"last"`` is the authors' release's."""
+FOLD_AXES = (PAPER_FOLD_AXIS, "last")
+PAPER_TAIL_BLOCK = "mean"
+"""How the paper averages a block shorter than 2**level (the last one of a non-divisible axis):
+over its real entries (FOAM_SPEC section 1). ``"zero_pad"``, the authors' release, zero-pads it
+to the full block and divides by 2**level."""
+TAIL_BLOCKS = (PAPER_TAIL_BLOCK, "zero_pad")
 log = logging.getLogger("foam")
 
 
@@ -39,7 +45,7 @@ class FoldPlan:
     cols: int
     axis: int  # 0 or 1 in the 2-d view
     block: int
-    tail_block: str = "mean"
+    tail_block: str = PAPER_TAIL_BLOCK
 
     @property
     def length(self) -> int:
@@ -79,51 +85,108 @@ def check_level(level: Any) -> None:
     if level is None or level == "mini":
         return
     if not isinstance(level, int) or isinstance(level, bool) or level < 0:
-        raise ValueError(f"level must be an int >= 0, 'mini' or None, got {level!r}")
+        raise OptionError("level", f"level must be an int >= 0, 'mini' or None, got {level!r}")
 
 
-def validate_fold_settings(group: Mapping[str, Any]) -> None:
-    """Check the folding keywords of a param group: ``level``, ``fold_axis`` and ``residual``."""
-    check_level(group["level"])
-    if group["fold_axis"] not in FOLD_AXES:
-        raise ValueError(f"fold_axis must be one of {FOLD_AXES}, got {group['fold_axis']!r}")
+@dataclass(frozen=True)
+class FoldSettings:
+    """A group's fold options, checked once, when the group is added; every plan comes from them.
+
+    ``level`` is an int >= 0 (blocks of ``2**level``), ``"mini"`` (one block over the fold axis)
+    or ``None`` (nothing folded); ``fold_axis`` one of :data:`FOLD_AXES`, ``tail_block`` one of
+    :data:`TAIL_BLOCKS`.
+    """
+
+    level: int | str | None
+    fold_axis: str = PAPER_FOLD_AXIS
+    tail_block: str = PAPER_TAIL_BLOCK
+
+    @classmethod
+    def of(cls, group: Mapping[str, Any]) -> FoldSettings:
+        """A group's fold options, unchecked; optimizers without a ``tail_block`` option (Muon,
+        Adam-mini) average tails over real entries."""
+        return cls(group["level"], group["fold_axis"], group.get("tail_block", PAPER_TAIL_BLOCK))
+
+    def plan(self, p: torch.Tensor) -> FoldPlan | None:
+        """How ``p`` is folded; ``None`` (stored in full) for ``level=None`` or 1-d ``p``."""
+        if self.level is None or p.dim() < 2:
+            return None
+        return _plan(tuple(p.shape), self.level, self.fold_axis, self.tail_block)
+
+    def check_fits(self, params: Iterable[torch.Tensor]) -> None:
+        """The level rule: a level whose blocks are longer than every axis of one of the group's
+        matrices is refused, naming the largest level all of them allow."""
+        if not isinstance(self.level, int):
+            return
+        shapes = [matrix_shape(p.shape) for p in params if p.dim() >= 2]
+        if not shapes:
+            return
+        smallest = min(shapes, key=max)
+        if 2**self.level > max(smallest):
+            largest = max(smallest).bit_length() - 1
+            raise OptionError(
+                "level",
+                f"level {self.level} makes blocks of {2**self.level} entries, longer than every "
+                f"axis of the {smallest[0]} x {smallest[1]} matrices; the largest level these "
+                f"matrices allow is {largest} ('mini' folds each whole axis)",
+            )
+
+
+def validate_fold_settings(group: Mapping[str, Any]) -> FoldSettings:
+    """Check the folding keywords of a param group (``level``, ``fold_axis``, ``tail_block``
+    where the optimizer has it, ``residual``) and that its level fits the group's matrices."""
+    settings = FoldSettings.of(group)
+    check_level(settings.level)
+    require_choice("fold_axis", settings.fold_axis, FOLD_AXES)
+    require_choice("tail_block", settings.tail_block, TAIL_BLOCKS)
     if not float(group["residual"]) >= 0:
-        raise ValueError(f"residual must be a bool or a scale >= 0, got {group['residual']!r}")
+        raise OptionError(
+            "residual", f"residual must be a bool or a scale >= 0, got {group['residual']!r}"
+        )
+    settings.check_fits(group["params"])
+    return settings
 
 
 def make_plan(
     shape: torch.Size | tuple[int, ...],
     level: int | str,
     fold_axis: str,
-    tail_block: str = "mean",
+    tail_block: str = PAPER_TAIL_BLOCK,
 ) -> FoldPlan:
-    """Plan the fold of a tensor of ``shape``.
+    """Plan the fold of a tensor of ``shape``, checking the settings first (the optimizers check
+    a group's once, when it is added, and plan through :meth:`FoldSettings.plan`).
 
     ``fold_axis="larger"`` folds the larger dim (ties: the last), the paper's convention that makes
     FOAM-Mini keep one value per row of the smaller dim; ``"last"`` always folds the last dim of
     the 2-d view, as the authors' release does. ``level="mini"`` is one block over the whole fold
-    axis. With ``tail_block="mean"`` a level whose blocks are longer than a small matrix's fold
-    axis is clamped to that (the matrix gets its FOAM-Mini), with one warning per shape; with
-    ``"zero_pad"`` it keeps the release's one zero-padded block per row (sum / 2**level). Plans are
-    cached by their arguments, so the optimizers can ask for a parameter's plan at every step.
+    axis. A level longer than every axis is refused when a group is added
+    (:meth:`FoldSettings.check_fits`); one longer than the last axis only (``fold_axis="last"``)
+    folds that axis as one block: with ``tail_block="mean"`` its mean (the matrix's FOAM-Mini
+    along it, said once per shape), with ``"zero_pad"`` the release's one zero-padded block
+    (sum / 2**level).
     """
     check_level(level)
     if level is None:
         raise ValueError("level None means no folding: there is no plan to make")
-    if fold_axis not in FOLD_AXES:
-        raise ValueError(f"fold_axis must be one of {FOLD_AXES}, got {fold_axis!r}")
-    if tail_block not in TAIL_BLOCKS:
-        raise ValueError(f"tail_block must be one of {TAIL_BLOCKS}, got {tail_block!r}")
+    require_choice("fold_axis", fold_axis, FOLD_AXES)
+    require_choice("tail_block", tail_block, TAIL_BLOCKS)
     return _plan(tuple(shape), level, fold_axis, tail_block)
+
+
+def fold_axis_index(shape: torch.Size | tuple[int, ...], fold_axis: str) -> int:
+    """The axis of the 2-d view (0 or 1) that ``fold_axis`` folds in a tensor of ``shape``."""
+    rows, cols = matrix_shape(shape)
+    return 1 if fold_axis == "last" or cols >= rows else 0
 
 
 @functools.cache
 def _plan(shape: tuple[int, ...], level: int | str, fold_axis: str, tail_block: str) -> FoldPlan:
+    """:func:`make_plan` for checked settings, cached: the optimizers plan at every step."""
     rows, cols = matrix_shape(shape)
-    axis = 1 if fold_axis == "last" or cols >= rows else 0
+    axis = fold_axis_index(shape, fold_axis)
     length = cols if axis == 1 else rows
     block = length if level == "mini" else 2**level
-    if block > length and tail_block == "mean":
+    if block > length and tail_block == PAPER_TAIL_BLOCK:
         log.warning(
             "fold level %s makes blocks of %d entries, but a parameter of shape %s has only %d "
             "along its fold axis: folding it as one block over that axis (its FOAM-Mini)",
@@ -137,11 +200,8 @@ def _plan(shape: tuple[int, ...], level: int | str, fold_axis: str, tail_block: 
 
 
 def fold_plan(p: torch.Tensor, group: Mapping[str, Any]) -> FoldPlan | None:
-    """How ``p`` is folded in ``group``; ``None`` (stored in full) for ``level=None`` or 1-d ``p``."""
-    if group["level"] is None or p.dim() < 2:
-        return None
-    # optimizers without a tail_block option (Muon, Adam-mini) average tails over real entries
-    return make_plan(p.shape, group["level"], group["fold_axis"], group.get("tail_block", "mean"))
+    """How ``p`` is folded in a group checked by :func:`validate_fold_settings`."""
+    return FoldSettings.of(group).plan(p)
 
 
 def blocks_of(x: torch.Tensor, plan: FoldPlan) -> list[torch.Tensor]:

@@ -1,36 +1,39 @@
 """The fused FOAM step: one pass per folded matrix instead of the eager chain of ops.
 
-The eager step (``FOAM._update`` in foam/optimizer.py) is the readable reference; this module
-runs the same arithmetic (FOAM_SPEC section 2) as one kernel call for a whole parameter group:
-a C++ operator on the CPU (foam/csrc/foam_step.cpp, built on first use with
-``torch.utils.cpp_extension``) and a Triton kernel on CUDA (foam/triton_kernels.py, imported
-only when a CUDA parameter steps). A device whose kernel cannot be built (or, on CUDA, compiled
-and run: ``triton_runs``) falls back to the eager step after one log line. Per-step numbers (bias
-corrections, step size, decay) are computed here and passed in, so the kernels know nothing of
-how they are derived.
+The eager step (foam/update.py) is the readable reference; this module runs the same arithmetic
+(FOAM_SPEC section 2, with the scalars of foam/update.py) as one kernel call for a whole parameter
+group: a C++ operator on the CPU (foam/csrc/foam_step.cpp, built on first use with
+``torch.utils.cpp_extension``) and a Triton kernel on CUDA (foam/triton_kernels.py, imported only
+when a CUDA parameter steps). Before a kernel is used it is probed: it must build, run one step of
+a small matrix for every pair of parameter and state dtypes (synchronised, so an asynchronous
+device fault is caught here) and agree with the eager step. A kernel that fails says why in the
+``foam.fused`` log; the optimizer then warns or, with ``implementation="fused"``, refuses.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
 import itertools
 import logging
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from foam.folding import FoldPlan, make_plan
+from foam.folding import PAPER_FOLD_AXIS, FoldPlan, fold, make_plan
+from foam.update import StepScalars, eager_step_
 
 log = logging.getLogger(__name__)
 
-IMPLEMENTATIONS = ("auto", "fused", "eager")
+KERNELS = {"cpu": "cpp", "cuda": "triton"}
+"""The fused kernel of each device type that has one, by the name ``FOAM.steps_run`` reports."""
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 CPU_SOURCE = Path(__file__).with_name("csrc") / "foam_step.cpp"
 CPU_CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp")
+PROBE_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2**-6}
+"""How far a probe's result may be from the eager step's, relative to its largest entry."""
 
 
 def cpu_extension_name() -> str:
@@ -47,12 +50,18 @@ def cpu_extension_name() -> str:
     return f"foam_step_cpu_{digest.hexdigest()[:16]}"
 
 
+def _describe(error: Exception) -> str:
+    """``Type: first line of the message``, for one log line."""
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+
+
 @functools.cache
 def kernel_available(device_type: str) -> bool:
-    """Whether the fused kernel for ``device_type`` can run here; builds the CPU one on first call.
+    """Whether the fused kernel for ``device_type`` builds, runs and agrees with the eager step
+    here (probed once per process); builds the CPU one on first call.
 
     The CPU operator is compiled once per machine into torch's extension cache (``make install``
-    does it up front); a missing compiler or a failed build logs one line and returns False.
+    does it up front); a missing compiler or a failed build logs one warning and returns False.
     """
     if device_type == "cuda":
         if importlib.util.find_spec("triton") is None:
@@ -73,98 +82,73 @@ def kernel_available(device_type: str) -> bool:
         )
     except Exception as error:  # any build or load failure means: use the eager step
         log.warning(
-            "foam: the fused CPU step could not be built (%s: %s); using the eager step",
-            type(error).__name__,
-            str(error).splitlines()[0] if str(error) else "",
+            "foam: the fused CPU step could not be built (%s); using the eager step",
+            _describe(error),
         )
         return False
-    return True
+    return kernel_runs(torch.device("cpu"), "cpp")
 
 
 def triton_runs(device: torch.device) -> bool:
-    """Whether the Triton kernel compiles and runs on ``device`` for every pair of parameter and
-    state dtypes (a 2 x 4 matrix each): a GPU or dtype Triton cannot compile for then sends the
-    parameters to the eager step with one log line, instead of stopping a run at its first step."""
-    try:
-        from foam.triton_kernels import triton_step
+    """Whether the Triton kernel compiles, runs and agrees with the eager step on ``device``."""
+    return kernel_runs(device, "triton")
 
-        plan = make_plan((2, 4), 1, "larger")
-        scalars = StepScalars(0.9, 0.95, 1.0, 1.0, 1e-8, 1e-3, 1.0, mean_of_squares=False)
+
+def kernel_runs(device: torch.device, kernel: str) -> bool:
+    """Whether ``kernel`` (one of :data:`KERNELS`' values) steps a small matrix on ``device`` as
+    the eager step does, for every pair of parameter and state dtypes; a GPU or dtype it cannot
+    compile for, a fault or a wrong result logs one warning and returns False."""
+    plan = make_plan((4, 7), 1, PAPER_FOLD_AXIS)  # blocks of 2 along the 7 columns, and a tail
+    scalars = StepScalars(0.9, 0.95, 1.0, 1.0, 1e-8, 1e-2, 1.0, mean_of_squares=False)
+    corrections = (0.1, 0.05)  # the bias corrections of a first step
+    try:
         for param_dtype, state_dtype in itertools.product(KERNEL_DTYPES, repeat=2):
-            p = torch.zeros(plan.rows, plan.cols, dtype=param_dtype, device=device)
+            p = torch.zeros(4, 7, dtype=param_dtype, device=device)
+            p.grad = torch.linspace(-1.0, 2.0, 28, device=device).reshape(4, 7).to(param_dtype)
             m, v = (torch.zeros(plan.folded_shape, dtype=state_dtype, device=device) for _ in "mv")
-            triton_step([p], [torch.ones_like(p)], [m], [v], [plan], [(1.0, 1.0)], scalars)
-    except Exception as error:  # any compile or launch failure means: use the eager step
+            expected = [t.clone() for t in (p, m, v)]
+            folds = functools.partial(fold, plan=plan)
+            eager_step_(expected[0], p.grad, *expected[1:], plan, folds, corrections, scalars)
+            fused_step([p], [m], [v], [plan], [corrections], scalars, kernel)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            for name, actual, reference in zip("pmv", (p, m, v), expected, strict=True):
+                error = (actual.float() - reference.float()).abs().max().item()
+                bound = PROBE_TOLERANCE[actual.dtype] * reference.float().abs().max().item()
+                if not error <= bound:
+                    raise ArithmeticError(
+                        f"{name} is {error:.3g} off the eager step's ({param_dtype} parameter, "
+                        f"{state_dtype} states)"
+                    )
+    except Exception as error:  # any compile, launch or result failure means: use the eager step
         log.warning(
-            "foam: the Triton FOAM kernel does not run on %s (%s: %s); using the eager step",
+            "foam: the %s FOAM kernel does not run on %s (%s); using the eager step",
+            "Triton" if kernel == "triton" else "C++",
             device,
-            type(error).__name__,
-            str(error).splitlines()[0] if str(error) else "",
+            _describe(error),
         )
         return False
     return True
 
 
-def applies(p: torch.Tensor, plan: FoldPlan | None, state_dtype: torch.dtype) -> bool:
-    """Whether the fused kernels cover ``p``: a folded matrix (block > 1) of plain contiguous
-    float32/bfloat16 tensors on the CPU or CUDA. Level 0, float16/float64 and sharded (DTensor)
+def covers(p: torch.Tensor, plan: FoldPlan | None, state_dtype: torch.dtype) -> bool:
+    """Whether the fused kernels take ``p``: a folded matrix (block > 1) of a plain contiguous
+    float32/bfloat16 tensor on the CPU or CUDA. Level 0, float16/float64 and sharded (DTensor)
     parameters take the eager step."""
-    grad = p.grad
     return (
         plan is not None
         and plan.block > 1
-        and p.device.type in ("cpu", "cuda")
+        and p.device.type in KERNELS
         and type(p.data) is torch.Tensor
         and p.dtype in KERNEL_DTYPES
-        and grad.dtype in KERNEL_DTYPES
         and state_dtype in KERNEL_DTYPES
         and p.is_contiguous()
-        and grad.is_contiguous()
     )
 
 
-@dataclass(frozen=True)
-class StepScalars:
-    """The numbers one FOAM step of a group needs, beyond each matrix's bias corrections.
-
-    The update is ``p = p * decay - step_size * (m_hat + rho R) / (sqrt(v_hat + rho_sq R^2) + eps)``
-    with ``m_hat = m / bc1`` and ``v_hat = v / bc2``.
-    """
-
-    beta1: float
-    beta2: float
-    rho: float
-    rho_sq: float
-    eps: float
-    step_size: float
-    decay: float
-    mean_of_squares: bool
-
-    @classmethod
-    def of_group(cls, group: dict[str, Any]) -> StepScalars:
-        rho = float(group["residual"])
-        beta1, beta2 = group["betas"]
-        return cls(
-            beta1=beta1,
-            beta2=beta2,
-            rho=rho,
-            rho_sq=rho * rho if group["residual_in_second_moment"] else 0.0,
-            eps=group["eps"],
-            step_size=group["lr"] * group["alpha"],
-            decay=1 - group["lr"] * group["weight_decay"],
-            mean_of_squares=group["second_moment"] == "mean_of_squares",
-        )
-
-    def as_list(self) -> list[float]:
-        return [
-            self.beta1,
-            self.beta2,
-            self.rho,
-            self.rho_sq,
-            self.eps,
-            self.step_size,
-            self.decay,
-        ]
+def grad_fits(grad: torch.Tensor) -> bool:
+    """Whether the kernels read ``grad`` as it is (float32/bfloat16, contiguous)."""
+    return grad.dtype in KERNEL_DTYPES and grad.is_contiguous()
 
 
 def fused_step(
@@ -174,13 +158,17 @@ def fused_step(
     plans: list[FoldPlan],
     bias_corrections: list[tuple[float, float]],
     scalars: StepScalars,
+    kernel: str | None = None,
 ) -> None:
-    """One FOAM step for folded matrices on one device, in place on params and states."""
+    """One FOAM step for folded matrices on one device, in place on params and states, by
+    ``kernel`` (the device's, :data:`KERNELS`, unless given: the probe runs Triton's
+    interpreter on the CPU too)."""
     grads = [p.grad for p in params]
-    if params[0].device.type == "cuda":
+    device = params[0].device
+    if (kernel or KERNELS[device.type]) == "triton":
         from foam.triton_kernels import triton_step
 
-        with torch.cuda.device(params[0].device):  # Triton launches on the current device
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             triton_step(params, grads, exp_avgs, exp_avg_sqs, plans, bias_corrections, scalars)
         return
     geometry = [n for plan in plans for n in (plan.rows, plan.cols, plan.axis, plan.block)]

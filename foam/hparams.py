@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from foam.errors import OptionError
 from foam.numerics import resolve_dtype
 
 _NOT_HPARAMS = ("self", "params", "__class__")
@@ -41,8 +42,8 @@ def validate_adam_hparams(group: Mapping[str, Any]) -> None:
     """
     for key in ("lr", "eps", "weight_decay"):
         if not group[key] >= 0:
-            raise ValueError(f"{key} must be >= 0, got {group[key]!r}")
+            raise OptionError(key, f"{key} must be >= 0, got {group[key]!r}")
     betas = group["betas"]
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+        raise OptionError("betas", f"betas must be two numbers in [0, 1), got {betas!r}")
     resolve_dtype(group.get("state_dtype"), torch.float32)

@@ -17,10 +17,11 @@ from typing import Any
 
 import torch
 
+from foam.errors import OptionError, require_choice
 from foam.hparams import validate_adam_hparams
 from foam.numerics import compute_dtype, ema_, resolve_dtype
 from foam.param_groups import ParamSplit
-from foam.state import DtypeFaithfulOptimizer
+from foam.state import DtypeFaithfulOptimizer, run_closure
 
 PROJ_TYPES = ("std", "reverse_std", "left", "right")
 
@@ -101,7 +102,7 @@ def resolve_rank(split: ParamSplit, rank: int | None, rank_fraction: float | Non
     if rank is not None:
         return rank
     if rank_fraction is None:
-        raise ValueError("give rank or rank_fraction")
+        raise OptionError("rank", "give rank or rank_fraction")
     hidden = max(min(p.shape) for _, p in split.matrices)
     return max(1, round(rank_fraction * hidden))
 
@@ -138,14 +139,13 @@ def validate_projection_group(group: dict[str, Any]) -> None:
     """The rules of the projection keywords (GaLore, APOLLO; LDAdamW has no gap nor alpha)."""
     rank = group["rank"]
     if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 1):
-        raise ValueError(f"rank must be an int >= 1 or None, got {rank!r}")
+        raise OptionError("rank", f"rank must be an int >= 1 or None, got {rank!r}")
     gap = group.get("update_proj_gap", 1)
     if not isinstance(gap, int) or isinstance(gap, bool) or gap < 1:
-        raise ValueError(f"update_proj_gap must be an int >= 1, got {gap!r}")
-    if group["proj_type"] not in PROJ_TYPES:
-        raise ValueError(f"proj_type must be one of {PROJ_TYPES}, got {group['proj_type']!r}")
+        raise OptionError("update_proj_gap", f"update_proj_gap must be an int >= 1, got {gap!r}")
+    require_choice("proj_type", group["proj_type"], PROJ_TYPES)
     if not group.get("alpha", 1.0) >= 0:
-        raise ValueError(f"alpha must be >= 0, got {group['alpha']!r}")
+        raise OptionError("alpha", f"alpha must be >= 0, got {group['alpha']!r}")
 
 
 @dataclass(frozen=True)
@@ -226,10 +226,7 @@ class CompressedAdamW(DtypeFaithfulOptimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = run_closure(closure)
         index = 0
         for group in self.param_groups:
             for p in group["params"]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from foam.errors import OptionError
+
 
 def resolve_dtype(value: torch.dtype | str | None, fallback: torch.dtype) -> torch.dtype:
     """``None`` -> ``fallback``; ``"float32"``/``"bfloat16"``/... (config files) -> the torch dtype."""
@@ -11,7 +13,9 @@ def resolve_dtype(value: torch.dtype | str | None, fallback: torch.dtype) -> tor
         return fallback
     dtype = getattr(torch, value, None) if isinstance(value, str) else value
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"state_dtype must be a floating torch dtype or its name, got {value!r}")
+        raise OptionError(
+            "state_dtype", f"state_dtype must be a floating torch dtype or its name, got {value!r}"
+        )
     return dtype
 
 

@@ -1,58 +1,31 @@
-"""FOAM: Adam with block-folded moments plus a per-step residual (the paper's Algorithm 1)."""
+"""FOAM: Adam with block-folded moments plus a per-step residual (the paper's Algorithm 1).
+
+This module decides which path steps each parameter and keeps the states; the arithmetic is
+foam/update.py's (eager) and foam/fused.py's (kernels), the group's options foam/settings.py's.
+"""
 
 from __future__ import annotations
 
-import math
+import functools
+import warnings
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.optim.adamw import adamw as functional_adamw
 
 from foam import fused as fused_foam
-from foam.folding import (
-    TAIL_BLOCKS,
-    FoldPlan,
-    add_unfolded_,
-    block_views,
-    blocks_of,
-    fold_plan,
-    folded_numel,
-    residual,
-    unfold,
-    validate_fold_settings,
-    values_of,
-)
-from foam.hparams import group_defaults, signature_defaults, validate_adam_hparams
-from foam.numerics import compute_dtype, ema_, resolve_dtype
+from foam.errors import OptionError
+from foam.folding import FoldPlan, folded_numel
+from foam.hparams import group_defaults, signature_defaults
+from foam.settings import DEFAULT_SEMANTICS, SEMANTICS, FoamSettings
 from foam.sharding import ShardFold, fold_shard, is_sharded, local, shard_fold, zeros_state
-from foam.state import DtypeFaithfulOptimizer
+from foam.state import DtypeFaithfulOptimizer, run_closure
+from foam.update import StepScalars, bias_corrections, eager_step_
 
-SECOND_MOMENTS = ("square_of_mean", "mean_of_squares")
-# True: the folded EMAs are corrected before unfolding (FOAM_SPEC section 2); False: none
-# (Algorithm 1 as printed); "step_size": one factor sqrt(1 - b2^t) / (1 - b1^t) on the step size
-# of every parameter, residual included (the authors' release).
-BIAS_CORRECTIONS = (True, False, "step_size")
-DECAYS = ("before_update", "after_update")  # when W <- W * (1 - lr * wd) is applied
-# The options a ``semantics`` sets, for each semantics. An option passed explicitly (not None)
-# overrides its semantics' value, which is how ablations mix the two. Betas are not included:
-# the paper uses (0.9, 0.95) and the release class defaults to (0.9, 0.999).
-SEMANTICS: dict[str, dict[str, Any]] = {
-    "paper": {
-        "fold_axis": "larger",
-        "second_moment": "square_of_mean",
-        "bias_correction": True,
-        "tail_block": "mean",
-        "decay": "before_update",
-    },
-    "release": {
-        "fold_axis": "last",
-        "second_moment": "mean_of_squares",
-        "bias_correction": "step_size",
-        "tail_block": "zero_pad",
-        "decay": "after_update",
-    },
-}
+__all__ = ["FOAM", "SEMANTICS", "fused_adamw_applies", "steps_run"]
+
 FUSED_DEVICES = ("cpu", "cuda", "mps", "xpu")  # where torch ships a fused AdamW kernel
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -62,42 +35,55 @@ def fused_adamw_applies(p: torch.Tensor) -> bool:
     return p.device.type in FUSED_DEVICES and p.dtype in FUSED_DTYPES
 
 
+@dataclass
+class _Resolved:
+    """A group as it was resolved when added, and the steps its folded matrices have taken."""
+
+    group: dict[str, Any]
+    settings: FoamSettings
+    ran: set[str] = field(default_factory=set)
+
+
 class FOAM(DtypeFaithfulOptimizer):
     """Adam whose moments are stored as block means along one axis, plus a residual.
 
     A parameter with at least two dims in a group whose ``level`` is not ``None`` keeps its first
     and second moments folded to blocks of ``2**level`` entries along ``fold_axis``
     (``level="mini"``: one block spanning the axis, so with the paper's ``fold_axis="larger"`` one
-    value per row of the smaller dim). A level whose blocks are longer than a small matrix's fold
-    axis folds that matrix as one block over the axis (its FOAM-Mini) and says so once in the
-    ``foam`` log, except with ``tail_block="zero_pad"``, which keeps the release's one padded
-    block. Each step re-adds the detail the fold loses, the residual ``R = G - E(A(G))``, to both
-    moments (the first as ``E(m) + rho R``, the second as ``E(v) + rho^2 R^2``). Everything else,
-    and every group with ``level=None``, takes the plain Adam update without ``alpha`` (AdamW's,
-    or in release semantics the release's step-size-corrected one); a group's ``bias_correction``
-    applies to those parameters too, so ``False`` (Algorithm 1, uncorrected) leaves them
-    uncorrected unless their group says otherwise.
+    value per row of the smaller dim). A level whose blocks are longer than every axis of one of
+    a group's matrices is refused when the group is added (an ``OptionError`` naming the largest
+    level the group's matrices allow); with ``fold_axis="last"`` a block longer than a matrix's
+    last axis only is one block over that axis (its mean, said once in the ``foam`` log, or with
+    ``tail_block="zero_pad"`` the release's one padded block). Each step re-adds the detail the
+    fold loses, the residual ``R = G - E(A(G))``, to both moments (the first as
+    ``E(m) + rho R``, the second as ``E(v) + rho^2 R^2``). Everything else, and every group with
+    ``level=None``, takes the plain Adam update without ``alpha`` (AdamW's, or in release
+    semantics the release's step-size-corrected one); a group's ``bias_correction`` applies to
+    those parameters too, so ``False`` (Algorithm 1, uncorrected) leaves them uncorrected unless
+    their group says otherwise.
 
     ``semantics="paper"`` (default) follows FOAM_SPEC; ``semantics="release"`` follows the
     authors' released class (README, "Paper and release semantics"): fold along the last dim,
     mean-of-squares second moment, bias correction as one step-size factor on every parameter
     (the plain-AdamW ones too), zero-padded tail blocks and weight decay after the update. A
-    semantics only fills the options :data:`SEMANTICS` lists that are left at ``None``; options
-    passed explicitly override it. Betas are not part of it.
+    semantics only fills the options :data:`foam.settings.SEMANTICS` lists that are left at
+    ``None``; options passed explicitly override it. Betas are not part of it.
 
     The constructor's signature is the one home of FOAM's defaults (the registry and the
-    trainer's configs read them from it); the hyperparameter rules are
-    :func:`foam.hparams.validate_adam_hparams`, :func:`foam.folding.validate_fold_settings` and
-    this module's ``_validate_group``.
+    trainer's configs read them from it); each group is resolved and checked once, when it is
+    added (:class:`foam.settings.FoamSettings`), and a bad value raises
+    :class:`foam.errors.OptionError` naming its key.
 
     Parameters are processed one at a time, so the transient memory of a step is a few
     temporaries the size of one parameter, never the whole model's.
 
-    ``implementation`` picks how folded matrices step: ``"eager"`` is the readable reference in
-    this file; ``"fused"`` runs the one-pass kernels of foam/fused.py (C++ on the CPU, Triton on
-    CUDA) and fails if the device's kernel cannot be built; ``"auto"`` (default) uses them where
-    they apply and build, else the eager step. Level 0, float16/float64 and sharded parameters
-    always step eagerly.
+    ``implementation`` picks how folded matrices step: ``"eager"`` is the readable reference
+    (foam/update.py); ``"fused"`` runs the one-pass kernels of foam/fused.py (C++ on the CPU,
+    Triton on CUDA) and raises at construction if the device's kernel cannot build, run and agree
+    with the eager step; ``"auto"`` (default) uses them where they apply and warns at construction
+    when they cannot run, those matrices then stepping eagerly. Level 0, float16/float64 and
+    sharded parameters always step eagerly, and so does the release's update. :meth:`steps_run`
+    says which step each group's folded matrices took.
     """
 
     def __init__(
@@ -116,25 +102,48 @@ class FOAM(DtypeFaithfulOptimizer):
         fold_axis: str | None = None,
         state_dtype: torch.dtype | str | None = None,
         fused_adamw: bool = True,
-        semantics: str = "paper",
+        semantics: str = DEFAULT_SEMANTICS,
         tail_block: str | None = None,
         decay: str | None = None,
         implementation: str = "auto",
     ) -> None:
+        self._resolved: dict[int, _Resolved] = {}
         super().__init__(params, group_defaults(locals()))
 
     # -- configuration -------------------------------------------------------------------------
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Validate every group when it is added, so a bad level fails before any compute."""
+        """Resolve and check every group when it is added, so a bad option fails before any
+        compute, and say now which of its matrices cannot take their device's fused kernel."""
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        _apply_semantics(group)
-        _validate_group(group)
+        settings = self._resolve(group)
         for p in group["params"]:
-            self.shard_fold_for(p, group)  # plans (and logs a clamped level), checks shards
+            self.shard_fold_for(p, group)  # checks shard alignment now, not at the first step
+        if settings.implementation != "eager" and settings.kernels_compute:
+            covered = {p.device.type for p in group["params"] if self._kernel_covers(p, group)}
+            for device_type in sorted(covered):
+                self._kernel_runs(device_type, group)
 
-    plan_for = staticmethod(fold_plan)
+    def _resolve(self, group: dict[str, Any]) -> FoamSettings:
+        settings = FoamSettings.of_group(group)
+        self._resolved[id(group)] = _Resolved(group, settings)
+        return settings
+
+    def _entry(self, group: dict[str, Any]) -> _Resolved:
+        entry = self._resolved.get(id(group))
+        if entry is None or entry.group is not group:  # a group put in place by hand
+            self._resolve(group)
+            entry = self._resolved[id(group)]
+        return entry
+
+    def settings_of(self, group: dict[str, Any]) -> FoamSettings:
+        """``group``'s options as resolved and checked when it was added."""
+        return self._entry(group).settings
+
+    def plan_for(self, p: torch.Tensor, group: dict[str, Any]) -> FoldPlan | None:
+        """How ``p`` is folded in ``group`` (``None``: its moments are stored in full)."""
+        return self.settings_of(group).fold.plan(p)
 
     def shard_fold_for(self, p: torch.Tensor, group: dict[str, Any]) -> ShardFold | None:
         """How this rank folds its part of ``p`` (all of it unless ``p`` is a DTensor shard,
@@ -165,24 +174,33 @@ class FOAM(DtypeFaithfulOptimizer):
                 total += 2 * numel
         return total
 
+    def steps_run(self) -> dict[str, str]:
+        """Which step each group's folded matrices took so far, by group name (its index when it
+        has none): ``"cpp"``, ``"triton"`` or ``"eager"`` (joined by ``+`` when they took more
+        than one); groups that folded nothing are left out."""
+        ran = {}
+        for index, group in enumerate(self.param_groups):
+            entry = self._entry(group)
+            if entry.ran:
+                ran[str(group.get("name", index))] = "+".join(sorted(entry.ran))
+        return ran
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         """torch's hook for loaded groups: options added since they were saved take this
         optimizer's defaults (so groups saved before ``semantics`` existed are paper's)."""
         super().__setstate__(state)
+        self._resolved = {}
         for group in self.param_groups:
             for key in signature_defaults(FOAM):  # options added since it was saved
                 if key not in ("semantics", "tail_block", "decay"):  # absent: it was paper's
                     group.setdefault(key, self.defaults[key])
-            _apply_semantics(group)
+            self._resolve(group)
 
     # -- the step --------------------------------------------------------------------------------
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = run_closure(closure)
         for group in self.param_groups:
             fused, folded = [], []
             for p in group["params"]:
@@ -202,23 +220,43 @@ class FOAM(DtypeFaithfulOptimizer):
                 self._fused_step(folded, group)
         return loss
 
+    def _kernel_covers(self, p: torch.Tensor, group: dict[str, Any]) -> bool:
+        """Whether ``p`` is a matrix the fused kernels take (foam/fused.py ``covers``)."""
+        settings = self.settings_of(group)
+        return fused_foam.covers(p, self.plan_for(p, group), settings.state_dtype_for(p))
+
+    def _kernel_runs(self, device_type: str, group: dict[str, Any]) -> bool:
+        """Whether the fused kernel of ``device_type`` runs here; when it does not, an error
+        with ``implementation="fused"`` and a warning (once) with ``"auto"``."""
+        if fused_foam.kernel_available(device_type):
+            return True
+        problem = (
+            f"the fused FOAM step ({fused_foam.KERNELS[device_type]}) cannot run on "
+            f"{device_type} (the foam.fused log says why)"
+        )
+        if self.settings_of(group).implementation == "fused":
+            raise OptionError(
+                "implementation",
+                f"implementation='fused' but {problem}; use implementation='auto' or 'eager'",
+            )
+        warnings.warn(
+            f"FOAM: {problem}, so group {group.get('name', '')!r} steps its folded matrices "
+            "eagerly, which is slower (implementation='eager' chooses that without this warning)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
+
     def _uses_fused_step(self, p: torch.Tensor, group: dict[str, Any]) -> bool:
         """Whether ``p`` takes the fused FOAM step of foam/fused.py (see ``implementation``)."""
-        if group["implementation"] == "eager" or not _paper_update(group):
-            return False  # the kernels implement the paper's update; the release's runs eagerly
-        if is_sharded(p):
-            return False  # the kernels take whole matrices; a DTensor shard steps eagerly
-        plan = self.plan_for(p, group)
-        if not fused_foam.applies(p, plan, resolve_dtype(group["state_dtype"], p.dtype)):
-            return False
-        if fused_foam.kernel_available(p.device.type):
-            return True
-        if group["implementation"] == "fused":
-            raise RuntimeError(
-                f"implementation='fused' but the fused FOAM kernel for {p.device.type} is "
-                "unavailable (see the log); use implementation='auto' or 'eager'"
-            )
-        return False
+        settings = self.settings_of(group)
+        return (
+            settings.implementation != "eager"
+            and settings.kernels_compute
+            and self._kernel_covers(p, group)
+            and fused_foam.grad_fits(p.grad)
+            and self._kernel_runs(p.device.type, group)
+        )
 
     def _fused_step(self, params: list[torch.Tensor], group: dict[str, Any]) -> None:
         plans, states, corrections = [], [], []
@@ -226,11 +264,12 @@ class FOAM(DtypeFaithfulOptimizer):
             plan = self.plan_for(p, group)
             state = self.state[p]
             if not state:
-                self._init_state(p, group, self.shard_fold_for(p, group))
+                self._init_state(p, group, ShardFold(plan, plan))
             plans.append(plan)
             states.append(state)
-            bc1, bc2, _ = self._advance_step(state, group)  # step_scale is 1: see _uses_fused_step
+            bc1, bc2, _ = self._advance_step(state, group)  # step_scale is 1: see kernels_compute
             corrections.append((bc1, bc2))
+        scalars = StepScalars.of_group(group)
         for device in {p.device for p in params}:
             on = [i for i, p in enumerate(params) if p.device == device]
             fused_foam.fused_step(
@@ -239,8 +278,9 @@ class FOAM(DtypeFaithfulOptimizer):
                 [states[i]["exp_avg_sq"] for i in on],
                 [plans[i] for i in on],
                 [corrections[i] for i in on],
-                fused_foam.StepScalars.of_group(group),
+                scalars,
             )
+            self._entry(group).ran.add(fused_foam.KERNELS[device.type])
 
     @staticmethod
     def _advance_step(state: dict[str, Any], group: dict[str, Any]) -> tuple[float, float, float]:
@@ -258,14 +298,15 @@ class FOAM(DtypeFaithfulOptimizer):
         update (AdamW's own order) on a device that has the kernel;
         ``fused_adamw=False`` keeps the per-tensor path (bitwise equal to ``AdamW(foreach=False)``).
         """
+        settings = self.settings_of(group)
         return (
-            group["fused_adamw"]
+            settings.fused_adamw
             and self.plan_for(p, group) is None
-            and group["bias_correction"] is True
-            and group["decay"] == "before_update"
+            and settings.bias_correction is True
+            and settings.decay == "before_update"
             and fused_adamw_applies(p)
             and p.grad.dtype == p.dtype
-            and resolve_dtype(group["state_dtype"], p.dtype) == p.dtype
+            and settings.state_dtype_for(p) == p.dtype
         )
 
     def _fused_adamw(self, params: list[torch.Tensor], group: dict[str, Any]) -> None:
@@ -301,7 +342,7 @@ class FOAM(DtypeFaithfulOptimizer):
         self, p: torch.Tensor, group: dict[str, Any], fold_of: ShardFold | None
     ) -> None:
         state = self.state[p]
-        dtype = resolve_dtype(group["state_dtype"], p.dtype)
+        dtype = self.settings_of(group).state_dtype_for(p)
         # The fused kernel reads its step counter on the parameter's device; other paths on the CPU.
         fused = self._uses_fused_adamw(p, group)
         state["step"] = torch.tensor(0.0, device=p.device if fused else "cpu")
@@ -309,156 +350,35 @@ class FOAM(DtypeFaithfulOptimizer):
         state["exp_avg_sq"] = zeros_state(p, fold_of, dtype)
 
     def _update(self, param: torch.Tensor, group: dict[str, Any]) -> None:
-        """One step of ``param``; on a DTensor, the arithmetic runs on this rank's shard."""
+        """One eager step of ``param`` (foam/update.py); on a DTensor, on this rank's shard."""
         fold_of = self.shard_fold_for(param, group)
         state = self.state[param]
         if not state:
             self._init_state(param, group, fold_of)
-        plan = None if fold_of is None else fold_of.local
-        p, moments = local(param), (local(state["exp_avg"]), local(state["exp_avg_sq"]))
         bc1, bc2, step_scale = self._advance_step(state, group)
-        beta1, beta2 = group["betas"]
-        lr, eps = group["lr"], group["eps"]
-
-        wide = compute_dtype(p.dtype)
-        grad = local(param.grad)
-        grad = grad if plan is None else grad.reshape(plan.rows, plan.cols)
-        g = grad.to(wide)
-
-        decay = 1 - lr * group["weight_decay"]
-        if group["weight_decay"] and group["decay"] == "before_update":
-            p.mul_(decay)
-        if fold_of is not None and fold_of.averages:
-            g_folded = fold_shard(g, fold_of, param)
-            m = ema_(moments[0], g_folded, beta1, square=False)
-            if group["second_moment"] == "mean_of_squares":
-                v = ema_(moments[1], fold_shard(g.square(), fold_of, param), beta2, square=False)
-            else:
-                v = ema_(moments[1], g_folded, beta2, square=True)
-            step_size = lr * group["alpha"] * step_scale
-            self._residual_step(
-                p, g, g is not grad, g_folded, m / bc1, v / bc2, plan, group, step_size
-            )
-        else:
-            # Identity fold (plain AdamW, or level 0): no residual, and torch.optim.AdamW's exact
-            # formula, so level 0 with alpha 1 reproduces it to the last bit (with
-            # bias_correction="step_size" it becomes the release's Adam step).
-            m = ema_(moments[0], g, beta1, square=False)
-            v = ema_(moments[1], g, beta2, square=True)
-            denom = (v.sqrt() / bc2**0.5).add_(eps)
-            step_size = lr * (1.0 if plan is None else group["alpha"]) * step_scale
-            p.addcdiv_(m.view(p.shape), denom.view(p.shape), value=-step_size / bc1)
-        if group["weight_decay"] and group["decay"] == "after_update":
-            p.mul_(decay)
-
-    @staticmethod
-    def _residual_step(
-        p: torch.Tensor,
-        g: torch.Tensor,
-        g_owned: bool,
-        g_folded: torch.Tensor,
-        m_hat: torch.Tensor,
-        v_hat: torch.Tensor,
-        plan: FoldPlan,
-        group: dict[str, Any],
-        step_size: float,
-    ) -> None:
-        """``p -= step_size * (E(m_hat) + rho R) / (sqrt(E(v_hat) + rho^2 R^2) + eps)``.
-
-        ``R = g - E(A(g))``. Per-block values are broadcast over block views instead of
-        materialising ``E(.)``, and each pass writes where the next one reads, so a step makes
-        about as many full-size passes as AdamW's, with two full-size temporaries: the residual
-        (which becomes the numerator; it is ``g`` itself when ``g`` is already a private copy)
-        and the denominator.
-        """
-        rho, eps = float(group["residual"]), group["eps"]
-        if rho == 0.0:  # the no-residual ablation: a block-constant update
-            p.add_(unfold(m_hat / (v_hat.sqrt() + eps), plan).view(p.shape), alpha=-step_size)
-            return
-
-        r = residual(g, g_folded, plan, out=g if g_owned else None)  # never write into p.grad
-
-        denom = None
-        if group["residual_in_second_moment"]:
-            denom = torch.empty_like(r)
-            squares = blocks_of(denom, plan), blocks_of(r, plan), values_of(v_hat, plan)
-            for d, rb, v in zip(*squares, strict=True):
-                torch.addcmul(v, rb, rb, value=rho * rho, out=d)
-            denom.sqrt_().add_(eps)
-
-        if rho != 1.0:
-            r.mul_(rho)
-        numerator = add_unfolded_(r, m_hat, plan)
-        if denom is not None:
-            p.addcdiv_(numerator.view(p.shape), denom.view(p.shape), value=-step_size)
-            return
-        for blocks, d in block_views(numerator, v_hat.sqrt().add_(eps), plan):
-            blocks.div_(d)
-        p.add_(numerator.view(p.shape), alpha=-step_size)
-
-
-def _paper_update(group: dict[str, Any]) -> bool:
-    """Bias correction of the moments (or none), mean tail blocks and decay before the update."""
-    return (
-        group["bias_correction"] != "step_size"
-        and group["tail_block"] == "mean"
-        and group["decay"] == "before_update"
-    )
-
-
-def bias_corrections(
-    mode: bool | str, betas: tuple[float, float], t: int
-) -> tuple[float, float, float]:
-    """``(bc1, bc2, step_scale)`` at step ``t``: the moments are divided by ``bc1``/``bc2`` and
-    the step is multiplied by ``step_scale`` (see :data:`BIAS_CORRECTIONS`)."""
-    bc1, bc2 = 1 - betas[0] ** t, 1 - betas[1] ** t
-    if mode == "step_size":
-        return 1.0, 1.0, math.sqrt(bc2) / bc1
-    return (bc1, bc2, 1.0) if mode else (1.0, 1.0, 1.0)
-
-
-def require_paper_semantics(method: str, semantics: str) -> None:
-    """Refuse ``semantics="release"`` for a combination the authors' release does not have.
-
-    The release semantics is a statement about the release's FOAM class (an Adam step); its
-    bias-correction, second-moment and decay choices have no counterpart in Muon or Adam-mini, so
-    FOAM's combinations keep the paper's (their ``fold_axis`` option is still there).
-    """
-    if semantics != "paper":
-        raise ValueError(
-            f"{method} supports semantics='paper' only, got {semantics!r}: the authors' release "
-            "has no such combination (release semantics is defined for FOAM's Adam step)"
+        plan, fold = None, None
+        if fold_of is not None:
+            plan = fold_of.local
+            self._entry(group).ran.add("eager")
+            if fold_of.averages:
+                fold = functools.partial(fold_shard, fold_of=fold_of, p=param)
+        eager_step_(
+            local(param),
+            local(param.grad),
+            local(state["exp_avg"]),
+            local(state["exp_avg_sq"]),
+            plan,
+            fold,
+            (bc1, bc2),
+            StepScalars.of_group(group, step_scale, alpha=None if plan is not None else 1.0),
         )
 
 
-def _apply_semantics(group: dict[str, Any]) -> None:
-    """Fill the options a group leaves at ``None`` (or lacks) from its ``semantics``."""
-    semantics = group.setdefault("semantics", "paper")
-    if semantics not in SEMANTICS:
-        raise ValueError(f"semantics must be one of {tuple(SEMANTICS)}, got {semantics!r}")
-    for key, value in SEMANTICS[semantics].items():
-        if group.get(key) is None:
-            group[key] = value
-
-
-def _validate_group(group: dict[str, Any]) -> None:
-    """Reject settings that would otherwise produce silent garbage mid-training."""
-    validate_adam_hparams(group)
-    validate_fold_settings(group)
-    if group["second_moment"] not in SECOND_MOMENTS:
-        raise ValueError(
-            f"second_moment must be one of {SECOND_MOMENTS}, got {group['second_moment']!r}"
-        )
-    if group["bias_correction"] not in BIAS_CORRECTIONS:
-        raise ValueError(
-            f"bias_correction must be one of {BIAS_CORRECTIONS}, got {group['bias_correction']!r}"
-        )
-    if group["tail_block"] not in TAIL_BLOCKS:
-        raise ValueError(f"tail_block must be one of {TAIL_BLOCKS}, got {group['tail_block']!r}")
-    if group["decay"] not in DECAYS:
-        raise ValueError(f"decay must be one of {DECAYS}, got {group['decay']!r}")
-    if group["implementation"] not in fused_foam.IMPLEMENTATIONS:
-        raise ValueError(
-            f"implementation must be one of {fused_foam.IMPLEMENTATIONS}, "
-            f"got {group['implementation']!r}"
-        )
+def steps_run(optimizer: torch.optim.Optimizer) -> dict[str, str]:
+    """Which step each FOAM group of ``optimizer`` ran (:meth:`FOAM.steps_run`), the parts of a
+    ``Composite`` included; empty for the other methods."""
+    ran: dict[str, str] = {}
+    for part in getattr(optimizer, "parts", [optimizer]):
+        if isinstance(part, FOAM):
+            ran.update(part.steps_run())
+    return ran

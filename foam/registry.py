@@ -3,7 +3,9 @@
 Each method registers a builder with the keywords it accepts and their defaults (read off its
 optimizer's constructor signature); the registry checks names and keywords once, for all of them,
 and checks that the groups it built cover every trainable parameter exactly once. The rules of the
-values are the optimizers' own: a bad value raises their ``ValueError``.
+values are the optimizers' own: a bad value raises their ``foam.errors.OptionError``, which names
+the key; the Adam keywords every method takes are checked here too, since torch's AdamW and Muon
+(which some methods are) refuse them without naming one.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 from torch import nn
 
 from foam.composite import Composite
-from foam.hparams import signature_defaults
+from foam.hparams import signature_defaults, validate_adam_hparams
 from foam.optimizer import FOAM
 from foam.param_groups import ParamSplit, TargetModules, check_covers, split_params
 from foam.sharding import check_supported
@@ -87,6 +89,7 @@ def build_optimizer(
         if settings[key] is None:
             settings[key] = value
     settings["betas"] = tuple(settings["betas"])
+    validate_adam_hparams(settings)
     optimizer = method.build(split_params(model, target_modules), settings)
     check_covers(model, optimizer.param_groups)
     return optimizer

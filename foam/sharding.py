@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from foam.folding import FoldPlan, fold, make_plan
+from foam.folding import PAPER_FOLD_AXIS, FoldPlan, fold, fold_axis_index
 
 SHARDED_METHODS = ("adamw", "foam", "foam_mini")
 """Registered methods that train DTensor (FSDP2) parameters; every other one is refused."""
@@ -85,7 +85,7 @@ def check_supported(method: str, params: Iterable[torch.Tensor]) -> None:
 
 
 def shard_dim(
-    shape: torch.Size | tuple[int, ...], fold_axis: str = "larger", ranks: int = 1
+    shape: torch.Size | tuple[int, ...], fold_axis: str = PAPER_FOLD_AXIS, ranks: int = 1
 ) -> int:
     """The dim to shard a matrix by over ``ranks`` so that FOAM folds every shard locally, at any
     level: the one its fold does not run along (``fold_axis`` as FOAM's), unless that is a dim
@@ -94,7 +94,7 @@ def shard_dim(
     that are not 2-d."""
     if len(shape) != 2:
         return 0
-    dim = 1 - make_plan(shape, 0, fold_axis).axis
+    dim = 1 - fold_axis_index(shape, fold_axis)
     return dim if fsdp_can_shard(shape, dim, ranks) else 0
 
 

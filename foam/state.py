@@ -34,6 +34,15 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
         yield from _tensors(getattr(value, "__dict__", {}))
 
 
+def run_closure(closure: Callable[[], float] | None) -> float | None:
+    """The loss ``closure`` returns, computed with gradients on (``optimizer.step(closure)``'s
+    contract); ``None`` without a closure."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 def state_bytes(optimizer: torch.optim.Optimizer, per_rank: bool = True) -> int:
     """Bytes of persistent optimizer state actually allocated (each tensor counted once).
 

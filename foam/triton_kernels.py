@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from foam.folding import FoldPlan
-from foam.fused import StepScalars
+from foam.update import StepScalars
 
 ELEMENTS_PER_PROGRAM = 1024
 

@@ -47,6 +47,7 @@ TARGETS: dict[str, list[str]] = {
         "tests/test_adam_mini.py",
     ],
     "foam/optimizer.py": ["tests/test_foam.py"],
+    "foam/update.py": ["tests/test_foam.py"],
     "train/step.py": ["tests/test_train_step.py"],
     "train/evaluate.py": ["tests/test_train_evaluate.py"],
     "foam/schedule.py": ["tests/test_train_schedule.py"],
@@ -86,7 +87,7 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "1 -> 0",
     ): "torch.cat of a single part is a copy of it: the same values, one more allocation",
     (
-        "foam/optimizer.py",
+        "foam/update.py",
         "for d, rb, v in zip(*squares, strict=True):",
         "strict=True -> strict=False",
     ): SAME_PLAN,

@@ -1,14 +1,13 @@
 """foam.FOAM against torch's AdamW, a naive restatement of FOAM_SPEC section 2, and exact cases."""
 
 import copy
-import logging
 import math
 
 import pytest
 import torch
 from optim_helpers import SpecFold, random_grads, random_params, step_with
 
-from foam import FOAM, state_bytes
+from foam import FOAM, OptionError, state_bytes
 
 SHAPES = [(6, 12), (10, 3), (4, 2, 5), (7,)]  # divisible, tall + non-divisible, 3-d, 1-d
 
@@ -282,6 +281,7 @@ def test_converges_on_least_squares():
     [
         ({"level": -1}, "level must be"),
         ({"level": "max"}, "level must be"),
+        ({"level": 6}, "level 6 makes blocks of 64 entries"),
         ({"fold_axis": "first"}, "fold_axis"),
         ({"second_moment": "max"}, "second_moment"),
         ({"lr": -1.0}, "lr"),
@@ -305,24 +305,33 @@ def test_bad_settings_fail_at_construction(kwargs, message):
             FOAM([torch.zeros(4, requires_grad=True)], **kwargs)
 
 
-def test_a_level_beyond_a_small_matrix_folds_it_as_its_mini(caplog):
-    """Level 6 (blocks of 64) on a 6 x 36 matrix: one block over its 36 columns, logged once."""
-    shapes = [(6, 36), (3, 128)]  # the second has room for level 6: it stays at blocks of 64
-    clamped = random_params(shapes)
-    mini, ref = ([p.detach().clone().requires_grad_()] for p in clamped)
-    with caplog.at_level(logging.WARNING, logger="foam"):
-        foam = FOAM(clamped, lr=1e-2, level=6)
-        assert foam.planned_state_numel() == 2 * (6 * 1 + 3 * 2)
-        grads = random_grads(shapes, 3)
-        run(foam, clamped, grads)
-    warnings = [r.getMessage() for r in caplog.records if r.name == "foam"]
-    assert len(warnings) == 1 and "(6, 36)" in warnings[0] and "FOAM-Mini" in warnings[0]
-    assert foam.state[clamped[0]]["exp_avg"].shape == (6, 1)
-    assert foam.state[clamped[1]]["exp_avg"].shape == (3, 2)
-    # the same trajectories as FOAM-Mini on the small matrix and level 6 on the large one
-    run(FOAM(mini, lr=1e-2, level="mini"), mini, [g[:1] for g in grads])
-    run(FOAM(ref, lr=1e-2, level=6), ref, [g[1:] for g in grads])
-    assert torch.equal(clamped[0], mini[0]) and torch.equal(clamped[1], ref[0])
+def test_a_level_beyond_every_axis_of_a_matrix_is_refused_naming_the_largest_that_fits():
+    """Level 6 (blocks of 64) fits a 3 x 128 matrix but not a 6 x 36 one (36 < 64), so the group
+    is refused; level 5 (32 <= 36) is the largest both allow."""
+    shapes = [(6, 36), (3, 128)]
+    with pytest.raises(OptionError, match=r"level 6 .* 6 x 36 .* largest level .* is 5") as err:
+        FOAM(random_params(shapes), level=6)
+    assert err.value.key == "level"
+    assert FOAM(random_params(shapes), level=5).planned_state_numel() == 2 * (6 * 2 + 3 * 4)
+    FOAM(random_params([(16, 4)]), level=3, fold_axis="last")  # 8 > 4 columns, but <= 16 rows
+
+
+def test_options_are_checked_once_per_group_not_per_step(monkeypatch):
+    """The level rule runs when a group is added, never while stepping."""
+    import foam.folding
+    import foam.fused
+
+    foam.fused.kernel_available("cpu")  # its probe plans a matrix of its own, once per process
+    calls = []
+    check = foam.folding.check_level
+    monkeypatch.setattr(
+        foam.folding, "check_level", lambda level: calls.append(level) or check(level)
+    )
+    params = random_params([(8, 16), (16, 8)])
+    optimizer = FOAM([{"params": params[:1]}, {"params": params[1:], "level": 1}], level=2)
+    assert calls == [2, 1]
+    run(optimizer, params, random_grads([(8, 16), (16, 8)], 3))
+    assert calls == [2, 1]
 
 
 def test_transient_memory_of_a_step_is_a_few_copies_of_the_largest_parameter():

@@ -10,13 +10,14 @@ import itertools
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from foam import FOAM, fused
+from foam import FOAM, OptionError, fused, steps_run
 from foam.folding import make_plan
 
 # wide, tall, non-divisible, 3-d; then blocks of 16 (level 4) with a shorter tail, not run at
@@ -186,3 +187,55 @@ def test_each_source_file_has_its_own_extension_build(tmp_path, monkeypatch):
     other = fused.cpu_extension_name()
     copy.write_text(copy.read_text() + "\n// changed\n")
     assert fused.cpu_extension_name() != other
+
+
+def test_the_probe_compares_the_kernel_with_the_eager_step(monkeypatch, caplog):
+    """A kernel that runs but computes nothing (here: leaves every tensor as it was) is caught
+    by its probe, which says what differs; the real CPU kernel passes it."""
+    needs_cpu_kernel()
+    assert fused.kernel_runs(torch.device("cpu"), "cpp")
+    monkeypatch.setattr(fused, "fused_step", lambda *args: None)
+    with caplog.at_level("WARNING", logger="foam.fused"):
+        assert not fused.kernel_runs(torch.device("cpu"), "cpp")
+    assert "C++ FOAM kernel does not run on cpu (ArithmeticError: p is" in caplog.text
+    assert "off the eager step's (torch.float32 parameter, torch.float32 states)" in caplog.text
+
+
+def test_a_kernel_that_cannot_run_warns_with_auto_and_fails_with_fused(monkeypatch):
+    """Said when the optimizer is built, not at its first step; ``eager`` asked for it."""
+    monkeypatch.setattr(fused, "kernel_available", lambda device_type: False)
+    p = torch.nn.Parameter(torch.randn(8, 16))
+    with pytest.raises(OptionError, match=r"implementation='fused' but the fused FOAM step \(cpp"):
+        FOAM([p], implementation="fused")
+    with pytest.warns(RuntimeWarning, match="steps its folded matrices eagerly"):
+        optimizer = FOAM([{"params": [p], "name": "matrices"}])
+    p.grad = torch.randn(8, 16)
+    optimizer.step()
+    assert optimizer.steps_run() == {"matrices": "eager"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        FOAM([p], implementation="eager")
+        FOAM([p], level=None)  # nothing folded: nothing for a kernel to do
+
+
+def test_steps_run_says_which_step_each_folded_group_took():
+    needs_cpu_kernel()
+    matrix, zero, vector = (torch.nn.Parameter(torch.randn(*s)) for s in ((8, 16), (4, 4), (8,)))
+
+    def groups() -> list[dict]:  # torch fills each group's defaults in place
+        return [
+            {"params": [matrix], "name": "matrices"},
+            {"params": [zero], "name": "level 0", "level": 0},
+            {"params": [vector], "name": "others", "level": None},
+        ]
+
+    fused_optimizer, eager_optimizer = FOAM(groups()), FOAM(groups(), implementation="eager")
+    assert fused_optimizer.steps_run() == {}  # nothing stepped yet
+    for p in (matrix, zero, vector):
+        p.grad = torch.randn_like(p)
+    fused_optimizer.step()
+    eager_optimizer.step()
+    assert fused_optimizer.steps_run() == {"matrices": "cpp", "level 0": "eager"}
+    assert eager_optimizer.steps_run() == {"matrices": "eager", "level 0": "eager"}
+    assert steps_run(fused_optimizer) == fused_optimizer.steps_run()
+    assert steps_run(torch.optim.AdamW([vector])) == {}

@@ -102,3 +102,53 @@ def test_foam_imports_without_optional_packages():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def foam_module_graph() -> dict[str, set[str]]:
+    """Each module of foam/ (``foam.x.y``; a package as its ``__init__``) -> the foam modules it
+    imports anywhere in its text, lazy imports included (``from foam.a import name`` counts as
+    ``foam.a``)."""
+    modules = {}
+    for path in sorted((ROOT / "foam").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for imported, _ in imported_modules(path):
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def test_no_two_foam_modules_import_each_other():
+    """No import cycle inside foam/, lazy imports included: a cycle makes the order in which
+    modules load matter, and hides which one owns what."""
+    graph = foam_module_graph()
+    cycles = []
+
+    def visit(name: str, path: list[str]) -> None:
+        for target in sorted(graph[name]):
+            if target in path:
+                cycles.append(" -> ".join([*path[path.index(target) :], target]))
+            elif target not in done:
+                visit(target, [*path, target])
+        done.add(name)
+
+    done: set[str] = set()
+    for name in sorted(graph):
+        if name not in done:
+            visit(name, [name])
+    assert not cycles, cycles
+
+
+def test_foams_update_reads_only_the_leaves_it_builds_on():
+    """foam/update.py, which every path of FOAM's step reads (eager, C++, Triton), imports only
+    the fold and the numerics, and they nothing of foam but its error type."""
+    graph = foam_module_graph()
+    assert graph["foam.update"] <= {"foam.folding", "foam.numerics"}
+    assert graph["foam.folding"] | graph["foam.numerics"] <= {"foam.errors"}
+    assert graph["foam.errors"] == set()

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from foam import fused
 from train.summary import DIVERGED_FILE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,6 +85,8 @@ def test_tiny_run_writes_its_run_directory(tmp_path):
         summary["steps"] == 3 and summary["model"] == "llama_tiny" and summary["optim"] == "foam2"
     )
     assert (summary["lr"], summary["alpha"], summary["level"]) == (0.01, 0.25, 2)
+    kernel = "cpp" if fused.kernel_available("cpu") else "eager"
+    assert summary["foam_steps"] == {"matrices": kernel}  # which step FOAM's matrices took
     assert [e["step"] for e in summary["eval_history"]] == [2, 3]
     assert isinstance(summary["tokenizer"], str) and summary["tokenizer"]
     assert summary["final_val_ppl"] == pytest.approx(
@@ -162,6 +165,15 @@ def test_a_file_of_malformed_lines_is_one_line_with_the_skips(tmp_path):
     line = one_line_error(proc)
     assert line.startswith(f"error: data.path={bad}: no training text"), line
     assert "records skipped (bad_json: " in line and "no_text: 1)" in line
+
+
+def test_a_level_beyond_every_axis_is_one_line_naming_the_largest_level(tmp_path):
+    """llama_tiny's smallest matrices are 64 x 64: level 6 is the largest whose blocks fit."""
+    proc = run(command(tmp_path / "run", "optim.level=20"), expect_rc=2)
+    assert proc.stderr.strip().splitlines() == [one_line_error(proc)]
+    assert one_line_error(proc).startswith("error: optim.level=20: level 20 makes blocks of")
+    assert "the largest level these matrices allow is 6" in proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 @pytest.mark.slow

@@ -293,6 +293,23 @@ def test_invalid_fold_level(tiny_model):
         build_optimizer(cfg.optim, tiny_model)
 
 
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        # the key comes with the optimizer's error: the message's own words do not matter
+        ("optim.level=7", "optim.level=7: level 7 makes blocks of 128 entries"),
+        ("optim.state_dtype=int8", "optim.state_dtype=int8: state_dtype must be a floating"),
+        ("optim.semantics=draft", "optim.semantics=draft: semantics must be one of"),
+    ],
+)
+def test_an_optimizer_error_names_the_key_it_carries(tiny_model, override, line):
+    cfg = cfg_for("+model=llama_tiny", "+optim=foam2", override)
+    with pytest.raises(ConfigError) as err:
+        build_optimizer(cfg.optim, tiny_model)
+    assert str(err.value).startswith(line), err.value
+    assert str(err.value).count("optim.") == 1  # one key, not every key the message mentions
+
+
 def test_configs_dir_is_the_repo_one():
     assert Path(__file__).resolve().parents[1] / "configs" == CONFIG_DIR
 

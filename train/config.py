@@ -9,7 +9,6 @@ message names the offending key, so a bad launch of a thousand-GPU-hour run cost
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import foam
+from foam.errors import OptionError
 from foam.sharding import ShardingNotSupported
 from train.parallelism import PARALLELISMS
 from train.schema import DESCRIPTIVE_OPTIM_KEYS
@@ -93,6 +93,10 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
         f"(available: {', '.join(registry)})",
     )
     _check_schema_keys(cfg)
+    try:  # the model is sharded for the optimizer's fold axis before the optimizer is built
+        foam.fold_axis_of(cfg.optim)
+    except OptionError as err:
+        raise _config_error(err, cfg.optim) from None
     t = cfg.trainer
     _require(t.max_steps > 0, f"trainer.max_steps must be positive, got {t.max_steps}")
     accumulation_steps(t.global_batch_size, t.micro_batch_size, world_size)
@@ -131,15 +135,20 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
 
 def build_optimizer(optim: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     """The run's optimizer. What the optimizer itself rejects at construction (a fold level
-    beyond a matrix, an unknown keyword, a negative lr) becomes a config error naming the keys
-    its message mentions (all of them when it mentions none), before any compute: the optimizer
-    is the one place those rules live."""
+    beyond the model's matrices, a negative lr) becomes a config error before any compute,
+    naming ``optim.<key>`` from the key its ``OptionError`` carries: the optimizer is the one
+    place those rules live."""
     hparams = optimizer_hparams(optim)
     try:
         return foam.build_optimizer(optim.name, model, **hparams)
     except ShardingNotSupported as err:
         raise ConfigError(f"trainer.parallelism=fsdp: {err}") from None
+    except OptionError as err:
+        raise _config_error(err, optim) from None
     except (ValueError, TypeError) as err:
-        named = [k for k in hparams if re.search(rf"\b{k}\b", str(err))] or list(hparams)
-        keys = ", ".join(f"optim.{key}={hparams[key]}" for key in named)
-        raise ConfigError(f"{keys}: {err}") from None
+        raise ConfigError(f"optim.name={optim.name}: {err}") from None
+
+
+def _config_error(err: OptionError, optim: DictConfig) -> ConfigError:
+    """The optimizer's refusal as a config error naming ``optim.<the key it carries>``."""
+    return ConfigError(f"optim.{err.key}={optim.get(err.key)}: {err}")

@@ -27,8 +27,7 @@ for it (``models.allocate_for_loading``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -39,7 +38,6 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard
 
 import foam
-from foam.optimizer import SEMANTICS
 from foam.sharding import shard_dim
 from train.distributed import wrap_ddp
 
@@ -50,12 +48,6 @@ def uses_autocast(parallelism: str, precision: str, world_size: int) -> bool:
     """bf16_mixed computes in bf16 under ``torch.autocast`` with DDP, and on one rank, where
     ``parallelize`` leaves the model unwrapped whatever the parallelism; FSDP2 casts on its own."""
     return precision == "bf16_mixed" and (parallelism == "ddp" or world_size == 1)
-
-
-def fold_axis_of(optim: Mapping[str, Any]) -> str:
-    """The fold axis the run's optimizer will use: FOAM's ``fold_axis``, else its ``semantics``'
-    (``larger`` for the paper's); methods without one fold nothing, and any placement suits them."""
-    return optim.get("fold_axis") or SEMANTICS[optim.get("semantics") or "paper"]["fold_axis"]
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

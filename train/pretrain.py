@@ -66,7 +66,6 @@ from train.metrics import (
 )
 from train.parallelism import (
     fill_from_rank0,
-    fold_axis_of,
     is_sharded,
     parallelize,
     shards_parameters,
@@ -165,6 +164,7 @@ def train(cfg: DictConfig) -> dict:
         **params_counts(run.model),
         data_skipped=sum(dist.all_gather_object(int(run.train_loader.stats.get("skipped", 0)))),
         projections=foam.projections_computed(run.optimizer),
+        foam_steps=foam.steps_run(run.optimizer),
         tokenizer=run.tokenizer.name,
     )
     exported = unsharded_model(run.model, cfg.model)  # all ranks: a collective under FSDP2
@@ -243,7 +243,7 @@ def build_model_and_optimizer(
         precision=t.precision,
         device=device,
         world_size=info.world_size,
-        fold_axis=fold_axis_of(cfg.optim),
+        fold_axis=foam.fold_axis_of(cfg.optim),
     )
     if sharded and not initialise:  # the checkpoint about to be loaded holds every weight
         models.allocate_for_loading(model, device=device)

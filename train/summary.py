@@ -35,6 +35,8 @@ params_total                parameters of the model
 params_folded               parameters in the attention/MLP matrices (the method's share)
 data_skipped                documents the data pipeline skipped as malformed (all ranks)
 projections                 projections computed per matrix (GaLore/APOLLO refreshes; null otherwise)
+foam_steps                  {group: "cpp" | "triton" | "eager"}: which step each FOAM group's
+                            folded matrices ran (``foam.steps_run``; empty for other methods)
 eval_history                list of {step, tokens, val_loss, val_ppl}
 =========================== ================================================================
 
@@ -94,6 +96,7 @@ def build_summary(
     params_folded: int,
     data_skipped: int,
     projections: int | None,
+    foam_steps: dict[str, str],
     tokenizer: str,
 ) -> dict[str, Any]:
     """The summary of a finished run (the schema above)."""
@@ -126,6 +129,7 @@ def build_summary(
         "params_folded": params_folded,
         "data_skipped": data_skipped,
         "projections": projections,
+        "foam_steps": foam_steps,
         "eval_history": state.eval_history,
     }
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from foam.errors import OptionError
 from foam.folding import (
     FoldPlan,
     fold,
@@ -65,13 +66,15 @@ def second_moment_blocks(name: str, shape: torch.Size, head_numel: int | None) -
         return numel
     if _matches(name, HEAD_NAMES):
         if head_numel is None:
-            raise ValueError(
+            raise OptionError(
+                "dim",
                 f"Adam-mini splits {name!r} into attention heads: pass dim= (hidden size) and "
-                "n_heads= (attention heads) of the model"
+                "n_heads= (attention heads) of the model",
             )
         if numel % head_numel:
-            raise ValueError(
-                f"{name!r} has {numel} entries, not a multiple of dim*dim/n_heads = {head_numel}"
+            raise OptionError(
+                "n_heads",
+                f"{name!r} has {numel} entries, not a multiple of dim*dim/n_heads = {head_numel}",
             )
         return numel // head_numel
     if _matches(name, ROW_NAMES):
@@ -109,7 +112,10 @@ class AdamMini(DtypeFaithfulOptimizer):
     ) -> None:
         defaults = group_defaults(locals())
         if (dim is None) != (n_heads is None):
-            raise ValueError("pass both dim= and n_heads= (or neither, for a model without heads)")
+            raise OptionError(
+                "dim" if dim is None else "n_heads",
+                "pass both dim= and n_heads= (or neither, for a model without heads)",
+            )
         self.head_numel = None if dim is None else dim * dim // n_heads
         super().__init__(params, {k: v for k, v in defaults.items() if k not in HEAD_KEYS})
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from foam.errors import OptionError, require_choice
 from foam.hparams import group_defaults, signature_defaults
 from foam.lowrank import (
     CompressedStep,
@@ -100,13 +101,12 @@ class APOLLO(ProjectedAdamW):
 
     def validate_group(self, group: dict[str, Any]) -> None:
         super().validate_group(group)
-        if group["scale_type"] not in SCALE_TYPES:
-            raise ValueError(
-                f"scale_type must be one of {SCALE_TYPES}, got {group['scale_type']!r}"
-            )
+        require_choice("scale_type", group["scale_type"], SCALE_TYPES)
         limit = group["norm_growth_limit"]
         if limit is not None and not limit >= 1.0:
-            raise ValueError(f"norm_growth_limit must be >= 1 or None, got {limit!r}")
+            raise OptionError(
+                "norm_growth_limit", f"norm_growth_limit must be >= 1 or None, got {limit!r}"
+            )
 
     def extra_state_shapes(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, tuple]:
         shapes = super().extra_state_shapes(p, group)

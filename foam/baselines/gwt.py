@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from foam.errors import OptionError
 from foam.hparams import group_defaults, signature_defaults
 from foam.lowrank import CompressedAdamW, CompressedStep, limit_norm_growth
 from foam.param_groups import ParamSplit
@@ -38,11 +39,12 @@ def resolve_level(level: int | str, width: int) -> int:
     if level == "mini":
         return mini_level(width)
     if not isinstance(level, int) or isinstance(level, bool) or level < 1:
-        raise ValueError(f"level must be an int >= 1 or 'mini', got {level!r}")
+        raise OptionError("level", f"level must be an int >= 1 or 'mini', got {level!r}")
     if level > mini_level(width):
-        raise ValueError(
+        raise OptionError(
+            "level",
             f"wavelet level {level} is beyond rows of {width} entries, which reach one "
-            f"coefficient at level {mini_level(width)}; use a smaller level or 'mini'"
+            f"coefficient at level {mini_level(width)}; use a smaller level or 'mini'",
         )
     return level
 
@@ -121,9 +123,11 @@ class GWT(CompressedAdamW):
     def validate_group(self, group: dict[str, Any]) -> None:
         limit = group["norm_growth_limit"]
         if limit is not None and not limit >= 1.0:
-            raise ValueError(f"norm_growth_limit must be >= 1 or None, got {limit!r}")
+            raise OptionError(
+                "norm_growth_limit", f"norm_growth_limit must be >= 1 or None, got {limit!r}"
+            )
         if not group["alpha"] >= 0:
-            raise ValueError(f"alpha must be >= 0, got {group['alpha']!r}")
+            raise OptionError("alpha", f"alpha must be >= 0, got {group['alpha']!r}")
         for p in group["params"]:
             self.level_for(p, group)  # raises for a level beyond the matrix
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from foam.errors import OptionError, require_choice
 from foam.hparams import group_defaults, signature_defaults
 from foam.lowrank import (
     ProjectedAdamW,
@@ -98,11 +99,8 @@ class LDAdamW(ProjectedAdamW):
     def validate_group(self, group: dict[str, Any]) -> None:
         super().validate_group(group)
         if not 0.0 <= group["rho"] < 1.0:
-            raise ValueError(f"rho must be in [0, 1), got {group['rho']!r}")
-        if group["proj_method"] not in PROJ_METHODS:
-            raise ValueError(
-                f"proj_method must be one of {PROJ_METHODS}, got {group['proj_method']!r}"
-            )
+            raise OptionError("rho", f"rho must be in [0, 1), got {group['rho']!r}")
+        require_choice("proj_method", group["proj_method"], PROJ_METHODS)
 
     @staticmethod
     def plan_for(p: torch.Tensor, group: dict[str, Any]) -> Projection | None:

@@ -12,9 +12,10 @@ import torch
 
 from foam.baselines.adam_mini import HEADS, AdamMini, build, heads_from_config
 from foam.hparams import signature_defaults
-from foam.optimizer import FOAM, require_paper_semantics
+from foam.optimizer import FOAM
 from foam.param_groups import ParamSplit
 from foam.registry import register
+from foam.settings import require_paper_semantics
 
 FOLD_OPTIONS = ("fold_axis", "residual")
 

@@ -11,12 +11,20 @@ import torch
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
 from foam.baselines.muon import MATCH_RMS, MUON_OPTIONS, SETTINGS, matrix_group
-from foam.folding import fold, fold_plan, folded_numel, unfold_with_residual, validate_fold_settings
+from foam.folding import (
+    PAPER_FOLD_AXIS,
+    fold,
+    fold_plan,
+    folded_numel,
+    unfold_with_residual,
+    validate_fold_settings,
+)
 from foam.hparams import signature_defaults
 from foam.numerics import compute_dtype, ema_
-from foam.optimizer import require_paper_semantics
 from foam.param_groups import ParamSplit
 from foam.registry import register, with_adamw_for_others
+from foam.settings import DEFAULT_SEMANTICS, require_paper_semantics
+from foam.state import run_closure
 
 
 class FoldedMuon(torch.optim.Muon):
@@ -37,7 +45,7 @@ class FoldedMuon(torch.optim.Muon):
         nesterov: bool = True,
         ns_steps: int = 5,
         level: int | str | None = 2,
-        fold_axis: str = "larger",
+        fold_axis: str = PAPER_FOLD_AXIS,
         residual: bool | float = True,
     ) -> None:
         self._fold_defaults = {"level": level, "fold_axis": fold_axis, "residual": residual}
@@ -73,10 +81,7 @@ class FoldedMuon(torch.optim.Muon):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = run_closure(closure)
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -118,7 +123,10 @@ FOLD_OPTIONS = ("level", "fold_axis", "residual")
 
 
 @register(
-    "foam_muon", **signature_defaults(FoldedMuon, *FOLD_OPTIONS), semantics="paper", **MUON_OPTIONS
+    "foam_muon",
+    **signature_defaults(FoldedMuon, *FOLD_OPTIONS),
+    semantics=DEFAULT_SEMANTICS,
+    **MUON_OPTIONS,
 )
 def _foam_muon(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """Muon with the momentum stored folded; ``level=0`` is ``muon``."""
