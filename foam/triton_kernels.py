@@ -9,10 +9,11 @@ system, since FOAM's case is moving fewer bytes than AdamW:
   of a tile are a reshape of it (``[.., blocks, block]`` or ``[blocks, block, ..]``), which needs
   no data movement. Folding along the rows (FOAM-Mini of a tall matrix) reads rows of the same
   tile shape, so it never makes strided loads either.
-* **One pass where a block fits in a tile** (blocks up to ``ONE_PASS_BLOCK``, FOAM-1 to FOAM-8):
-  gradient and parameter are loaded once, the folded states read and written once, the parameter
-  written once. Longer blocks (FOAM-Mini of a large matrix) give a program one block across a
-  band of rows or columns and walk it twice: once for its sums, once for the update.
+* **One pass where a block fits in a tile** (FOAM-1 to FOAM-8 along the columns, to FOAM-6
+  along the rows): gradient and parameter are loaded once, the folded states read and written
+  once, the parameter written once. Longer blocks (FOAM-Mini of a large matrix) give a program
+  one block across a band of rows or columns and walk it twice: once for its sums, once for the
+  update.
 * **One launch per group of like matrices.** Matrices with one shape, fold, dtypes and bias
   corrections (a transformer's q/k/v/o, say) are one launch: the second grid axis picks the
   matrix, and a table of element offsets from the group's first tensors says where its tensors
@@ -42,6 +43,9 @@ ONE_PASS_BLOCK = 256
 """The longest block (padded to a power of two) a tile holds whole, so the step is one pass."""
 ROW_RUN = 128
 """Columns of a tile that runs along the rows: 256 bytes of bf16 per row, whole cache lines."""
+MIN_ROW_RUN = 32
+"""Fewest columns of a one-pass tile folded along the rows (64 bytes of bf16: whole 32-byte
+sectors); a taller block than that leaves takes two passes over ``ROW_RUN`` columns instead."""
 NUM_WARPS = 4
 VECTOR_BYTES = 16
 
@@ -256,13 +260,13 @@ class Tiles:
 
     @classmethod
     def of(cls, plan: FoldPlan) -> Tiles:
-        """Tiles of ``TILE_ELEMENTS``: blocks up to ``ONE_PASS_BLOCK`` whole in a tile, several
-        to a tile where they are powers of two; rows of at least ``ROW_RUN`` columns where the
-        matrix has them."""
+        """Tiles of ``TILE_ELEMENTS``: blocks up to ``ONE_PASS_BLOCK`` (``TILE_ELEMENTS //
+        MIN_ROW_RUN`` along the rows) whole in a tile, several to a tile where they are powers
+        of two; rows of up to ``ROW_RUN`` columns where the matrix has them."""
         along_cols = plan.axis == 1
         length, width = (plan.cols, plan.rows) if along_cols else (plan.rows, plan.cols)
         kp = triton.next_power_of_2(plan.block)
-        if kp > ONE_PASS_BLOCK:
+        if kp > (ONE_PASS_BLOCK if along_cols else TILE_ELEMENTS // MIN_ROW_RUN):
             kp, fold = 0, ROW_RUN * 2 if along_cols else TILE_ELEMENTS // ROW_RUN
         elif kp != plan.block:
             fold = kp
