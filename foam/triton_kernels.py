@@ -76,6 +76,16 @@ def _tile(fold_at, other_at, cols, fold_live, other_live, ALONG_COLS: tl.constex
 
 
 @triton.jit
+def _chunk(start, c0, i, block, length, other_at, other_live, cols, ALONG_COLS: tl.constexpr):
+    """``_tile`` of the chunk ``c0 + i`` of the block that begins at fold-axis position
+    ``start`` (two-pass mode)."""
+    fold_at = start + c0 + i
+    return _tile(
+        fold_at, other_at, cols, (c0 + i < block) & (fold_at < length), other_live, ALONG_COLS
+    )
+
+
+@triton.jit
 def _block_sums(x, BLOCKS: tl.constexpr, KP: tl.constexpr, ALONG_COLS: tl.constexpr):
     """Sum of each block of the tile ``x`` (``BLOCKS`` blocks of ``KP`` entries along the fold
     axis), in the folded state's layout: ``[other, BLOCKS]`` or ``[BLOCKS, other]``."""
@@ -96,36 +106,6 @@ def _expand(y, KP: tl.constexpr, ALONG_COLS: tl.constexpr):
         tall = tl.broadcast_to(y[:, None, :], (y.shape[0], KP, y.shape[1]))
         out = tl.reshape(tall, (y.shape[0] * KP, y.shape[1]))
     return out
-
-
-@triton.jit
-def _moments(
-    m_ptrs,
-    v_ptrs,
-    live,
-    total,
-    total_sq,
-    count,
-    bc1,
-    bc2,
-    beta1,
-    beta2,
-    MEAN_OF_SQUARES: tl.constexpr,
-):
-    """Update the folded moments from their blocks' sums (read once, written once) with the
-    formulas of foam/optimizer.py's ``ema_``; return each block's mean gradient and the
-    bias-corrected moments."""
-    mean = total / count
-    m = tl.load(m_ptrs, mask=live, other=0.0).to(tl.float32)
-    v = tl.load(v_ptrs, mask=live, other=0.0).to(tl.float32)
-    m = m + (1.0 - beta1) * (mean - m)
-    if MEAN_OF_SQUARES:
-        v = v + (1.0 - beta2) * (total_sq / count - v)
-    else:
-        v = v * beta2 + (1.0 - beta2) * mean * mean
-    tl.store(m_ptrs, _rounded(m, m_ptrs.dtype.element_ty), mask=live)
-    tl.store(v_ptrs, _rounded(v, v_ptrs.dtype.element_ty), mask=live)
-    return mean, m / bc1, v / bc2
 
 
 @triton.jit
@@ -194,56 +174,42 @@ def _foam_step_kernel(
         total_sq = _block_sums(x * x, blocks_here, KP, ALONG_COLS) if MEAN_OF_SQUARES else total
         count = tl.maximum(tl.minimum(length - blk * block, block), 1).to(tl.float32)
         count = count[None, :] if ALONG_COLS else count[:, None]
-        s_at, s_live = _tile(blk, other_at, state_cols, blk < num_blocks, other_live, ALONG_COLS)
-        mean, m_hat, v_hat = _moments(
-            m_ptr + s_at,
-            v_ptr + s_at,
-            s_live,
-            total,
-            total_sq,
-            count,
-            bc1,
-            bc2,
-            beta1,
-            beta2,
-            MEAN_OF_SQUARES,
-        )
-        mean = _expand(mean, KP, ALONG_COLS)
-        m_hat = _expand(m_hat, KP, ALONG_COLS)
-        v_hat = _expand(v_hat, KP, ALONG_COLS)
-        _apply(p_ptr + at, live, x, mean, m_hat, v_hat, rho, rho_sq, eps, step_size, decay)
     else:  # two passes over one block across the tile's band: its sums, then the update
         blk = fold_tile + tl.arange(0, 1)
         start = fold_tile * block
         total = tl.zeros((OTHER, 1) if ALONG_COLS else (1, OTHER), dtype=tl.float32)
         total_sq = tl.zeros_like(total)
         for c0 in range(0, block, FOLD):
-            fold_at = start + c0 + i
-            fold_live = (c0 + i < block) & (fold_at < length)
-            at, live = _tile(fold_at, other_at, cols, fold_live, other_live, ALONG_COLS)
+            at, live = _chunk(start, c0, i, block, length, other_at, other_live, cols, ALONG_COLS)
             x = tl.load(g_ptr + at, mask=live, other=0.0).to(tl.float32)
             total += _block_sums(x, 1, FOLD, ALONG_COLS)
             if MEAN_OF_SQUARES:
                 total_sq += _block_sums(x * x, 1, FOLD, ALONG_COLS)
         count = tl.maximum(tl.minimum(length - start, block), 1).to(tl.float32)
-        s_at, s_live = _tile(blk, other_at, state_cols, blk < num_blocks, other_live, ALONG_COLS)
-        mean, m_hat, v_hat = _moments(
-            m_ptr + s_at,
-            v_ptr + s_at,
-            s_live,
-            total,
-            total_sq,
-            count,
-            bc1,
-            bc2,
-            beta1,
-            beta2,
-            MEAN_OF_SQUARES,
-        )
+
+    # the folded moments, read once and written once, by the formulas of foam/optimizer.py's ema_
+    s_at, s_live = _tile(blk, other_at, state_cols, blk < num_blocks, other_live, ALONG_COLS)
+    mean = total / count
+    m = tl.load(m_ptr + s_at, mask=s_live, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + s_at, mask=s_live, other=0.0).to(tl.float32)
+    m = m + (1.0 - beta1) * (mean - m)
+    if MEAN_OF_SQUARES:
+        v = v + (1.0 - beta2) * (total_sq / count - v)
+    else:
+        v = v * beta2 + (1.0 - beta2) * mean * mean
+    tl.store(m_ptr + s_at, _rounded(m, m_ptr.dtype.element_ty), mask=s_live)
+    tl.store(v_ptr + s_at, _rounded(v, v_ptr.dtype.element_ty), mask=s_live)
+    m_hat = m / bc1
+    v_hat = v / bc2
+
+    if KP > 0:
+        mean = _expand(mean, KP, ALONG_COLS)
+        m_hat = _expand(m_hat, KP, ALONG_COLS)
+        v_hat = _expand(v_hat, KP, ALONG_COLS)
+        _apply(p_ptr + at, live, x, mean, m_hat, v_hat, rho, rho_sq, eps, step_size, decay)
+    else:
         for c0 in range(0, block, FOLD):
-            fold_at = start + c0 + i
-            fold_live = (c0 + i < block) & (fold_at < length)
-            at, live = _tile(fold_at, other_at, cols, fold_live, other_live, ALONG_COLS)
+            at, live = _chunk(start, c0, i, block, length, other_at, other_live, cols, ALONG_COLS)
             x = tl.load(g_ptr + at, mask=live, other=0.0).to(tl.float32)
             _apply(p_ptr + at, live, x, mean, m_hat, v_hat, rho, rho_sq, eps, step_size, decay)
 
@@ -357,17 +323,8 @@ def launches(
         yield (tiles.programs, len(members)), args, constants
 
 
-def triton_step(
-    params: list[torch.Tensor],
-    grads: list[torch.Tensor],
-    exp_avgs: list[torch.Tensor],
-    exp_avg_sqs: list[torch.Tensor],
-    plans: list[FoldPlan],
-    bias_corrections: list[tuple[float, float]],
-    scalars: StepScalars,
-) -> None:
-    """One fused FOAM step for every matrix, in place on params and states."""
-    for grid, args, constants in launches(
-        params, grads, exp_avgs, exp_avg_sqs, plans, bias_corrections, scalars
-    ):
+def triton_step(*step: Any) -> None:
+    """One fused FOAM step for every matrix, in place on params and states; the arguments are
+    ``launches``'s (the same as foam/fused.py's ``fused_step``, with the gradients second)."""
+    for grid, args, constants in launches(*step):
         _foam_step_kernel[grid](*args, **constants)
