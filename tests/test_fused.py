@@ -66,17 +66,39 @@ def assert_agree(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     assert excess.max() <= 0, f"off by {(actual - expected).abs().max().item():.3g}"
 
 
-def run(implementation: str, shape, dtype, **options):
-    """``STEPS`` steps of a one-matrix FOAM from a fixed start; the parameter and its states."""
+def starts(shapes, dtype) -> list[torch.Tensor]:
+    """Fixed starting matrices. Of several, the first is a view one entry into its storage, so
+    the Triton launch that holds it cannot assume 16-byte alignment."""
     torch.manual_seed(0)
-    p = torch.nn.Parameter(torch.randn(shape).to(dtype))
-    optimizer = FOAM([p], lr=1e-2, implementation=implementation, **options)
+    if len(shapes) == 1:
+        return [torch.randn(shapes[0]).to(dtype)]
+    first = torch.randn(torch.Size(shapes[0]).numel() + 1).to(dtype)[1:].view(shapes[0])
+    return [first, *(torch.randn(shape).to(dtype) for shape in shapes[1:])]
+
+
+def gradients(shapes, dtype, generator: torch.Generator) -> list[torch.Tensor]:
+    return [torch.randn(shape, generator=generator).to(dtype) for shape in shapes]
+
+
+def run_all(implementation: str, shapes, dtype, **options):
+    """``STEPS`` steps of a FOAM over matrices of ``shapes`` from a fixed start; each one's
+    parameter and states."""
+    params = [torch.nn.Parameter(p) for p in starts(shapes, dtype)]
+    optimizer = FOAM(params, lr=1e-2, implementation=implementation, **options)
     generator = torch.Generator().manual_seed(1)
     for _ in range(STEPS):
-        p.grad = torch.randn(shape, generator=generator).to(dtype)
+        for p, g in zip(params, gradients(shapes, dtype, generator), strict=True):
+            p.grad = g
         optimizer.step()
-    state = optimizer.state[p]
-    return p.detach(), state["exp_avg"], state["exp_avg_sq"]
+    return [
+        (p.detach(), optimizer.state[p]["exp_avg"], optimizer.state[p]["exp_avg_sq"])
+        for p in params
+    ]
+
+
+def run(implementation: str, shape, dtype, **options):
+    """One matrix through ``run_all``: its parameter and states."""
+    return run_all(implementation, [shape], dtype, **options)[0]
 
 
 @pytest.mark.parametrize(("shape", "level", "dtype", "options"), CASES)
@@ -123,33 +145,75 @@ def test_bad_implementation_is_a_clear_error():
 
 
 TRITON_CASES = [c for c in CASES if c[2] == torch.bfloat16 or c[3] in ({}, OPTIONS[2])][::3]
+# Several matrices in one call, grouped into launches by shape: blocks longer than a tile holds
+# ("mini" of a 300-entry axis: two passes, along the columns and along the rows, with a shorter
+# last chunk), several blocks to a tile with a tail (level 3 of 300), an unaligned first matrix.
+TRITON_GROUPS = [
+    ([(12, 300), (300, 12), (12, 300), (24, 20), (300, 12)], level, dtype, options)
+    for level, dtype, options in [
+        ("mini", torch.bfloat16, {"state_dtype": "float32"}),
+        ("mini", torch.float32, {"second_moment": "mean_of_squares"}),
+        (3, torch.bfloat16, {}),
+    ]
+]
+
+
+def triton_run(shapes, level, dtype, moment_dtype: torch.dtype, **options):
+    """``run_all``'s steps through ``triton_step`` directly, all matrices in one call a step."""
+    from foam.triton_kernels import triton_step
+
+    params = starts(shapes, dtype)
+    optimizer = FOAM([torch.nn.Parameter(p) for p in params], lr=1e-2, level=level, **options)
+    group = optimizer.param_groups[0]
+    plans = [make_plan(p.shape, level, group["fold_axis"]) for p in params]
+    exp_avgs = [torch.zeros(plan.folded_shape, dtype=moment_dtype) for plan in plans]
+    exp_avg_sqs = [torch.zeros_like(m) for m in exp_avgs]
+    scalars = fused.StepScalars.of_group(group)
+    generator = torch.Generator().manual_seed(1)
+    for t in range(1, STEPS + 1):
+        corrections = (1 - 0.9**t, 1 - 0.95**t) if group["bias_correction"] else (1.0, 1.0)
+        grads = gradients(shapes, dtype, generator)
+        triton_step(
+            params, grads, exp_avgs, exp_avg_sqs, plans, [corrections] * len(plans), scalars
+        )
+    return list(zip(params, exp_avgs, exp_avg_sqs, strict=True))
 
 
 def check_triton_kernel() -> None:
-    """Every ``TRITON_CASES`` case through the Triton kernel against the eager step; run by the
-    test below in a fresh process, since the interpreter must be chosen before triton loads."""
-    from foam.triton_kernels import triton_step
-
-    for shape, level, dtype, options in TRITON_CASES:
-        expected = run("eager", shape, dtype, level=level, **options)
-        torch.manual_seed(0)
-        p = torch.randn(shape).to(dtype)
-        optimizer = FOAM([torch.nn.Parameter(p)], lr=1e-2, level=level, **options)
-        group = optimizer.param_groups[0]
-        plan = make_plan(p.shape, level, group["fold_axis"])
-        m = torch.zeros(plan.folded_shape, dtype=expected[1].dtype)
-        v = torch.zeros_like(m)
-        scalars = fused.StepScalars.of_group(group)
-        generator = torch.Generator().manual_seed(1)
-        for t in range(1, STEPS + 1):
-            g = torch.randn(shape, generator=generator).to(dtype)
-            corrections = (1 - 0.9**t, 1 - 0.95**t) if group["bias_correction"] else (1.0, 1.0)
-            triton_step([p], [g], [m], [v], [plan], [corrections], scalars)
-        for a, e in zip((p, m, v), expected, strict=True):
-            assert_agree(a, e, dtype)
-    print(f"{len(TRITON_CASES)} cases agree")
+    """Every ``TRITON_CASES`` and ``TRITON_GROUPS`` case through the Triton kernel against the
+    eager step; run by the test below in a fresh process, since the interpreter must be chosen
+    before triton loads."""
+    cases = [([shape], *rest) for shape, *rest in TRITON_CASES] + TRITON_GROUPS
+    for shapes, level, dtype, options in cases:
+        expected = run_all("eager", shapes, dtype, level=level, **options)
+        actual = triton_run(shapes, level, dtype, expected[0][1].dtype, **options)
+        for matrix, reference in zip(actual, expected, strict=True):
+            for a, e in zip(matrix, reference, strict=True):
+                assert_agree(a, e, dtype)
+    print(f"{len(cases)} cases agree")
     assert fused.triton_runs(torch.device("cpu"))  # the probe kernel_available("cuda") runs
     print("the probe passes")
+
+
+def test_like_matrices_share_one_launch():
+    """One launch per shape (and dtypes and bias corrections), its grid's second axis the
+    matrices: FOAM-2 of a LLaMA layer's seven matrices is three launches."""
+    triton_kernels = pytest.importorskip("foam.triton_kernels")
+    shapes = [(64, 64)] * 4 + [(172, 64)] * 2 + [(64, 172)]
+    plans = [make_plan(shape, 2, "larger") for shape in shapes]
+    params = [torch.zeros(shape) for shape in shapes]
+    states = [torch.zeros(plan.folded_shape) for plan in plans]
+    scalars = fused.StepScalars.of_group(FOAM(params).param_groups[0])
+    corrections = [(1.0, 1.0)] * len(shapes)
+    launches = list(
+        triton_kernels.launches(params, params, states, states, plans, corrections, scalars)
+    )
+    assert [grid[1] for grid, _, _ in launches] == [4, 2, 1]
+    corrections[0] = (0.1, 0.05)  # a matrix at another step count
+    launches = list(
+        triton_kernels.launches(params, params, states, states, plans, corrections, scalars)
+    )
+    assert [grid[1] for grid, _, _ in launches] == [1, 3, 2, 1]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
@@ -162,7 +226,7 @@ def test_triton_kernel_matches_eager_in_the_interpreter():
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert f"{len(TRITON_CASES)} cases agree" in done.stdout
+    assert f"{len(TRITON_CASES) + len(TRITON_GROUPS)} cases agree" in done.stdout
     assert "the probe passes" in done.stdout
 
 

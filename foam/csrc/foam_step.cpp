@@ -25,29 +25,47 @@ namespace {
 
 inline float to_float(float x) { return x; }
 
-inline float to_float(at::BFloat16 x) {
-  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+inline float from_bits(uint32_t bits) {
   float out;
   std::memcpy(&out, &bits, sizeof(out));
   return out;
 }
 
-inline void store(float* dst, float x) { *dst = x; }
+inline float to_float(at::BFloat16 x) { return from_bits(static_cast<uint32_t>(x.x) << 16); }
 
-inline void store(at::BFloat16* dst, float x) {
+// The bfloat16 bits of x (in the low half), rounded to nearest even; NaN stays NaN.
+inline uint32_t bf16_bits(float x) {
   uint32_t bits;
   std::memcpy(&bits, &x, sizeof(bits));
   const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-  dst->x = static_cast<uint16_t>(std::isnan(x) ? 0x7FC0u : rounded);
+  const uint32_t nan = 0u - static_cast<uint32_t>(x != x);  // all ones for NaN, without a branch
+  return (rounded & ~nan) | (0x7FC0u & nan);
+}
+
+inline void store(float* dst, float x) { *dst = x; }
+
+inline void store(at::BFloat16* dst, float x) { dst->x = static_cast<uint16_t>(bf16_bits(x)); }
+
+// Two consecutive bfloat16 entries as one 32-bit word (the first in the low half). GCC vectorises
+// the block loops' interleaved accesses for 32-bit entries only, and a pair widens to two float32
+// with one shift and one mask, so bfloat16 rows are read and written as pairs.
+typedef uint32_t __attribute__((may_alias, aligned(2))) bf16_pair;
+
+inline float first_of(uint32_t pair) { return from_bits(pair << 16); }
+inline float second_of(uint32_t pair) { return from_bits(pair & 0xFFFF0000u); }
+inline uint32_t pair_of(float first, float second) {
+  return bf16_bits(first) | (bf16_bits(second) << 16);
 }
 
 // x rounded to T and back: the eager step decays the parameter in its own dtype before the
 // update, and this keeps bfloat16 results equal to it.
 template <typename T>
 inline float rounded_to(float x) {
-  T out;
-  store(&out, x);
-  return to_float(out);
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    return from_bits(bf16_bits(x) << 16);
+  }
 }
 
 // The scalars of one step, shared by every matrix of a call.
@@ -92,38 +110,103 @@ inline void update_moments(const float* sum, const float* sum_sq, int64_t n, int
   }
 }
 
-// p = round(p * decay) - step_size * (m_hat + rho R) / (sqrt(v_hat + rho_sq R^2) + eps),
-// R = g - mean, over n contiguous entries whose block values are given per entry.
-template <typename P, typename G>
-inline void apply_update(P* p, const G* g, const float* mean, const float* m_hat,
-                         const float* v_hat, int64_t n, const Scalars& s) {
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) {
-    const float r = to_float(g[j]) - mean[j];
-    const float num = m_hat[j] + s.rho * r;
-    const float den = std::sqrt(v_hat[j] + s.rho_sq * r * r) + s.eps;
-    const float decayed = rounded_to<P>(to_float(p[j]) * s.decay);
-    store(p + j, decayed - s.step_size * (num / den));
+// The updated parameter: round(p * decay) - step_size * (m_hat + rho R) / (sqrt(v_hat + rho_sq
+// R^2) + eps), R = g - mean; R is the parameter's dtype, to which the decayed value is rounded
+// as the eager step does. kDecay = false is decay 1 (no weight decay, the default), where
+// p * decay is p itself: skipping that product and its rounding changes no bit.
+template <typename R, bool kDecay>
+inline float updated(float p, float g, float mean, float m_hat, float v_hat, const Scalars& s) {
+  const float r = g - mean;
+  const float num = m_hat + s.rho * r;
+  const float den = std::sqrt(v_hat + s.rho_sq * r * r) + s.eps;
+  const float decayed = kDecay ? rounded_to<R>(p * s.decay) : p;
+  return decayed - s.step_size * (num / den);
+}
+
+// `body` instantiated for the step's weight decay (see `updated`): a branch outside the loops.
+template <typename F>
+inline void with_decay(const Scalars& s, F&& body) {
+  if (s.decay == 1.0f) {
+    body(std::false_type{});
+  } else {
+    body(std::true_type{});
   }
 }
 
-// apply_update over n full blocks of a compile-time K entries, block values given per block: the
+// The update over n contiguous entries whose block values are given per entry.
+template <typename P, typename G>
+inline void apply_update(P* p, const G* g, const float* mean, const float* m_hat,
+                         const float* v_hat, int64_t n, const Scalars& s) {
+  with_decay(s, [&](auto decays) {
+    constexpr bool kDecay = decltype(decays)::value;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) {
+      const float x = updated<P, kDecay>(to_float(p[j]), to_float(g[j]), mean[j], m_hat[j],
+                                         v_hat[j], s);
+      store(p + j, x);
+    }
+  });
+}
+
+// The update over n full blocks of a compile-time K entries, block values given per block: the
 // block loop vectorises with interleaved loads, so nothing is expanded. The entries are float32
-// (bfloat16 rows are widened first, see step_along_cols); R is the parameter's own dtype, to which
-// the decayed value is rounded as in apply_update.
+// (mixed-dtype rows are widened first, see step_along_cols); R is the parameter's own dtype.
+// The scalars are a copy (here and in apply_update_pairs): a store to p could otherwise change
+// them, and reloading them each iteration stops the block loop from vectorising.
 template <int64_t K, typename R>
 inline void apply_update_blocks(float* p, const float* g, const float* mean, const float* m_hat,
-                                const float* v_hat, int64_t n, const Scalars& s) {
+                                const float* v_hat, int64_t n, const Scalars s) {
+  with_decay(s, [&](auto decays) {
+    constexpr bool kDecay = decltype(decays)::value;
+#pragma omp simd
+    for (int64_t b = 0; b < n; ++b) {
+      for (int64_t i = 0; i < K; ++i) {
+        const int64_t j = b * K + i;
+        p[j] = updated<R, kDecay>(p[j], g[j], mean[b], m_hat[b], v_hat[b], s);
+      }
+    }
+  });
+}
+
+// apply_update_blocks for bfloat16 parameters and gradients, read and written as pairs.
+template <int64_t K>
+inline void apply_update_pairs(bf16_pair* p, const bf16_pair* g, const float* mean,
+                               const float* m_hat, const float* v_hat, int64_t n,
+                               const Scalars s) {
+  using R = at::BFloat16;
+  with_decay(s, [&](auto decays) {
+    constexpr bool kDecay = decltype(decays)::value;
+#pragma omp simd
+    for (int64_t b = 0; b < n; ++b) {
+#pragma GCC unroll 16  // whole, so that the block loop vectorises
+      for (int64_t i = 0; i < K / 2; ++i) {
+        const int64_t j = b * (K / 2) + i;
+        const uint32_t pw = p[j], gw = g[j];
+        p[j] = pair_of(
+            updated<R, kDecay>(first_of(pw), first_of(gw), mean[b], m_hat[b], v_hat[b], s),
+            updated<R, kDecay>(second_of(pw), second_of(gw), mean[b], m_hat[b], v_hat[b], s));
+      }
+    }
+  });
+}
+
+// Sum and sum of squares of n blocks of a compile-time K bfloat16 entries, read as pairs.
+template <int64_t K>
+inline void block_sums_pairs(const bf16_pair* g, int64_t n, float* sum, float* sum_sq) {
 #pragma omp simd
   for (int64_t b = 0; b < n; ++b) {
-    for (int64_t i = 0; i < K; ++i) {
-      const int64_t j = b * K + i;
-      const float r = g[j] - mean[b];
-      const float num = m_hat[b] + s.rho * r;
-      const float den = std::sqrt(v_hat[b] + s.rho_sq * r * r) + s.eps;
-      const float decayed = rounded_to<R>(p[j] * s.decay);
-      p[j] = decayed - s.step_size * (num / den);
+    float acc = 0.0f, acc_sq = 0.0f;
+#pragma GCC unroll 16
+    for (int64_t i = 0; i < K / 2; ++i) {
+      const uint32_t w = g[b * (K / 2) + i];
+      const float x0 = first_of(w), x1 = second_of(w);
+      acc += x0;
+      acc += x1;
+      acc_sq += x0 * x0;
+      acc_sq += x1 * x1;
     }
+    sum[b] = acc;
+    sum_sq[b] = acc_sq;
   }
 }
 
@@ -179,8 +262,9 @@ inline void expand(const float* values, int64_t n, int64_t block, float* out) {
 
 // Fold along the columns: blocks of `block` consecutive entries of a row, the last one possibly
 // shorter. K > 0 is the block size known at compile time: the block loops then vectorise with
-// interleaved loads, which GCC does only for 32-bit entries, so bfloat16 rows go through float32
-// copies of themselves (in cache). K = 0 expands the block values over the row instead.
+// interleaved loads, which GCC does only for 32-bit entries, so bfloat16 rows are read as pairs
+// (mixed-dtype rows go through float32 copies of themselves, in cache). K = 0 expands the block
+// values over the row instead.
 template <int64_t K, typename P, typename G, typename S>
 void step_along_cols(P* p, const G* g, S* m, S* v, int64_t rows, int64_t cols, int64_t block,
                      const Scalars& s, float bc1, float bc2) {
@@ -193,7 +277,14 @@ void step_along_cols(P* p, const G* g, S* m, S* v, int64_t rows, int64_t cols, i
       const G* g_row = g + r * cols;
       P* p_row = p + r * cols;
       S *m_row = m + r * nb, *v_row = v + r * nb;
-      if constexpr (K > 0) {
+      if constexpr (K > 0 && std::is_same_v<P, at::BFloat16> && std::is_same_v<G, P>) {
+        auto* p_pairs = reinterpret_cast<bf16_pair*>(p_row);
+        const auto* g_pairs = reinterpret_cast<const bf16_pair*>(g_row);
+        block_sums_pairs<K>(g_pairs, full, sum.data(), sum_sq.data());
+        update_moments(sum.data(), sum_sq.data(), full, K, m_row, v_row, s, bc1, bc2, mean.data(),
+                       m_hat.data(), v_hat.data());
+        apply_update_pairs<K>(p_pairs, g_pairs, mean.data(), m_hat.data(), v_hat.data(), full, s);
+      } else if constexpr (K > 0) {
         const float* g_full = as_float(g_row, full * K, g_wide.data());
         float* p_full = as_float(p_row, full * K, p_wide.data());
         block_sums<K>(g_full, full, K, sum.data(), sum_sq.data());
