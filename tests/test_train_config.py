@@ -1,13 +1,15 @@
 """Configs compose against their schema, every optim config builds its optimizer, and bad configs
 fail with the key: at compose time (Hydra and the schema) or before any compute (check_config)."""
 
+import json
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from hydra.errors import ConfigCompositionException
+from hydra.errors import ConfigCompositionException, MissingConfigException
 from methods import ABLATIONS
-from omegaconf import OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
+from optim_resolution import resolved_optims
 
 import foam
 import models
@@ -107,11 +109,55 @@ def test_optim_configs_follow_their_optimizer(optim):
     assert OmegaConf.get_type(cfg.optim).__name__ == f"{cfg.optim.name}_schema"
     assert set(cfg.optim) == set(keywords) | set(DESCRIPTIVE_OPTIM_KEYS)
     assert cfg.optim.lr == cfg.optim.paper_lr["llama_350m"]
-    yaml_keys = stated_keys(optim)
+    yaml_keys = stated_keys(optim) | {"lr"}  # lr: the paper table's lookup (test below)
     for key, default in keywords.items():
         if key not in yaml_keys:
             expected = list(default) if isinstance(default, tuple) else default
             assert OmegaConf.to_container(cfg.optim, resolve=True)[key] == expected, key
+
+
+def test_every_optim_config_resolves_as_recorded_on_main():
+    """The deduplicated configs (one FOAM config with thin foamN files, the paper's lr rows in
+    ``configs/paper_lr/``) resolve, for every model of the record, to what each optim config
+    resolved to before: ``tests/data/optim_configs_resolved.json``, written by
+    ``tests/optim_resolution.py`` on main at 6a00c51."""
+    recorded = json.loads((Path(__file__).parent / "data/optim_configs_resolved.json").read_text())
+    assert set(recorded) <= set(OPTIMS)
+    assert resolved_optims(CONFIG_DIR, sorted(recorded)) == recorded
+
+
+def test_foam_is_foam2_and_foam_n_is_its_level():
+    foam_n = resolved_optims(CONFIG_DIR, ["foam", "foam3"], models=("llama_60m",))
+    assert foam_n["foam"]["optim"]["level"] == 2
+    assert foam_n["foam3"]["optim"] == {**foam_n["foam"]["optim"], "level": 3}
+    assert cfg_for("+model=llama_60m", "+optim=foam", "optim.level=5").optim.level == 5
+
+
+def test_each_paper_lr_table_is_written_once():
+    """The lr rows live in ``configs/paper_lr/`` only, pairwise distinct, each one in use."""
+    tables = {p.stem: OmegaConf.load(p) for p in sorted((CONFIG_DIR / "paper_lr").glob("*.yaml"))}
+    rows = [tuple(sorted(t.items())) for t in tables.values()]
+    assert len(set(rows)) == len(rows) > 1
+    used = set()
+    for path in sorted(CONFIG_DIR.rglob("*.yaml")):
+        node = OmegaConf.load(path)
+        assert "paper_lr" not in node, path
+        for entry in node.get("defaults", []):
+            if isinstance(entry, DictConfig) and "/paper_lr@paper_lr" in entry:
+                used.add(entry["/paper_lr@paper_lr"])
+    assert used == set(tables)
+
+
+def test_schemas_are_not_optim_choices():
+    """``+optim=foam_schema`` once trained at the optimizer's default lr 1e-4: a schema is no
+    method, so it is not in the ``optim`` group at all."""
+    assert not [name for name in OPTIMS if name.endswith("_schema")]
+    with pytest.raises(MissingConfigException) as err:
+        cfg_for("+model=llama_tiny", "+optim=foam_schema")
+    assert "foam_schema" not in err.value.options
+    assert set(err.value.options) == set(OPTIMS)
+    with pytest.raises(ConfigCompositionException, match="optim_schema"):
+        cfg_for("+model=llama_tiny", "+optim=foam2", "+optim_schema=foam")
 
 
 @pytest.mark.parametrize(
