@@ -18,6 +18,7 @@ is no method (it has no paper lr table), and selecting ``optim_schema`` itself i
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,6 +164,21 @@ class Config:
     data: DataConfig = MISSING
     trainer: TrainerConfig = MISSING
     logger: LoggerConfig = MISSING
+
+
+def unknown_key_message(full_key: str, schema: Any) -> str:
+    """One line for a key ``schema`` (a dataclass, or anything else when the group has none) does
+    not have: the closest key it does have, else its keys. Used for what Hydra refuses at compose
+    time and for keys a ``+group.key=`` override appended past the schema."""
+    group, _, key = full_key.rpartition(".")
+    where = group or "the config"
+    if not dataclasses.is_dataclass(schema):  # a group not selected (no +optim=) has no schema
+        return f"{full_key}: {where} has no such key (is +{group}=<name> on the command line?)"
+    known = [f.name for f in dataclasses.fields(schema)]
+    close = difflib.get_close_matches(key, known, n=1)
+    prefix = f"{group}." if group else ""
+    hint = f"did you mean {prefix}{close[0]}?" if close else f"keys: {', '.join(sorted(known))}"
+    return f"{full_key}: not a key of {where}; {hint}"
 
 
 def _field_type(default: Any) -> Any:
