@@ -164,6 +164,76 @@ def test_a_file_of_malformed_lines_is_one_line_with_the_skips(tmp_path):
     assert "records skipped (bad_json: " in line and "no_text: 1)" in line
 
 
+# Each kind of config error Hydra meets before the run starts, and the one line it becomes. The
+# CLI pays ~10 s of imports per call, so two kinds run by default and the rest under -m slow;
+# test_train_config.py checks every kind's line in-process.
+CONFIG_ERRORS = [
+    pytest.param(
+        ["+optim=foam_schema"],
+        "error: optim=foam_schema: no such optim config; did you mean foam_muon? (options: "
+        "adam_mini, adamw,",
+        id="schema-name",
+    ),
+    pytest.param(
+        ["+optim=foam2", "trainer.max_step=3"],
+        "error: trainer.max_step: not a key of trainer; did you mean trainer.max_steps?",
+        id="misspelt-key",
+    ),
+    pytest.param(
+        ["+optim=fom2"],
+        "error: optim=fom2: no such optim config; did you mean foam2?",
+        id="unknown-optim",
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(
+        ["+optim=foam2", "+model=llama_9b"],
+        "error: model=llama_9b: no such model config; did you mean llama_1b? (options: llama_130m,",
+        id="unknown-model",
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(
+        ["+optim=foam2", "data=c5"],
+        "error: data=c5: no such data config (options: c4, embedded, local)",
+        id="unknown-data",
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(
+        ["+optim=foam2", "trainer=papr"],
+        "error: trainer=papr: no such trainer config; did you mean paper? (options: cpu_debug,",
+        id="unknown-trainer",
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(
+        ["+optim=foam2", "+trainer.max_step=3"],
+        "error: trainer.max_step: not a key of trainer; did you mean trainer.max_steps?",
+        id="appended-misspelt-key",
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(
+        ["+optim=foam2", "trainer.max_steps=abc"],
+        "error: trainer.max_steps=abc: Value 'abc' of type 'str' could not be converted",
+        id="wrong-type",
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(
+        ["+optim=foam2", "optim.lr=${typo}"],
+        "error: optim.lr: Interpolation key 'typo' not found",
+        id="unresolvable-value",
+        marks=pytest.mark.slow,
+    ),
+]
+
+
+@pytest.mark.parametrize(("overrides", "line"), CONFIG_ERRORS)
+def test_config_errors_are_one_line_and_exit_2(tmp_path, overrides, line):
+    """The README's promise, Hydra's own errors included: exactly one line on stderr, no run."""
+    run_dir = tmp_path / "run"
+    tiny = TINY[1:] if any(o.startswith("+model=") for o in overrides) else TINY
+    proc = run(command(run_dir, *tiny, *overrides, optim=None, tiny=False), expect_rc=2)
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(line), proc.stderr[-4000:]
+    assert not (run_dir / "metrics.jsonl").exists()
+
+
 @pytest.mark.slow
 def test_invalid_fold_level_fails_before_compute(tmp_path):
     proc = run(command(tmp_path / "run", "optim.level=-1", optim="foam2"), expect_rc=2)

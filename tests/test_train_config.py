@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from hydra.errors import ConfigCompositionException, MissingConfigException
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from methods import ABLATIONS
 from omegaconf import DictConfig, OmegaConf, open_dict
 from optim_resolution import resolved_optims
 
 import foam
 import models
+from train.cli_errors import composition_error_message
 from train.config import (
     CONFIG_DIR,
     ConfigError,
@@ -175,6 +176,67 @@ def test_unknown_key_in_each_group_fails_at_compose_time(group, override):
     with pytest.raises(ConfigCompositionException, match=f"Could not override '{key}'") as err:
         cfg_for("+model=llama_tiny", "+optim=foam2", override)
     assert f"Key '{key.split('.')[1]}' not in" in str(err.value.__cause__)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (
+            ["+optim=foam_schema"],
+            "optim=foam_schema: no such optim config; did you mean foam_muon? "
+            f"(options: {', '.join(OPTIMS)})",
+        ),
+        (
+            ["+optim=foam2", "trainer=papr"],
+            "trainer=papr: no such trainer config; did you mean paper? "
+            "(options: cpu_debug, paper, single_gpu)",
+        ),
+        (
+            ["+optim=foam2", "data=c5"],
+            "data=c5: no such data config (options: c4, embedded, local)",
+        ),
+        (
+            ["+optim=foam2", "trainer.max_step=3"],
+            "trainer.max_step: not a key of trainer; did you mean trainer.max_steps?",
+        ),
+        (
+            ["+optim=foam2", "optim.levl=3"],
+            "optim.levl: not a key of optim; did you mean optim.level?",
+        ),
+        (
+            ["+optim=foam2", "model.hidden_sise=64"],
+            "model.hidden_sise: not a key of model; did you mean model.hidden_size?",
+        ),
+        (
+            ["+optim=foam2", "logger.zzz=1"],
+            "logger.zzz: not a key of logger; keys: entity, mode, name, project, run_name, tags",
+        ),
+        (
+            ["optim.lr=1e-3"],
+            "optim.lr: optim has no such key (is +optim=<name> on the command line?)",
+        ),
+        (
+            ["+optim=foam2", "trainer.max_steps=abc"],
+            "trainer.max_steps=abc: Value 'abc' of type 'str' could not be converted to Integer",
+        ),
+        (
+            ["+optim=foam2", "trainer.max_steps"],
+            "Error parsing override 'trainer.max_steps'; missing EQUAL at '<EOF>'; See "
+            "https://hydra.cc/docs/1.2/advanced/override_grammar/basic for details",
+        ),
+    ],
+)
+def test_what_hydra_cannot_compose_is_one_line(overrides, line):
+    """The line the CLI prints (after ``error: ``) for each kind, from Hydra's exception."""
+    with pytest.raises((ConfigCompositionException, OverrideParseException)) as err:
+        cfg_for("+model=llama_tiny", *overrides)
+    assert composition_error_message(err.value) == line
+
+
+def test_an_appended_misspelt_key_names_the_closest_one():
+    """``+trainer.max_step=3`` gets past Hydra (``+`` may add keys); the schema check refuses it."""
+    message = expect_error(cfg_for("+model=llama_tiny", "+optim=foam2", "+trainer.max_step=3"), "")
+    assert message == "trainer.max_step: not a key of trainer; did you mean trainer.max_steps?"
 
 
 def test_wrong_type_fails_at_compose_time():
