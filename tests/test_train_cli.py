@@ -164,73 +164,58 @@ def test_a_file_of_malformed_lines_is_one_line_with_the_skips(tmp_path):
     assert "records skipped (bad_json: " in line and "no_text: 1)" in line
 
 
-# Each kind of config error Hydra meets before the run starts, and the one line it becomes. The
-# CLI pays ~10 s of imports per call, so two kinds run by default and the rest under -m slow;
-# test_train_config.py checks every kind's line in-process.
-CONFIG_ERRORS = [
-    pytest.param(
-        ["+optim=foam_schema"],
-        "error: optim=foam_schema: no such optim config; did you mean foam_muon? (options: "
-        "adam_mini, adamw,",
-        id="schema-name",
+# Each kind of config error met before the run starts: its overrides and how its one line starts.
+# The CLI pays ~10 s of imports per call, so the first two run by default and the rest under
+# -m slow; test_train_config.py checks every kind's line in-process.
+CONFIG_ERRORS = {
+    "schema-name": (
+        "+optim=foam_schema",
+        "optim=foam_schema: no such optim config; did you mean foam_muon? (options: adam_mini, ",
     ),
-    pytest.param(
-        ["+optim=foam2", "trainer.max_step=3"],
-        "error: trainer.max_step: not a key of trainer; did you mean trainer.max_steps?",
-        id="misspelt-key",
+    "misspelt-key": (
+        "+optim=foam2 trainer.max_step=3",
+        "trainer.max_step: not a key of trainer; did you mean trainer.max_steps?",
     ),
-    pytest.param(
-        ["+optim=fom2"],
-        "error: optim=fom2: no such optim config; did you mean foam2?",
-        id="unknown-optim",
-        marks=pytest.mark.slow,
+    "unknown-optim": ("+optim=fom2", "optim=fom2: no such optim config; did you mean foam2?"),
+    "unknown-model": (
+        "+optim=foam2 +model=lama_7b",
+        "model=lama_7b: no such model config; did you mean llama_7b? (options: llama_130m, ",
     ),
-    pytest.param(
-        ["+optim=foam2", "+model=llama_9b"],
-        "error: model=llama_9b: no such model config; did you mean llama_1b? (options: llama_130m,",
-        id="unknown-model",
-        marks=pytest.mark.slow,
+    "unknown-data": ("+optim=foam2 data=c5", "data=c5: no such data config (options: c4, "),
+    "unknown-trainer": (
+        "+optim=foam2 trainer=papr",
+        "trainer=papr: no such trainer config; did you mean paper? (options: cpu_debug, ",
     ),
-    pytest.param(
-        ["+optim=foam2", "data=c5"],
-        "error: data=c5: no such data config (options: c4, embedded, local)",
-        id="unknown-data",
-        marks=pytest.mark.slow,
+    "appended-misspelt-key": (
+        "+optim=foam2 +trainer.max_step=3",
+        "trainer.max_step: not a key of trainer; did you mean trainer.max_steps?",
     ),
-    pytest.param(
-        ["+optim=foam2", "trainer=papr"],
-        "error: trainer=papr: no such trainer config; did you mean paper? (options: cpu_debug,",
-        id="unknown-trainer",
-        marks=pytest.mark.slow,
+    "wrong-type": (
+        "+optim=foam2 trainer.max_steps=abc",
+        "trainer.max_steps=abc: Value 'abc' of type 'str' could not be converted to Integer",
     ),
-    pytest.param(
-        ["+optim=foam2", "+trainer.max_step=3"],
-        "error: trainer.max_step: not a key of trainer; did you mean trainer.max_steps?",
-        id="appended-misspelt-key",
-        marks=pytest.mark.slow,
+    "unresolvable-value": (
+        "+optim=foam2 optim.lr=${typo}",
+        "optim.lr: Interpolation key 'typo' not found",
     ),
-    pytest.param(
-        ["+optim=foam2", "trainer.max_steps=abc"],
-        "error: trainer.max_steps=abc: Value 'abc' of type 'str' could not be converted",
-        id="wrong-type",
-        marks=pytest.mark.slow,
-    ),
-    pytest.param(
-        ["+optim=foam2", "optim.lr=${typo}"],
-        "error: optim.lr: Interpolation key 'typo' not found",
-        id="unresolvable-value",
-        marks=pytest.mark.slow,
-    ),
-]
+}
 
 
-@pytest.mark.parametrize(("overrides", "line"), CONFIG_ERRORS)
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        pytest.param(*case, id=kind, marks=[] if i < 2 else [pytest.mark.slow])
+        for i, (kind, case) in enumerate(CONFIG_ERRORS.items())
+    ],
+)
 def test_config_errors_are_one_line_and_exit_2(tmp_path, overrides, line):
     """The README's promise, Hydra's own errors included: exactly one line on stderr, no run."""
     run_dir = tmp_path / "run"
-    tiny = TINY[1:] if any(o.startswith("+model=") for o in overrides) else TINY
-    proc = run(command(run_dir, *tiny, *overrides, optim=None, tiny=False), expect_rc=2)
-    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(line), proc.stderr[-4000:]
+    tiny = TINY[1:] if "+model=" in overrides else TINY
+    cmd = command(run_dir, *tiny, *overrides.split(), optim=None, tiny=False)
+    proc = run(cmd, expect_rc=2)
+    assert proc.stderr.count("\n") == 1, proc.stderr[-4000:]
+    assert proc.stderr.startswith(f"error: {line}"), proc.stderr
     assert not (run_dir / "metrics.jsonl").exists()
 
 

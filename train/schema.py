@@ -189,9 +189,10 @@ def _field_type(default: Any) -> Any:
 
 
 def paper_lr_lookup(default: float) -> str:
-    """The default of ``optim.lr``: the paper's lr for the model (``optim.paper_lr``, filled from
-    ``configs/optim/paper_lr/<row>.yaml``; Qwen sizes are listed under their own names with the
-    LLaMA row's values), else the table's 60M value (debug sizes), else the optimizer's default."""
+    """The default of ``optim.lr``: the paper's lr for the model (``optim.paper_lr``, which an optim
+    config fills from ``configs/paper_lr/<row>.yaml``; Qwen sizes are listed under their own names
+    with the LLaMA values), else the table's 60M value (debug sizes, and the sizes a row leaves
+    empty), else the optimizer's default (a schema without a table)."""
     fallback = f"${{oc.select:optim.paper_lr.llama_60m,{default}}}"
     return f"${{oc.select:optim.paper_lr.${{model.name}},{fallback}}}"
 
