@@ -1,6 +1,7 @@
 """Configs compose against their schema, every optim config builds its optimizer, and bad configs
 fail with the key: at compose time (Hydra and the schema) or before any compute (check_config)."""
 
+import functools
 import json
 from pathlib import Path
 
@@ -9,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from methods import ABLATIONS
 from omegaconf import DictConfig, OmegaConf, open_dict
-from optim_resolution import resolved_optims
+from optim_resolution import resolve_for_models
 
 import foam
 import models
@@ -101,11 +102,17 @@ def stated_keys(optim: str) -> set[str]:
     return keys
 
 
+@functools.cache
+def composed(optim: str) -> DictConfig:
+    """``+optim=optim`` for llama_350m, composed once for the tests that only read it."""
+    return cfg_for("+model=llama_350m", f"+optim={optim}")
+
+
 @pytest.mark.parametrize("optim", OPTIMS)
 def test_optim_configs_follow_their_optimizer(optim):
     """Each optim config extends the schema of the optimizer it names: its keys are that
     optimizer's keywords (plus the descriptive ones), and what it leaves out is the default."""
-    cfg = cfg_for("+model=llama_350m", f"+optim={optim}")
+    cfg = composed(optim)
     keywords = foam.available_optimizers()[cfg.optim.name]
     assert OmegaConf.get_type(cfg.optim).__name__ == f"{cfg.optim.name}_schema"
     assert set(cfg.optim) == set(keywords) | set(DESCRIPTIVE_OPTIM_KEYS)
@@ -117,20 +124,26 @@ def test_optim_configs_follow_their_optimizer(optim):
             assert OmegaConf.to_container(cfg.optim, resolve=True)[key] == expected, key
 
 
-def test_every_optim_config_resolves_as_recorded_on_main():
-    """The deduplicated configs (one FOAM config with thin foamN files, the paper's lr rows in
-    ``configs/paper_lr/``) resolve, for every model of the record, to what each optim config
-    resolved to before: ``tests/data/optim_configs_resolved.json``, written by
-    ``tests/optim_resolution.py`` on main at 6a00c51."""
-    recorded = json.loads((Path(__file__).parent / "data/optim_configs_resolved.json").read_text())
-    assert set(recorded) <= set(OPTIMS)
-    assert resolved_optims(CONFIG_DIR, sorted(recorded)) == recorded
+# Each optim config resolved on main at 6a00c51, before the configs were deduplicated (one FOAM
+# config with thin foamN files, the paper's lr rows in configs/paper_lr/), by
+# tests/optim_resolution.py.
+RECORDED = json.loads((Path(__file__).parent / "data/optim_configs_resolved.json").read_text())
+
+
+def test_every_recorded_optim_config_is_still_an_option():
+    assert set(RECORDED) <= set(OPTIMS)
+
+
+@pytest.mark.parametrize("optim", sorted(RECORDED))
+def test_each_optim_config_resolves_as_recorded_on_main(optim):
+    """The same schema and the same values, for each of the record's models."""
+    assert resolve_for_models(composed(optim), CONFIG_DIR) == RECORDED[optim]
 
 
 def test_foam_is_foam2_and_foam_n_is_its_level():
-    foam_n = resolved_optims(CONFIG_DIR, ["foam", "foam3"], models=("llama_60m",))
-    assert foam_n["foam"]["optim"]["level"] == 2
-    assert foam_n["foam3"]["optim"] == {**foam_n["foam"]["optim"], "level": 3}
+    foam = resolve_for_models(composed("foam"), CONFIG_DIR)
+    assert foam == RECORDED["foam2"]
+    assert RECORDED["foam3"] == {**foam, "optim": {**foam["optim"], "level": 3}}
     assert cfg_for("+model=llama_60m", "+optim=foam", "optim.level=5").optim.level == 5
 
 
