@@ -52,7 +52,9 @@ def composition_error_message(err: ConfigCompositionException | OverrideParseExc
     if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
         group, _, name = err.missing_cfg_file.rpartition("/")
         return unknown_choice_message(group, name, sorted(err.options))
-    cause = err.__cause__
+    # A refused override chains OmegaConf's error as the cause; a refused config file (a misspelt
+    # key in trainer/mine.yaml) as the context of Hydra's exception.
+    cause = err.__cause__ or err.__context__
     if isinstance(cause, ConfigAttributeError | ConfigKeyError) and cause.full_key:
         return unknown_key_message(cause.full_key, cause.object_type)
     if isinstance(cause, OmegaConfBaseException) and cause.full_key:  # a value of the wrong type
