@@ -176,6 +176,61 @@ def test_a_level_beyond_every_axis_is_one_line_naming_the_largest_level(tmp_path
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+# Each kind of config error met before the run starts: its overrides and how its one line starts.
+# The CLI pays ~10 s of imports per call, so the first two run by default and the rest under
+# -m slow; test_train_config.py checks every kind's line in-process.
+CONFIG_ERRORS = {
+    "schema-name": (
+        "+optim=foam_schema",
+        "optim=foam_schema: no such optim config; did you mean foam_muon? (options: adam_mini, ",
+    ),
+    "misspelt-key": (
+        "+optim=foam2 trainer.max_step=3",
+        "trainer.max_step: not a key of trainer; did you mean trainer.max_steps?",
+    ),
+    "unknown-optim": ("+optim=fom2", "optim=fom2: no such optim config; did you mean foam2?"),
+    "unknown-model": (
+        "+optim=foam2 +model=lama_7b",
+        "model=lama_7b: no such model config; did you mean llama_7b? (options: llama_130m, ",
+    ),
+    "unknown-data": ("+optim=foam2 data=c5", "data=c5: no such data config (options: c4, "),
+    "unknown-trainer": (
+        "+optim=foam2 trainer=papr",
+        "trainer=papr: no such trainer config; did you mean paper? (options: cpu_debug, ",
+    ),
+    "appended-misspelt-key": (
+        "+optim=foam2 +trainer.max_step=3",
+        "trainer.max_step: not a key of trainer; did you mean trainer.max_steps?",
+    ),
+    "wrong-type": (
+        "+optim=foam2 trainer.max_steps=abc",
+        "trainer.max_steps=abc: Value 'abc' of type 'str' could not be converted to Integer",
+    ),
+    "unresolvable-value": (
+        "+optim=foam2 optim.lr=${typo}",
+        "optim.lr: Interpolation key 'typo' not found",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        pytest.param(*case, id=kind, marks=[] if i < 2 else [pytest.mark.slow])
+        for i, (kind, case) in enumerate(CONFIG_ERRORS.items())
+    ],
+)
+def test_config_errors_are_one_line_and_exit_2(tmp_path, overrides, line):
+    """The README's promise, Hydra's own errors included: exactly one line on stderr, no run."""
+    run_dir = tmp_path / "run"
+    tiny = TINY[1:] if "+model=" in overrides else TINY
+    cmd = command(run_dir, *tiny, *overrides.split(), optim=None, tiny=False)
+    proc = run(cmd, expect_rc=2)
+    assert proc.stderr.count("\n") == 1, proc.stderr[-4000:]
+    assert proc.stderr.startswith(f"error: {line}"), proc.stderr
+    assert not (run_dir / "metrics.jsonl").exists()
+
+
 @pytest.mark.slow
 def test_invalid_fold_level_fails_before_compute(tmp_path):
     proc = run(command(tmp_path / "run", "optim.level=-1", optim="foam2"), expect_rc=2)

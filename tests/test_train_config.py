@@ -1,16 +1,20 @@
 """Configs compose against their schema, every optim config builds its optimizer, and bad configs
 fail with the key: at compose time (Hydra and the schema) or before any compute (check_config)."""
 
+import functools
+import json
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from hydra.errors import ConfigCompositionException
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from methods import ABLATIONS
-from omegaconf import OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
+from optim_resolution import resolve_for_models
 
 import foam
 import models
+from train.cli_errors import composition_error_message
 from train.config import (
     CONFIG_DIR,
     ConfigError,
@@ -98,20 +102,80 @@ def stated_keys(optim: str) -> set[str]:
     return keys
 
 
+@functools.cache
+def composed(optim: str) -> DictConfig:
+    """``+optim=optim`` for llama_350m, composed once for the tests that only read it."""
+    return cfg_for("+model=llama_350m", f"+optim={optim}")
+
+
 @pytest.mark.parametrize("optim", OPTIMS)
 def test_optim_configs_follow_their_optimizer(optim):
     """Each optim config extends the schema of the optimizer it names: its keys are that
     optimizer's keywords (plus the descriptive ones), and what it leaves out is the default."""
-    cfg = cfg_for("+model=llama_350m", f"+optim={optim}")
+    cfg = composed(optim)
     keywords = foam.available_optimizers()[cfg.optim.name]
     assert OmegaConf.get_type(cfg.optim).__name__ == f"{cfg.optim.name}_schema"
     assert set(cfg.optim) == set(keywords) | set(DESCRIPTIVE_OPTIM_KEYS)
     assert cfg.optim.lr == cfg.optim.paper_lr["llama_350m"]
-    yaml_keys = stated_keys(optim)
+    yaml_keys = stated_keys(optim) | {"lr"}  # lr: the paper table's lookup (test below)
     for key, default in keywords.items():
         if key not in yaml_keys:
             expected = list(default) if isinstance(default, tuple) else default
             assert OmegaConf.to_container(cfg.optim, resolve=True)[key] == expected, key
+
+
+# Each optim config resolved on main at 6a00c51, before the configs were deduplicated (one FOAM
+# config with thin foamN files, the paper's lr rows in configs/paper_lr/), by
+# tests/optim_resolution.py.
+RECORDED = json.loads((Path(__file__).parent / "data/optim_configs_resolved.json").read_text())
+
+
+def test_every_recorded_optim_config_is_still_an_option():
+    assert set(RECORDED) <= set(OPTIMS)
+
+
+@pytest.mark.parametrize("optim", sorted(RECORDED))
+def test_each_optim_config_resolves_as_recorded_on_main(optim):
+    """The same schema and the same values, for each of the record's models."""
+    assert resolve_for_models(composed(optim), CONFIG_DIR) == RECORDED[optim]
+
+
+def test_foam_is_foam2_and_foam_n_is_its_level():
+    foam = resolve_for_models(composed("foam"), CONFIG_DIR)
+    assert foam == RECORDED["foam2"]
+    assert RECORDED["foam3"] == {**foam, "optim": {**foam["optim"], "level": 3}}
+    assert cfg_for("+model=llama_60m", "+optim=foam", "optim.level=5").optim.level == 5
+
+
+def test_each_paper_lr_table_is_written_once():
+    """The lr rows live in ``configs/paper_lr/`` only, pairwise distinct, each one in use."""
+    tables = {p.stem: OmegaConf.load(p) for p in sorted((CONFIG_DIR / "paper_lr").glob("*.yaml"))}
+    rows = [tuple(sorted(t.items())) for t in tables.values()]
+    assert len(set(rows)) == len(rows) > 1
+    used = set()
+    for path in sorted(CONFIG_DIR.rglob("*.yaml")):
+        node = OmegaConf.load(path)
+        assert "paper_lr" not in node, path
+        for entry in node.get("defaults", []):
+            if isinstance(entry, DictConfig) and "/paper_lr@paper_lr" in entry:
+                used.add(entry["/paper_lr@paper_lr"])
+    assert used == set(tables)
+
+
+def test_schemas_are_not_optim_choices():
+    """``+optim=foam_schema`` once trained at the optimizer's default lr 1e-4: a schema is no
+    method, so it is not in the ``optim`` group at all."""
+    assert not [name for name in OPTIMS if name.endswith("_schema")]
+    with pytest.raises(MissingConfigException) as err:
+        cfg_for("+model=llama_tiny", "+optim=foam_schema")
+    assert "foam_schema" not in err.value.options
+    assert set(err.value.options) == set(OPTIMS)
+    for group in ("optim_schema", "paper_lr"):  # the groups optim configs read from
+        with pytest.raises(ConfigCompositionException) as err:
+            cfg_for("+model=llama_tiny", "+optim=foam2", f"+{group}=foam")
+        assert composition_error_message(err.value) == (
+            f"{group}: not a key of the config; keys: data, logger, model, optim, trainer"
+        )
 
 
 @pytest.mark.parametrize(
@@ -129,6 +193,67 @@ def test_unknown_key_in_each_group_fails_at_compose_time(group, override):
     with pytest.raises(ConfigCompositionException, match=f"Could not override '{key}'") as err:
         cfg_for("+model=llama_tiny", "+optim=foam2", override)
     assert f"Key '{key.split('.')[1]}' not in" in str(err.value.__cause__)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (
+            ["+optim=foam_schema"],
+            "optim=foam_schema: no such optim config; did you mean foam_muon? "
+            f"(options: {', '.join(OPTIMS)})",
+        ),
+        (
+            ["+optim=foam2", "trainer=papr"],
+            "trainer=papr: no such trainer config; did you mean paper? "
+            "(options: cpu_debug, paper, single_gpu)",
+        ),
+        (
+            ["+optim=foam2", "data=c5"],
+            "data=c5: no such data config (options: c4, embedded, local)",
+        ),
+        (
+            ["+optim=foam2", "trainer.max_step=3"],
+            "trainer.max_step: not a key of trainer; did you mean trainer.max_steps?",
+        ),
+        (
+            ["+optim=foam2", "optim.levl=3"],
+            "optim.levl: not a key of optim; did you mean optim.level?",
+        ),
+        (
+            ["+optim=foam2", "model.hidden_sise=64"],
+            "model.hidden_sise: not a key of model; did you mean model.hidden_size?",
+        ),
+        (
+            ["+optim=foam2", "logger.zzz=1"],
+            "logger.zzz: not a key of logger; keys: entity, mode, name, project, run_name, tags",
+        ),
+        (
+            ["optim.lr=1e-3"],
+            "optim.lr: optim has no such key (is +optim=<name> on the command line?)",
+        ),
+        (
+            ["+optim=foam2", "trainer.max_steps=abc"],
+            "trainer.max_steps=abc: Value 'abc' of type 'str' could not be converted to Integer",
+        ),
+        (
+            ["+optim=foam2", "trainer.max_steps"],
+            "Error parsing override 'trainer.max_steps'; missing EQUAL at '<EOF>'; See "
+            "https://hydra.cc/docs/1.2/advanced/override_grammar/basic for details",
+        ),
+    ],
+)
+def test_what_hydra_cannot_compose_is_one_line(overrides, line):
+    """The line the CLI prints (after ``error: ``) for each kind, from Hydra's exception."""
+    with pytest.raises((ConfigCompositionException, OverrideParseException)) as err:
+        cfg_for("+model=llama_tiny", *overrides)
+    assert composition_error_message(err.value) == line
+
+
+def test_an_appended_misspelt_key_names_the_closest_one():
+    """``+trainer.max_step=3`` gets past Hydra (``+`` may add keys); the schema check refuses it."""
+    message = expect_error(cfg_for("+model=llama_tiny", "+optim=foam2", "+trainer.max_step=3"), "")
+    assert message == "trainer.max_step: not a key of trainer; did you mean trainer.max_steps?"
 
 
 def test_wrong_type_fails_at_compose_time():
@@ -153,7 +278,9 @@ def test_unknown_key_in_a_yaml_option_fails_at_compose_time(tmp_path):
         pytest.raises(ConfigCompositionException) as err,
     ):
         compose("config", overrides=["+model=llama_tiny", "+optim=foam2", "trainer=mine"])
-    assert "max_stpes" in str(err.value) + str(err.value.__cause__)
+    assert composition_error_message(err.value) == (
+        "trainer.max_stpes: not a key of trainer; did you mean trainer.max_steps?"
+    )
 
 
 def test_foam2_release_is_foam2_with_release_semantics():

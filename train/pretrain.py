@@ -30,6 +30,7 @@ import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 from torch.optim.lr_scheduler import LambdaLR
 from tqdm import tqdm
 
@@ -42,6 +43,7 @@ from train.checkpoint import (
     restore_training_state,
     save_training_state,
 )
+from train.cli_errors import exit_config_error, run_reporting_config_errors, value_error_message
 from train.config import (
     ConfigError,
     accumulation_steps,
@@ -456,9 +458,13 @@ def main(cfg: DictConfig) -> None:
     install_stop_signals()  # SIGTERM / SIGUSR1 / SIGUSR2: checkpoint after this step, then stop
     try:
         train(cfg)
-    except (ConfigError, TrainingDiverged) as err:
+    except ConfigError as err:
+        exit_config_error(str(err))
+    except InterpolationResolutionError as err:  # a `${...}` the run resolves (optim.lr=${typo})
+        exit_config_error(value_error_message(err))
+    except TrainingDiverged as err:
         print(f"error: {err}", file=sys.stderr)
-        sys.exit(2 if isinstance(err, ConfigError) else 3)
+        sys.exit(3)
     except RunPreempted as stop:
         print(f"stopped: {stop}", file=sys.stderr)
         sys.exit(PREEMPTED_EXIT_STATUS)
@@ -468,4 +474,4 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     sys.argv = dist.hydra_argv_for_rank(sys.argv, dist.env_dist_info().rank)
-    main()
+    run_reporting_config_errors(main)  # Hydra's own config errors: one line, exit 2 too

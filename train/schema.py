@@ -6,15 +6,19 @@ does not have, or a value of the wrong type, is refused by Hydra at compose time
 name. The dataclasses hold the defaults; a YAML option states only what makes it that option.
 
 Optim configs are checked against the optimizer itself: each registered optimizer gets a schema
-``optim/<name>_schema`` generated from ``foam.available_optimizers()`` (its keywords and their
+``optim_schema/<name>`` generated from ``foam.available_optimizers()`` (its keywords and their
 defaults, which come from the optimizer's constructor), and each ``configs/optim/*.yaml`` extends
-the schema of its optimizer through its own defaults list. The optimizer stays the one place where
-its defaults and its rules on values live.
+the schema of its optimizer through its own defaults list (``/optim_schema/<name>@_here_``). The
+optimizer stays the one place where its defaults and its rules on values live. The schemas sit in
+a group of their own, not in ``optim``, so ``+optim=`` offers only the YAML options: a bare schema
+is no method (it has no paper lr table), and selecting ``optim_schema`` itself is refused by
+``Config``, which has no such key.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +30,8 @@ import foam
 
 # Keys of an optim config that describe it rather than being optimizer keywords.
 DESCRIPTIVE_OPTIM_KEYS = ("name", "paper_lr")
+# The ConfigStore group of the optimizer schemas (outside ``optim``: not a choice of ``+optim=``).
+OPTIM_SCHEMA_GROUP = "optim_schema"
 
 
 @dataclass
@@ -154,10 +160,25 @@ class Config:
 
     model: ModelConfig = MISSING
     optim: Any = MISSING
-    """An ``optim/<name>_schema`` (see ``optim_schema``); its type depends on the optimizer."""
+    """An ``optim_schema/<name>`` (see ``optim_schema``); its type depends on the optimizer."""
     data: DataConfig = MISSING
     trainer: TrainerConfig = MISSING
     logger: LoggerConfig = MISSING
+
+
+def unknown_key_message(full_key: str, schema: Any) -> str:
+    """One line for a key ``schema`` (a dataclass, or anything else when the group has none) does
+    not have: the closest key it does have, else its keys. Used for what Hydra refuses at compose
+    time and for keys a ``+group.key=`` override appended past the schema."""
+    group, _, key = full_key.rpartition(".")
+    where = group or "the config"
+    if not dataclasses.is_dataclass(schema):  # a group not selected (no +optim=) has no schema
+        return f"{full_key}: {where} has no such key (is +{group}=<name> on the command line?)"
+    known = [f.name for f in dataclasses.fields(schema)]
+    close = difflib.get_close_matches(key, known, n=1)
+    prefix = f"{group}." if group else ""
+    hint = f"did you mean {prefix}{close[0]}?" if close else f"keys: {', '.join(sorted(known))}"
+    return f"{full_key}: not a key of {where}; {hint}"
 
 
 def _field_type(default: Any) -> Any:
@@ -167,12 +188,24 @@ def _field_type(default: Any) -> Any:
     return type(default) if isinstance(default, bool | float | str) else Any
 
 
+def paper_lr_lookup(default: float) -> str:
+    """The default of ``optim.lr``: the paper's lr for the model (``optim.paper_lr``, which an optim
+    config fills from ``configs/paper_lr/<row>.yaml``; Qwen sizes are listed under their own names
+    with the LLaMA values), else the table's 60M value (debug sizes, and the sizes a row leaves
+    empty), else the optimizer's default (a schema without a table)."""
+    fallback = f"${{oc.select:optim.paper_lr.llama_60m,{default}}}"
+    return f"${{oc.select:optim.paper_lr.${{model.name}},{fallback}}}"
+
+
 def optim_schema(name: str, keywords: Mapping[str, Any]) -> type:
-    """A dataclass for optimizer ``name``: its keywords with the registry's defaults, plus the
-    descriptive ``name`` (fixed to ``name``) and ``paper_lr`` (the paper's lr by model name)."""
+    """A dataclass for optimizer ``name``: its keywords with the registry's defaults (lr: the paper
+    table's lookup, see ``paper_lr_lookup``), plus the descriptive ``name`` (fixed to ``name``) and
+    ``paper_lr`` (the paper's lr by model name)."""
     fields: list[tuple[str, Any, Any]] = [("name", str, field(default=name))]
     for key, default in keywords.items():
         value = list(default) if isinstance(default, tuple) else default
+        if key == "lr":
+            value = paper_lr_lookup(default)
         fields.append((key, _field_type(default), field(default_factory=lambda v=value: v)))
     fields.append(("paper_lr", dict[str, float], field(default_factory=dict)))
     return dataclasses.make_dataclass(f"{name}_schema", fields)
@@ -183,7 +216,7 @@ def register_configs() -> None:
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
     for name, keywords in foam.available_optimizers().items():
-        store.store(group="optim", name=f"{name}_schema", node=optim_schema(name, keywords))
+        store.store(group=OPTIM_SCHEMA_GROUP, name=name, node=optim_schema(name, keywords))
 
 
 def data_config(cfg: DataConfig | DictConfig | Mapping[str, Any]) -> DataConfig:
