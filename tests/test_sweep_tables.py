@@ -18,7 +18,10 @@ def test_dry_run_prints_the_papers_full_grid(capsys):
     header, *commands = capsys.readouterr().out.strip().splitlines()
     points = 3 * 7 + 4 * 4 * 3  # lr-only methods + lr x alpha methods
     assert len(commands) == points
-    assert header == f"# llama_60m: {points} of {points} points to run (0 done or diverged), one command per line"
+    assert (
+        header
+        == f"# llama_60m: {points} of {points} points to run (0 done or diverged), one command per line"
+    )
     adamw = [c for c in commands if "+optim=adamw " in c]
     assert sorted(float(c.split("optim.lr=")[1].split()[0]) for c in adamw) == [
         1e-4,

@@ -6,7 +6,8 @@ GPUs, and the warning that a paper-size model on a CPU takes hours. A small mode
 something else: hundreds of small kernels dispatched one by one from Python, the optimizer's work
 per tensor, batches handed over by the data thread. There the bound is off by an order of
 magnitude (the demo's said 0.011 s a step; it trained at 0.13-0.17 s). So a step the bound puts
-under ``TRIAL_BELOW_S`` is measured instead: the run's own step function (``train/step.py``) on a
+under ``TRIAL_BELOW_S``, in a run of at least ``TRIAL_MIN_STEPS`` (where the trial costs a few
+percent at most), is measured instead: the run's own step function (``train/step.py``) on a
 throwaway copy of the model and optimizer with a random batch, under ``torch.random.fork_rng``, so
 the run's weights, optimizer state and random stream are untouched. The trial is a collective
 (the step all-reduces its token counts): every rank runs it, as rank 0 decides.
@@ -44,10 +45,11 @@ CPU_PRESETS = (
     "trainer=cpu_debug with +model=llama_tiny, qwen_tiny or llama_1m (see scripts/demo.py)"
 )
 SLOW_STEP_S = 10.0
-TRIAL_BELOW_S = 0.25
-"""A step the FLOP bound puts under this is timed on a copy instead (a few such steps at start-up;
+TRIAL_BELOW_S = 1.0
+"""A step the FLOP bound puts under this is timed on a copy instead (three such steps at start-up;
 on a CPU the real step of such a model takes up to ~10x the bound)."""
-TRIAL_STEPS = 3  # timed after one warm-up step; the median is the estimate
+TRIAL_STEPS = 2  # timed after one warm-up step; the median is the estimate
+TRIAL_MIN_STEPS = 100
 
 
 def measured_matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 512) -> float:
@@ -176,7 +178,7 @@ def estimate_step_time(
     slots = t.global_batch_size * cfg.data.seq_len // world_size
     flops_per_token = models.flops_per_token(cfg.model, cfg.data.seq_len)
     bound, flops = flop_bound(flops_per_token, slots, device, matmul_dtype)
-    if dist.broadcast_object(bound < TRIAL_BELOW_S):
+    if dist.broadcast_object(bound < TRIAL_BELOW_S and steps >= TRIAL_MIN_STEPS):
         seconds = trial_step_seconds(
             cfg, device, dtype, accumulation=accumulation, world_size=world_size, autocast=autocast
         )
