@@ -25,16 +25,8 @@ def run_config(*overrides: str):
 
 def estimate_for(cfg, monkeypatch, matmul_rate: float) -> estimate.StepTimeEstimate:
     monkeypatch.setattr(estimate, "measured_matmul_flops", lambda device, dtype: matmul_rate)
-    return estimate.estimate_step_time(
-        cfg,
-        CPU,
-        torch.float32,
-        accumulation=1,
-        world_size=1,
-        autocast=contextlib.nullcontext,
-        steps=1000,
-        is_main=True,
-    )
+    setup = estimate.StepSetup(cfg, CPU, torch.float32, 1, 1, contextlib.nullcontext)
+    return estimate.estimate_step_time(setup, steps=1000, is_main=True)
 
 
 def test_a_paper_size_step_on_cpu_warns_and_points_at_the_cpu_presets(monkeypatch, caplog):

@@ -92,20 +92,26 @@ def flop_bound(
     return flops / rate, f"{flops / 1e12:.3g} TFLOP per step per device at {source}"
 
 
-def trial_step_seconds(
-    cfg: DictConfig,
-    device: torch.device,
-    dtype: torch.dtype,
-    *,
-    accumulation: int,
-    world_size: int,
-    autocast: Callable[[], contextlib.AbstractContextManager],
-) -> float:
+@dataclass(frozen=True)
+class StepSetup:
+    """How the run steps, which is what a trial copies."""
+
+    cfg: DictConfig
+    device: torch.device
+    dtype: torch.dtype
+    """The weights' dtype (fp32 under bf16_mixed)."""
+    accumulation: int
+    world_size: int
+    autocast: Callable[[], contextlib.AbstractContextManager]
+
+
+def trial_step_seconds(setup: StepSetup) -> float:
     """The median time of ``TRIAL_STEPS`` steps of ``train_step`` after one warm-up, on a fresh
     copy of the run's model and optimizer (same dtype, device, checkpointing and micro-batch)."""
+    cfg, device = setup.cfg, setup.device
     t = cfg.trainer
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        model = models.build_model(cfg.model, device=device, dtype=dtype)
+        model = models.build_model(cfg.model, device=device, dtype=setup.dtype)
         model.train()
         if t.grad_checkpointing:
             models.enable_gradient_checkpointing(model)
@@ -123,10 +129,10 @@ def trial_step_seconds(
                 optimizer,
                 scheduler,
                 itertools.repeat(batch),
-                accumulation=accumulation,
+                accumulation=setup.accumulation,
                 device=device,
-                world_size=world_size,
-                autocast=autocast,
+                world_size=setup.world_size,
+                autocast=setup.autocast,
                 grad_clip=t.grad_clip,
             )
             if device.type == "cuda":
@@ -160,28 +166,17 @@ class StepTimeEstimate:
         )
 
 
-def estimate_step_time(
-    cfg: DictConfig,
-    device: torch.device,
-    dtype: torch.dtype,
-    *,
-    accumulation: int,
-    world_size: int,
-    autocast: Callable[[], contextlib.AbstractContextManager],
-    steps: int,
-    is_main: bool,
-) -> StepTimeEstimate:
-    """The step time, logged by rank 0 with the run's duration (collective; see the module
-    docstring); on a CPU, a slow step points at the CPU presets."""
+def estimate_step_time(setup: StepSetup, *, steps: int, is_main: bool) -> StepTimeEstimate:
+    """The step time, logged by rank 0 with the run's duration of ``steps`` steps (collective; see
+    the module docstring); on a CPU, a slow step points at the CPU presets."""
+    cfg, device = setup.cfg, setup.device
     t = cfg.trainer
     matmul_dtype = torch.bfloat16 if t.precision.startswith("bf16") else torch.float32
-    slots = t.global_batch_size * cfg.data.seq_len // world_size
+    slots = t.global_batch_size * cfg.data.seq_len // setup.world_size
     flops_per_token = models.flops_per_token(cfg.model, cfg.data.seq_len)
     bound, flops = flop_bound(flops_per_token, slots, device, matmul_dtype)
     if dist.broadcast_object(bound < TRIAL_BELOW_S and steps >= TRIAL_MIN_STEPS):
-        seconds = trial_step_seconds(
-            cfg, device, dtype, accumulation=accumulation, world_size=world_size, autocast=autocast
-        )
+        seconds = trial_step_seconds(setup)
         how = f"timed on a copy of the model; the FLOP bound alone says {format_duration(bound)}"
     else:
         seconds, how = bound, "the FLOP bound"

@@ -58,7 +58,7 @@ from train.data import (
     build_val_batches,
     prove_data,
 )
-from train.estimate import estimate_step_time
+from train.estimate import StepSetup, estimate_step_time
 from train.evaluate import evaluate
 from train.export import HF_DIR, export_hf, unsharded_model
 from train.loggers import MetricSink
@@ -312,16 +312,15 @@ def train_loop(run: Run, state: TrainState, sink: MetricSink) -> float | None:
     t = run.cfg.trainer
     flops_per_token = models.flops_per_token(run.cfg.model, run.cfg.data.seq_len)
     peak, last_mfu = peak_flops(run.device), None
-    estimate = estimate_step_time(
+    setup = StepSetup(
         run.cfg,
         run.device,
         PARAM_DTYPES[t.precision],
-        accumulation=run.accumulation,
-        world_size=run.info.world_size,
-        autocast=run.autocast,
-        steps=t.max_steps - state.step,
-        is_main=run.info.is_main,
+        run.accumulation,
+        run.info.world_size,
+        run.autocast,
     )
+    estimate = estimate_step_time(setup, steps=t.max_steps - state.step, is_main=run.info.is_main)
     stats, stopper, stop_signal = (
         StepStats(run.device),
         StopAndSave(t.save_every_minutes, run.device),
