@@ -634,6 +634,63 @@ def test_data_options_compose_onto_the_schema_defaults(c4_dir, tok):
     assert DataConfig(name="local").shuffle_buffer == 1000
 
 
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["+model=llama_60m"], "c4"),  # the paper's sizes train on C4 unless told otherwise
+        (["+model=qwen_350m", "trainer=single_gpu"], "c4"),
+        (["+model=llama_7b"], "c4"),
+        (["+model=llama_tiny", "trainer=cpu_debug"], "embedded"),  # the CPU preset names its data
+        (["+model=llama_tiny", "trainer=cpu_debug", "data=local"], "local"),  # the command wins
+        (["+model=llama_tiny", "data=local", "trainer=cpu_debug"], "local"),
+    ],
+)
+def test_the_data_a_command_trains_on(overrides, expected):
+    from hydra import compose, initialize_config_dir
+
+    from train.schema import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        composed = compose("config", overrides=["+optim=foam2", *overrides])
+    assert composed.data.name == expected
+    assert composed.data.allow_small_tokenizer == (expected == "embedded")
+
+
+def test_a_file_of_random_bytes_stops_the_run_before_step_1(tmp_path):
+    """Through the CLI: one line with the counts, exit 2, no tokenizer trained, no step run."""
+    from test_train_cli import command, one_line_error, run
+
+    garbage = random_bytes_file(tmp_path / "garbage.txt")
+    cache = tmp_path / "cache"
+    overrides = ("data=local", f"data.path={garbage}", f"data.tokenizer_cache_dir={cache}")
+    proc = run(command(tmp_path / "run", *overrides), expect_rc=2)
+    line = one_line_error(proc)
+    assert line.startswith(f"error: data.path={garbage}: ") and "bad_utf8: " in line
+    assert proc.stderr.strip() == line
+    assert not cache.exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_paper_size_model_with_the_fallback_tokenizer_is_refused_before_it_is_built(
+    tmp_path, shakespeare
+):
+    """The issue's ``+model=llama_350m`` offline: a SentencePiece model of a few thousand pieces
+    for 32000 ids stops the run with one line, before the 350M model is built."""
+    from test_train_cli import command, one_line_error, run
+
+    overrides = (
+        "+model=llama_350m",
+        "logger=none",
+        "data=local",
+        f"data.path={shakespeare}",
+        f"data.tokenizer_cache_dir={tmp_path / 'cache'}",
+    )
+    proc = run(command(tmp_path / "run", *overrides, tiny=False), expect_rc=2)
+    assert one_line_error(proc).startswith("error: data.allow_small_tokenizer: tokenizer spm:")
+    assert "model llama_350m" not in proc.stdout  # refused before the model was built
+
+
 def test_module_exports():
     for name in ("build_tokenizer", "build_train_loader", "build_val_batches", "TrainLoader"):
         assert hasattr(data, name)

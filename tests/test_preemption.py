@@ -148,6 +148,7 @@ def test_ctrl_c_on_a_run_saves_exits_75_and_the_rerun_resumes(tmp_path):
     assert CTRL_C_ANSWERS[0] in stopped.stderr and CTRL_C_ANSWERS[1] in stopped.stderr
     assert f"stopped: SIGINT at step {last}" in stopped.stderr
     assert "Traceback" not in stopped.stderr
+    assert "data=embedded: the embedded corpus" in stopped.stdout.splitlines()[0]
     resumed = run(cmd)
     assert f"resumed from {run_dir / 'checkpoints'}" in resumed.stdout + resumed.stderr
     assert (run_dir / "summary.json").exists()
