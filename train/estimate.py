@@ -46,9 +46,9 @@ CPU_PRESETS = (
 )
 SLOW_STEP_S = 10.0
 TRIAL_BELOW_S = 1.0
-"""A step the FLOP bound puts under this is timed on a copy instead (three such steps at start-up;
+"""A step the FLOP bound puts under this is timed on a copy instead (four such steps at start-up;
 on a CPU the real step of such a model takes up to ~10x the bound)."""
-TRIAL_STEPS = 2  # timed after one warm-up step; the median is the estimate
+TRIAL_STEPS = 3  # timed after one warm-up step; the median is the estimate
 TRIAL_MIN_STEPS = 100
 
 
