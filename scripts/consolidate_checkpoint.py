@@ -46,7 +46,9 @@ def consolidate(checkpoint: Path, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("checkpoint", type=Path, help="a <run_dir>/checkpoints/step_N directory")
     parser.add_argument("out", type=Path, help="the model file: .safetensors or .pt")
     args = parser.parse_args(argv)

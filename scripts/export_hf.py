@@ -17,7 +17,9 @@ from train.export import EXPORT_DTYPES, export_checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("checkpoint", type=Path, help="a <run_dir>/checkpoints/step_N directory")
     parser.add_argument("out", type=Path, help="output directory")
     parser.add_argument(

@@ -120,7 +120,9 @@ def plot(runs: list[Run], out: Path, x: str = "steps") -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("run_dirs", nargs="+", type=Path, help="run directories")
     parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
     parser.add_argument("--x", choices=sorted(X_KEYS), default="steps", help="x axis")

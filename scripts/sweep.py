@@ -251,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--jobs must be >= 1")
     todo = []
     alphas = [] if args.config_alpha else args.alphas
-    for point in grid(args.model, args.methods, args.lrs, alphas, args.seeds, args.name):
+    points = grid(args.model, args.methods, args.lrs, alphas, args.seeds, args.name)
+    for point in points:
         run_dir = point.run_dir(args.root)
         if (run_dir / "summary.json").exists():
             print(f"done, skipped: {run_dir}")
@@ -262,6 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         todo.append((train_command(point, run_dir, args.nproc, args.overrides), run_dir))
 
     if args.dry_run:
+        print(
+            f"# {args.model}: {len(todo)} of {len(points)} points to run "
+            f"({len(points) - len(todo)} done or diverged), one command per line"
+        )
         for cmd, _ in todo:
             print(shlex.join(cmd))
         return 0

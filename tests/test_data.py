@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import pickle
+import random
 import re
 import time
 from collections import Counter
@@ -57,6 +58,7 @@ def cfg(**over) -> dict:
         tokenizer_fallback=True,
         tokenizer_cache_dir=None,
         spm_vocab_size=8192,
+        allow_small_tokenizer=True,  # the pipeline's tests tokenize small corpora for 32000 ids
         val_fraction=0.1,
         shuffle_seed=42,
         shuffle_buffer=16,
@@ -263,9 +265,10 @@ def test_corrupt_input_is_skipped_and_counted(tmp_path, tok):
     root = tmp_path / "bad"
     write_c4(root, "train", n_files=2, n_docs=10)
     good = [
-        json.dumps({"text": f"a good validation document number {i}"}).encode() for i in range(5)
+        json.dumps({"text": f"a good validation document number {i}"}).encode() for i in range(15)
     ]
     lines = [
+        *good[5:],  # most records are usable, or the split is refused (check_usable)
         good[0],
         b"{not json",
         json.dumps({"url": "no text field"}).encode(),
@@ -288,7 +291,7 @@ def test_corrupt_input_is_skipped_and_counted(tmp_path, tok):
     val = build_val_batches(c, tok, micro_batch_size=2, rank=0, world_size=1, max_tokens=10**9)
     n_rows = sum(b["input_ids"].shape[0] for b in val)
     s = val.stats
-    assert n_rows == s["documents"] == 3
+    assert n_rows == s["documents"] == 13
     assert s["skipped_bad_json"] == 2 and s["skipped_no_text"] == 3 and s["skipped_bad_utf8"] == 1
     assert s["skipped_empty_file"] == 2 and s["skipped_bad_file"] == 1
     assert s["skipped"] == 9
@@ -302,11 +305,11 @@ def test_a_file_without_one_usable_record_names_the_path_and_the_skips(tmp_path,
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n" * 5 + json.dumps({"url": "no text"}) + "\n")
     c = cfg(path=str(bad))
-    loader = build_train_loader(c, tok, micro_batch_size=2, rank=0, world_size=1, seed=0)
     # 6 bad records, of which val_fraction=0.1 holds some out for validation
-    message = rf"data\.path={re.escape(str(bad))}: .*\d records skipped \(bad_json: \d"
+    message = rf"data\.path={re.escape(str(bad))}: 0 of the first \d train records hold usable "
+    message += r"text \(\d records skipped \(bad_json: \d"
     with pytest.raises(corpus.DataSourceError, match=message):
-        next(loader)
+        build_train_loader(c, tok, micro_batch_size=2, rank=0, world_size=1, seed=0)
     with pytest.raises(corpus.DataSourceError, match=message):
         build_tokenizer(cfg(path=str(bad), tokenizer="spm"), 32000)
 
@@ -331,6 +334,61 @@ def test_missing_path_and_unreachable_hub_fail_at_startup(tmp_path, tok, monkeyp
         build_val_batches(
             cfg(name="c4"), tok, micro_batch_size=2, rank=0, world_size=1, max_tokens=10
         )
+
+
+def random_bytes_file(path: Path, size: int = 200_000) -> Path:
+    path.write_bytes(random.Random(0).randbytes(size))
+    return path
+
+
+def test_a_corpus_of_mostly_undecodable_records_is_refused_with_the_counts(tmp_path):
+    """Random bytes: a few lines decode by chance (usable on their own), most do not."""
+    garbage = random_bytes_file(tmp_path / "garbage.txt")
+    train = corpus.open_source(cfg(path=str(garbage)), "train")
+    usable = sum(corpus.is_usable(r["text"]) for r in train)
+    assert usable > 0  # which is why a check of "any usable text" would let it through
+    with pytest.raises(corpus.DataSourceError) as err:
+        corpus.open_sources(cfg(path=str(garbage)))
+    message = str(err.value)
+    assert re.match(rf"data\.path={re.escape(str(garbage))}: \d+ of the first \d+ train", message)
+    assert "bad_utf8: " in message and "at least 50% must" in message
+
+
+def test_a_split_half_usable_passes_and_yields_its_first_usable_texts(tmp_path):
+    records = [{"text": "kept"}, {"text": None, "error": "bad_json"}, {"text": "also kept"}]
+    assert corpus.check_usable(records * 2, "x", "validation") == ("kept", "also kept") * 2
+    with pytest.raises(corpus.DataSourceError, match="1 of the first 3 train records"):
+        corpus.check_usable([records[0], records[1], records[1]], "x", "train")
+
+
+def test_one_pass_must_fill_a_micro_batch_and_the_proof_batch_is_the_first(tmp_path, tok):
+    three = tmp_path / "three.jsonl"
+    three.write_text("".join(json.dumps({"text": f"document {i} text"}) + "\n" for i in range(3)))
+    (tmp_path / "three_val.jsonl").write_text(json.dumps({"text": "held out"}) + "\n")
+    c = cfg(path=str(tmp_path), val_fraction=None)
+    loader = build_train_loader(c, tok, micro_batch_size=4, rank=0, world_size=1, seed=0)
+    with pytest.raises(corpus.DataSourceError, match="one pass over this rank's training data"):
+        loader.check_one_pass_fills()
+    proven = build_train_loader(c, tok, micro_batch_size=3, rank=0, world_size=1, seed=0)
+    proven.check_one_pass_fills()
+    assert proven.state_dict()["records"] == 0  # the proof batch is not handed out yet
+    plain = build_train_loader(c, tok, micro_batch_size=3, rank=0, world_size=1, seed=0)
+    assert_same(take(proven, 2), take(plain, 2))
+
+
+class _EosOnly(tokenizer.Tokenizer):
+    name, pad_token_id, eos_token_id, unk_token_id, vocab_size = "eos-only", 0, 1, 2, 8
+
+    def _encode_many(self, texts):
+        return [[] for _ in texts]
+
+
+def test_a_validation_set_with_nothing_to_predict_is_refused(tok):
+    source = corpus.Source(None, None, "data=x", validation_sample=("a", "b"))
+    with pytest.raises(corpus.DataSourceError, match="data=x: the first 2 validation documents"):
+        data.check_scoreable(source, _EosOnly(), seq_len=32, pack=False)
+    data.check_scoreable(source, _EosOnly(), seq_len=32, pack=True)  # packed: one row of 2
+    data.check_scoreable(source, tok, seq_len=32, pack=False)
 
 
 # ------------------------------------------------------------------------------------- c4 == local
@@ -506,6 +564,15 @@ def test_sentencepiece_fallback_trains_caches_and_round_trips(tmp_path, monkeypa
         build_tokenizer(dict(c, tokenizer_fallback=False), 32000)
 
 
+def test_a_tokenizer_far_smaller_than_the_vocabulary_is_refused_unless_allowed(cache_dir):
+    """The embedded text fills a few thousand pieces: enough for llama_2m's 4096, not for 32000."""
+    c = cfg(name="embedded", tokenizer_cache_dir=str(cache_dir), allow_small_tokenizer=False)
+    with pytest.raises(corpus.DataSourceError, match=r"data\.allow_small_tokenizer: tokenizer "):
+        build_tokenizer(c, 32000)
+    assert build_tokenizer(c, 4096).vocab_size > 4096 * tokenizer.SMALL_TOKENIZER_SHARE
+    assert build_tokenizer(dict(c, allow_small_tokenizer=True), 32000).vocab_size < 16000
+
+
 def test_spm_round_trips_shakespeare(shakespeare, cache_dir):
     tok = build_tokenizer(cfg(path=str(shakespeare), tokenizer_cache_dir=str(cache_dir)), 32000)
     text = shakespeare.read_text(encoding="utf-8")[:2000]
@@ -565,6 +632,63 @@ def test_data_options_compose_onto_the_schema_defaults(c4_dir, tok):
     with pytest.raises(ConfigKeyError, match="seqlen"):
         build_train_loader(cfg(seqlen=32), tok, micro_batch_size=2, rank=0, world_size=1, seed=0)
     assert DataConfig(name="local").shuffle_buffer == 1000
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["+model=llama_60m"], "c4"),  # the paper's sizes train on C4 unless told otherwise
+        (["+model=qwen_350m", "trainer=single_gpu"], "c4"),
+        (["+model=llama_7b"], "c4"),
+        (["+model=llama_tiny", "trainer=cpu_debug"], "embedded"),  # the CPU preset names its data
+        (["+model=llama_tiny", "trainer=cpu_debug", "data=local"], "local"),  # the command wins
+        (["+model=llama_tiny", "data=local", "trainer=cpu_debug"], "local"),
+    ],
+)
+def test_the_data_a_command_trains_on(overrides, expected):
+    from hydra import compose, initialize_config_dir
+
+    from train.schema import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        composed = compose("config", overrides=["+optim=foam2", *overrides])
+    assert composed.data.name == expected
+    assert composed.data.allow_small_tokenizer == (expected == "embedded")
+
+
+def test_a_file_of_random_bytes_stops_the_run_before_step_1(tmp_path):
+    """Through the CLI: one line with the counts, exit 2, no tokenizer trained, no step run."""
+    from test_train_cli import command, one_line_error, run
+
+    garbage = random_bytes_file(tmp_path / "garbage.txt")
+    cache = tmp_path / "cache"
+    overrides = ("data=local", f"data.path={garbage}", f"data.tokenizer_cache_dir={cache}")
+    proc = run(command(tmp_path / "run", *overrides), expect_rc=2)
+    line = one_line_error(proc)
+    assert line.startswith(f"error: data.path={garbage}: ") and "bad_utf8: " in line
+    assert proc.stderr.strip() == line
+    assert not cache.exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_paper_size_model_with_the_fallback_tokenizer_is_refused_before_it_is_built(
+    tmp_path, shakespeare
+):
+    """The issue's ``+model=llama_350m`` offline: a SentencePiece model of a few thousand pieces
+    for 32000 ids stops the run with one line, before the 350M model is built."""
+    from test_train_cli import command, one_line_error, run
+
+    overrides = (
+        "+model=llama_350m",
+        "logger=none",
+        "data=local",
+        f"data.path={shakespeare}",
+        f"data.tokenizer_cache_dir={tmp_path / 'cache'}",
+    )
+    proc = run(command(tmp_path / "run", *overrides, tiny=False), expect_rc=2)
+    assert one_line_error(proc).startswith("error: data.allow_small_tokenizer: tokenizer spm:")
+    assert "model llama_350m" not in proc.stdout  # refused before the model was built
 
 
 def test_module_exports():

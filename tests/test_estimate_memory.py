@@ -8,6 +8,9 @@ arithmetic, in which case it must really be off (so a stale erratum fails too).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import estimate_memory
 import paper_memory
@@ -16,6 +19,7 @@ import torch
 from memory_estimator import GB, appendix_pair, estimate, table2_gb
 
 TOL = 0.02
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def _check(table: str, method: str, model: str, paper: float, ours: float) -> None:
@@ -118,3 +122,21 @@ def test_markdown_and_unknown_method(capsys: pytest.CaptureFixture[str]) -> None
     assert "UNEXPLAINED" not in out
     with pytest.raises(ValueError, match="unknown method"):
         estimate_memory.main(["--methods", "sgd"])
+
+
+def test_the_comparison_opens_with_the_report_and_fits_a_terminal():
+    """Run as a user does: no library's start-up message first, no row over 120 characters
+    (reasons shared by several errata are notes under the table, each given once)."""
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "estimate_memory.py"), "--compare"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    lines = proc.stdout.splitlines()
+    assert proc.stderr == "" and lines[0].startswith("Cells: ours (paper)")
+    assert max(len(line) for line in lines) <= 120
+    reasons = {why for *_, why in estimate_memory.deviations() if why}
+    notes = [line for line in lines if line.startswith("[")]
+    assert len(notes) == len(reasons)

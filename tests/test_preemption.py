@@ -9,8 +9,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from train.preemption import (
+    ABORTED_EXIT_STATUS,
+    CTRL_C_ANSWERS,
     PREEMPTED_EXIT_STATUS,
     STOP_SIGNALS,
+    StopAborted,
     StopAndSave,
     Verdict,
     install_stop_signals,
@@ -47,6 +50,24 @@ def test_stop_signals_are_recorded_and_the_first_one_wins(stop_signals_installed
     assert received_signal() is signal.SIGUSR1
     os.kill(os.getpid(), signal.SIGTERM)  # a second signal: still alive, the first one stands
     assert received_signal() is signal.SIGUSR1
+
+
+def test_ctrl_c_stops_like_sigterm_then_waits_then_aborts(stop_signals_installed, capfd):
+    """One line per press: stop with a checkpoint, wait for it, abort without it; torchrun's
+    SIGTERM in between (its answer to Ctrl-C) is no press."""
+    os.kill(os.getpid(), signal.SIGINT)
+    assert received_signal() is signal.SIGINT
+    assert capfd.readouterr().err.strip() == CTRL_C_ANSWERS[0]
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert capfd.readouterr().err == ""
+    os.kill(os.getpid(), signal.SIGINT)
+    assert capfd.readouterr().err.strip() == CTRL_C_ANSWERS[1]
+    with pytest.raises(StopAborted, match="no checkpoint of this stop was kept"):
+        os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGINT)  # a fourth, while aborting: ignored
+    assert received_signal() is signal.SIGINT
+    assert str(PREEMPTED_EXIT_STATUS) in CTRL_C_ANSWERS[0]
+    assert ABORTED_EXIT_STATUS == 130
 
 
 def test_install_forgets_earlier_signals(stop_signals_installed):
@@ -110,3 +131,24 @@ def test_ranks_agree_on_a_signal_or_a_due_save_seen_by_one(tmp_path):
         Verdict(stop_signal=signal.SIGUSR2, save=True),
     ]
     assert results[0] == results[1] == expected
+
+
+def test_ctrl_c_on_a_run_saves_exits_75_and_the_rerun_resumes(tmp_path):
+    """Ctrl-C (twice: the second while the first is handled) on a running llama_tiny: the step
+    finishes, its checkpoint is written, exit 75; the same command resumes from it."""
+    from test_train_cli import checkpoint_steps, command, logged_steps, run, stop_with
+
+    run_dir = tmp_path / "run"
+    overrides = ("trainer.max_steps=40", "trainer.save_every=0", "trainer.eval_every=0")
+    cmd = command(run_dir, *overrides, optim="adamw")
+    stopped = stop_with(cmd, run_dir, signal.SIGINT, at_step=2)
+    assert stopped.returncode == PREEMPTED_EXIT_STATUS, stopped.stderr[-4000:]
+    last = logged_steps(run_dir)
+    assert checkpoint_steps(run_dir) == [last] and last < 40
+    assert CTRL_C_ANSWERS[0] in stopped.stderr and CTRL_C_ANSWERS[1] in stopped.stderr
+    assert f"stopped: SIGINT at step {last}" in stopped.stderr
+    assert "Traceback" not in stopped.stderr
+    assert "data=embedded: the embedded corpus" in stopped.stdout.splitlines()[0]
+    resumed = run(cmd)
+    assert f"resumed from {run_dir / 'checkpoints'}" in resumed.stdout + resumed.stderr
+    assert (run_dir / "summary.json").exists()

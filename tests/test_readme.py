@@ -1,7 +1,12 @@
 """The README's examples run as written."""
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import yaml
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -29,3 +34,45 @@ def test_the_trainer_example_runs_and_trains_foam(tmp_path, monkeypatch):
     assert type(optimizer).__name__ == "FOAM" and optimizer.state
     assert optimizer.param_groups[0]["level"] == 2
     assert (tmp_path / "out" / "foam" / "checkpoint-20" / "optimizer.pt").is_file()
+
+
+def training_commands() -> dict[str, list[str]]:
+    """The README's training examples by their comment: the arguments after ``pretrain.py``."""
+    block = re.search(r"## Training\n\n```bash\n(.*?)```", README.read_text(), re.DOTALL)
+    commands = {}
+    for line in block.group(1).splitlines():
+        command, comment = line.split("#", 1)
+        commands[comment.strip()] = command.split("train/pretrain.py")[1].split()
+    return commands
+
+
+def pretrain(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "train/pretrain.py", *args],
+        cwd=README.parent,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_papers_command_trains_on_c4_and_offline_stops_with_one_line(tmp_path):
+    args = training_commands()["the paper's protocol (C4)"]
+    assert args == ["+model=llama_350m", "+optim=foam2"]  # the user's command, nothing added
+    resolved = pretrain(*args, "--cfg", "job")
+    assert resolved.returncode == 0, resolved.stderr
+    assert yaml.safe_load(resolved.stdout)["data"]["name"] == "c4"
+    offline = pretrain(*args, f"hydra.run.dir={tmp_path}", HF_HUB_OFFLINE="1")
+    assert offline.returncode == 2
+    (line,) = offline.stderr.strip().splitlines()
+    assert line.startswith("error: data=c4: the Hugging Face hub is unreachable")
+    assert "data=local data.path=DIR" in line and "data=embedded" in line
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_the_laptop_command_names_its_data():
+    args = training_commands()["a laptop"]
+    assert "data=embedded" in args
+    resolved = pretrain(*args, "--cfg", "job")
+    assert yaml.safe_load(resolved.stdout)["data"]["name"] == "embedded"

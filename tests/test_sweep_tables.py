@@ -16,8 +16,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_dry_run_prints_the_papers_full_grid(capsys):
     assert sweep.main(["--model", "llama_60m", "--dry-run"]) == 0
-    commands = capsys.readouterr().out.strip().splitlines()
-    assert len(commands) == 3 * 7 + 4 * 4 * 3  # lr-only methods + lr x alpha methods
+    header, *commands = capsys.readouterr().out.strip().splitlines()
+    points = 3 * 7 + 4 * 4 * 3  # lr-only methods + lr x alpha methods
+    assert len(commands) == points
+    assert (
+        header
+        == f"# llama_60m: {points} of {points} points to run (0 done or diverged), one command per line"
+    )
     adamw = [c for c in commands if "+optim=adamw " in c]
     assert sorted(float(c.split("optim.lr=")[1].split()[0]) for c in adamw) == [
         1e-4,
@@ -53,6 +58,7 @@ def test_finished_and_diverged_points_are_skipped(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"done, skipped: {done}" in out and f"diverged, skipped: {diverged}" in out
     assert out.count("pretrain.py") == 1
+    assert "# llama_tiny: 1 of 3 points to run (2 done or diverged)" in out
 
 
 def summary(model, lr, alpha, seed, ppl, steps=(10, 20)):

@@ -76,7 +76,7 @@ def test_defaults_and_keys_other_tools_rely_on():
     ):
         assert key in t
     assert t.save_every_minutes == 0  # wall-clock checkpoints are opt-in
-    assert cfg.data.name == "embedded" and cfg.logger.name == "wandb"
+    assert cfg.data.name == "c4" and cfg.logger.name == "wandb"  # the paper's protocol
     # The paper's (lr, alpha) and the level from the YAML; every other keyword of FOAM at the
     # optimizer's own default, so each can be overridden without "+".
     assert optimizer_hparams(cfg.optim) == {

@@ -8,6 +8,10 @@ shards are the files, in sorted order, like the hub's json builder, so a local C
 shuffled and split across ranks with the same shard permutation and shuffle buffer as the hub.
 
 `open_sources` opens both splits once per run; the loaders and the tokenizer iterate them afresh.
+It also proves them usable before anything is trained on them (``check_usable``): the first
+records of each split must hold text, at least half of them, so a file of random bytes whose few
+lines happen to decode stops the run at start-up with the counts instead of training a tokenizer
+on those lines.
 
 Bad input never raises mid-run: the reader yields `{"text": None, "error": REASON}` for each
 malformed JSON line, record without usable text, line of invalid UTF-8, empty or corrupt file,
@@ -19,6 +23,7 @@ line names the key (`data.path=...`) and, for bad records, how many were skipped
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import logging
 import os
@@ -44,6 +49,12 @@ EMBEDDED_SHARDS = 8  # a factor of 1/2/4/8 ranks, so ranks get whole shards like
 _VAL_WORDS = re.compile(r"(^|[^a-z])(validation|valid|val|dev)([^a-z]|$)")
 _TEST_WORDS = re.compile(r"(^|[^a-z])test([^a-z]|$)")
 _HASH_SPACE = 1_000_000
+# The start-up proof (check_usable) reads this many records of each split: enough to measure the
+# share of usable records, little enough to take a moment even from the hub. Validation held out
+# of the training files by hash (val_fraction 1 %) costs 100 training records per validation one.
+PROOF_RECORDS = {"train": 1000, "validation": 100}
+MIN_USABLE_SHARE = 0.5
+VALIDATION_SAMPLE = 8  # usable validation texts kept to prove the set scoreable once tokenized
 
 Record = dict[str, Any]
 
@@ -57,9 +68,14 @@ def _bad(reason: str) -> Record:
 
 
 def _good(text: Any) -> Record:
-    if not isinstance(text, str) or not text.strip():
+    if not is_usable(text):
         return _bad("no_text")
     return {"text": text, "error": None}
+
+
+def is_usable(text: Any) -> bool:
+    """A record's ``text`` that can be trained on: a string that is not all whitespace."""
+    return isinstance(text, str) and bool(text.strip())
 
 
 def is_held_out(key: str, val_fraction: float) -> bool:
@@ -324,21 +340,66 @@ def open_source(cfg: DataConfig | Any, split: str):
 @dataclass(frozen=True)
 class Source:
     """Both splits of a data source, each opened once per run (``open_sources``); every epoch and
-    the tokenizer iterate them afresh. ``label`` names the source in error messages."""
+    the tokenizer iterate them afresh. ``label`` names the source in error messages;
+    ``validation_sample`` holds the first usable validation texts (``check_usable``)."""
 
     train: Any
     validation: Any
     label: str
+    validation_sample: tuple[str, ...] = ()
+
+
+def describe_source(cfg: DataConfig | Any) -> str:
+    """What a run trains on, where it comes from and how it is tokenized: the first lines of every
+    run's log (``train/pretrain.py``), so that a run on the wrong corpus is seen at once."""
+    cfg = data_config(cfg)
+    corpus = {
+        "c4": f"C4 ({cfg.hub_name} '{cfg.hub_config}', streamed from the Hugging Face hub)",
+        "local": f"local files ({cfg.path})",
+        "embedded": "the embedded corpus (Python's documentation topics, offline; for smoke tests "
+        "and demos, not results)",
+    }.get(cfg.name, cfg.name)
+    fallback = ", else the project's SentencePiece" if cfg.tokenizer_fallback else ""
+    return f"data={cfg.name}: {corpus}; tokenizer {cfg.tokenizer}{fallback}"
+
+
+def check_usable(split: Any, label: str, role: str) -> tuple[str, ...]:
+    """Refuse a split whose first records (``PROOF_RECORDS[role]``) hold no usable text, or less
+    than ``MIN_USABLE_SHARE`` of them; return its first usable texts (``VALIDATION_SAMPLE``).
+
+    A share, not a count: a corpus in the wrong encoding or of random bytes decodes a few lines by
+    chance, and training on those alone (a tokenizer of a dozen pieces, "epochs" of three lines)
+    is garbage that only the first evaluation would reveal."""
+    skipped: dict[str, int] = {}
+    usable: list[str] = []
+    records = 0
+    for record in itertools.islice(iter(split), PROOF_RECORDS[role]):
+        records += 1
+        if is_usable(record.get("text")):
+            usable.append(record["text"])
+        else:
+            count_skip(skipped, record)
+    if not usable or len(usable) < MIN_USABLE_SHARE * records:
+        raise DataSourceError(
+            f"{label}: {len(usable)} of the first {records} {role} records hold usable text "
+            f"({describe_skips(skipped)}); at least {MIN_USABLE_SHARE:.0%} must (is it text, "
+            "UTF-8, with a `text` field?)"
+        )
+    return tuple(usable[:VALIDATION_SAMPLE])
 
 
 def open_sources(cfg: DataConfig | Any) -> Source:
-    """Open both splits of the source ``cfg`` describes, once for the whole run."""
+    """Open both splits of the source ``cfg`` describes, once for the whole run, and prove them
+    usable (``check_usable``)."""
     cfg = data_config(cfg)
     label = {
         "c4": f"data=c4 ({cfg.hub_name} {cfg.hub_config})",
         "local": f"data.path={cfg.path}",
     }.get(cfg.name, f"data={cfg.name}")
-    return Source(open_source(cfg, "train"), open_source(cfg, "validation"), label)
+    train, validation = open_source(cfg, "train"), open_source(cfg, "validation")
+    check_usable(train, label, "train")
+    sample = check_usable(validation, label, "validation")
+    return Source(train, validation, label, sample)
 
 
 def open_sources_on_ranks(cfg: DataConfig | Any, is_main: bool) -> Source:

@@ -22,6 +22,10 @@ when the shard count divides the world size, otherwise every rank keeps one reco
 `world_size`. The validation set is the same rows for every world size: each rank reads the whole
 validation stream and scores rows `rank::world_size` (`ValBatches`).
 
+Proven before step 1 (``prove_data``): the training split fills one micro-batch in a single pass
+(the loader reads its first batch at start-up and hands it out first), and some validation
+document has a token to predict; otherwise the run stops with one line (a config error).
+
 Resume: the train loader's position is (epoch, raw records consumed from this rank's stream,
 tokens carried into the next batch). `load_state_dict` rebuilds the stream of that epoch and
 skips the consumed records without tokenizing them, so the following batches are exactly those
@@ -60,6 +64,7 @@ __all__ = [
     "build_tokenizer",
     "build_train_loader",
     "build_val_batches",
+    "prove_data",
 ]
 
 logger = logging.getLogger(__name__)
@@ -215,6 +220,7 @@ class TrainLoader:
         self._prefetch = max(1, prefetch)
         self._fingerprint = fingerprint or {}
         self._state = {"epoch": 0, "records": 0, "carry": [], "stats": _new_stats()}
+        self._first: tuple[list[list[int]], dict] | None = None  # read by check_one_pass_fills
         self._gen: Iterator[tuple[list[list[int]], dict]] | None = None
         self._queue: queue.Queue | None = None
         self._stop: threading.Event | None = None
@@ -277,18 +283,39 @@ class TrainLoader:
         )
         self._thread.start()
 
-    def __next__(self) -> dict[str, torch.Tensor]:
+    def _read(self) -> tuple[list[list[int]], dict]:
+        """The next batch's rows and the position after them."""
+        if self._first is not None:
+            item, self._first = self._first, None
+            return item
         if self._gen is None and self._thread is None:
             self._start()
-        if self._threaded:
-            item = self._queue.get()
-            if isinstance(item, BaseException):
-                self.close()
-                raise item
-        else:
-            item = next(self._gen)
-        rows, self._state = item
+        if not self._threaded:
+            return next(self._gen)
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        return item
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        rows, self._state = self._read()
         return self._batcher.tensors(rows)
+
+    def check_one_pass_fills(self) -> None:
+        """Read the next batch now (``next`` still returns it) and refuse a split that cannot fill
+        it in one pass: cycling a few documents through many "epochs" is not training on them."""
+        if self._first is None:
+            self._first = self._read()
+        _, after = self._first
+        if after["epoch"] > self._state["epoch"]:
+            B, T, packed = self._batcher.B, self._batcher.T, self._batcher.pack
+            raise DataSourceError(
+                f"{self._label}: one pass over this rank's training data does not fill one "
+                f"micro-batch ({B} {'packed rows' if packed else 'documents'} of up to {T} "
+                f"tokens; {describe_skips(after['stats'])}); give more data or lower "
+                "trainer.micro_batch_size"
+            )
 
     def state_dict(self) -> dict:
         """Position after the last batch returned: plain ints and lists (torch.save / JSON)."""
@@ -341,6 +368,7 @@ class TrainLoader:
                     self._queue.get(timeout=0.05)
             self._thread.join()
         self._gen, self._queue, self._stop, self._thread = None, None, None, None
+        self._first = None  # read ahead of the state too
 
     def __del__(self) -> None:
         try:
@@ -613,3 +641,26 @@ def build_val_batches(
         world_size=world_size,
         label=source.label,
     )
+
+
+def check_scoreable(source: Source, tokenizer: Tokenizer, seq_len: int, pack: bool) -> None:
+    """Refuse a validation split none of whose first usable documents (``Source.validation_sample``)
+    has a token to predict once tokenized and cut to ``seq_len``: its perplexity would be 0/0."""
+    lengths = [min(len(ids), seq_len) for ids in tokenizer.encode_batch(source.validation_sample)]
+    rows = [min(sum(lengths), seq_len)] if pack else lengths
+    if not any(n >= 2 for n in rows):
+        raise DataSourceError(
+            f"{source.label}: the first {len(lengths)} validation documents tokenize to a single "
+            f"token each ({tokenizer.name}): nothing to score"
+        )
+
+
+def prove_data(
+    source: Source, tokenizer: Tokenizer, train_loader: TrainLoader, cfg: DataConfig | Any
+) -> None:
+    """Before step 1, on every rank (collective): the training split fills a micro-batch in one
+    pass and the validation split can be scored; else a config error stops every rank."""
+    cfg = data_config(cfg)
+    with failure_stops_every_rank(DataSourceError):
+        check_scoreable(source, tokenizer, cfg.seq_len, cfg.pack)
+        train_loader.check_one_pass_fills()

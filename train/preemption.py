@@ -12,10 +12,18 @@ lead time must cover. One small all-reduce agrees on the answer (a signal on any
 of them; a wall-clock save is due when any rank's clock says so), so all ranks finish the same
 step, save together and exit with ``PREEMPTED_EXIT_STATUS``. A second signal during that save is recorded
 and changes nothing; the save is atomic anyway (``train/checkpoint.py``): complete or absent.
+
+Ctrl-C (SIGINT) is how a person stops a run, so it is a stop signal too, with one line on stderr at
+each press: the first stops the run like SIGTERM, the second is told the save is being waited for,
+and the third aborts (``StopAborted``, exit ``ABORTED_EXIT_STATUS``) without a checkpoint: a save
+it interrupts leaves only a ``.tmp_*`` directory, which is never resumed from and is removed by the
+next save. Only presses count: torchrun answers Ctrl-C by sending its workers SIGTERM, which must
+not count as a second press.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -31,7 +39,15 @@ from train.distributed import all_reduce_max
 # 1 (crash), 2 (config error) and 3 (divergence). torchrun turns any failed worker into its own
 # status 1 (listing the workers' statuses), so scripts/sweep.py goes by the signal its job got.
 PREEMPTED_EXIT_STATUS = 75
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+# 128 + SIGINT, what a shell reports for a process Ctrl-C killed: the run was stopped, not saved.
+ABORTED_EXIT_STATUS = 128 + signal.SIGINT
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
+CTRL_C_ANSWERS = (
+    f"Ctrl-C: the run stops after this step (at most trainer.log_every steps), saves a checkpoint "
+    f"and exits with status {PREEMPTED_EXIT_STATUS}; Ctrl-C twice more aborts without it",
+    "Ctrl-C: waiting for the checkpoint to finish; Ctrl-C once more aborts without it",
+)
+"""The line printed at the first and at the second press; the third aborts."""
 
 _received: list[int] = []  # signal numbers recorded since install_stop_signals()
 
@@ -41,8 +57,30 @@ class RunPreempted(Exception):
     ``PREEMPTED_EXIT_STATUS``."""
 
 
+class StopAborted(BaseException):
+    """The third Ctrl-C: raised wherever the main thread is, like ``KeyboardInterrupt`` (whose
+    place it takes, so that ``except Exception`` on the way out cannot swallow it); the entry
+    point exits with ``ABORTED_EXIT_STATUS``."""
+
+    def __str__(self) -> str:
+        return (
+            "aborted by a third Ctrl-C: no checkpoint of this stop was kept (a save it "
+            "interrupted is incomplete and is discarded); rerunning resumes from the last one"
+        )
+
+
 def _record(signum: int, frame: FrameType | None) -> None:
     _received.append(signum)
+    if signum != signal.SIGINT:
+        return
+    presses = _received.count(signal.SIGINT)
+    if presses > len(CTRL_C_ANSWERS) + 1:
+        return  # already aborting: let it finish
+    if presses > len(CTRL_C_ANSWERS):
+        raise StopAborted
+    # os.write, not print: the handler may run in the middle of another write to stderr (the
+    # progress bar's), which a buffered stream refuses as a reentrant call.
+    os.write(2, f"\n{CTRL_C_ANSWERS[presses - 1]}\n".encode())
 
 
 def install_stop_signals(signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> None:

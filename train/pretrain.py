@@ -11,9 +11,10 @@ of ``train/`` with its own tests. What a run writes into its run directory: ``co
 ``checkpoints/step_*`` (contents in ``train/checkpoint.py``), the final model as a transformers
 checkpoint in ``hf/`` and, with ``logger=wandb``, ``wandb/``.
 
-Exit status: 0 finished, 1 crash, 2 config error, 3 divergence, and
-``train.preemption.PREEMPTED_EXIT_STATUS`` when SIGTERM / SIGUSR1 / SIGUSR2 stopped the run after
-a checkpoint (rerun the same command to resume).
+Exit status: 0 finished, 1 crash, 2 config error, 3 divergence,
+``train.preemption.PREEMPTED_EXIT_STATUS`` when SIGTERM / SIGUSR1 / SIGUSR2 / Ctrl-C stopped the
+run after a checkpoint (rerun the same command to resume), and ``ABORTED_EXIT_STATUS`` when a
+third Ctrl-C gave up on that checkpoint.
 """
 
 from __future__ import annotations
@@ -51,8 +52,15 @@ from train.config import (
     check_config,
     optimizer_hparams,
 )
-from train.corpus import open_sources_on_ranks
-from train.data import TrainLoader, ValBatches, build_train_loader, build_val_batches
+from train.corpus import describe_source, open_sources_on_ranks
+from train.data import (
+    TrainLoader,
+    ValBatches,
+    build_train_loader,
+    build_val_batches,
+    prove_data,
+)
+from train.estimate import StepSetup, estimate_step_time
 from train.evaluate import evaluate
 from train.export import HF_DIR, export_hf, unsharded_model
 from train.loggers import MetricSink
@@ -60,7 +68,6 @@ from train.metrics import (
     PhasePeaks,
     bytes_by_dtype,
     format_bytes,
-    log_step_time_estimate,
     mfu,
     optimizer_state_tensors,
     peak_flops,
@@ -74,8 +81,10 @@ from train.parallelism import (
     uses_autocast,
 )
 from train.preemption import (
+    ABORTED_EXIT_STATUS,
     PREEMPTED_EXIT_STATUS,
     RunPreempted,
+    StopAborted,
     StopAndSave,
     install_stop_signals,
 )
@@ -196,6 +205,7 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
     resume_from = dist.broadcast_object(find_resume_checkpoint(t.resume, run_dir))
     if info.is_main:
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    log.info("%s", describe_source(cfg.data))
     log.info(
         "run dir %s | %d rank(s) x %d micro-batch x %d accumulation = %d sequences/step",
         run_dir,
@@ -204,6 +214,7 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
         accumulation,
         t.global_batch_size,
     )
+    data = build_data(cfg, info)  # first: data that cannot train stops the run in seconds
     return Run(
         cfg,
         info,
@@ -215,7 +226,7 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
         *build_model_and_optimizer(  # model, replica, optimizer, scheduler
             cfg, info, device, initialise=resume_from is None
         ),
-        *build_data(cfg, info),  # tokenizer, train loader, validation batches
+        *data,  # tokenizer, train loader, validation batches
     )
 
 
@@ -269,7 +280,9 @@ def build_model_and_optimizer(
 
 def build_data(cfg: DictConfig, info: dist.DistInfo) -> tuple[Tokenizer, TrainLoader, ValBatches]:
     """Each rank reads its own shard of the stream; validation is a fixed token budget. The
-    source is opened once, here, for the tokenizer and both loaders (the hub by rank 0 alone)."""
+    source is opened once, here, for the tokenizer and both loaders (the hub by rank 0 alone),
+    and proven: usable records before the tokenizer, a full batch and a scoreable validation
+    document after it (``train/corpus.py``, ``train/data.py``)."""
     t = cfg.trainer
     source = open_sources_on_ranks(cfg.data, info.is_main)
     tokenizer = build_tokenizer_on_ranks(
@@ -286,6 +299,7 @@ def build_data(cfg: DictConfig, info: dist.DistInfo) -> tuple[Tokenizer, TrainLo
         max_tokens=t.eval_tokens,
         **ranks,
     )
+    prove_data(source, tokenizer, train_loader, cfg.data)
     return tokenizer, train_loader, val_batches
 
 
@@ -300,12 +314,15 @@ def train_loop(run: Run, state: TrainState, sink: MetricSink) -> float | None:
     t = run.cfg.trainer
     flops_per_token = models.flops_per_token(run.cfg.model, run.cfg.data.seq_len)
     peak, last_mfu = peak_flops(run.device), None
-    if run.info.is_main:
-        matmul_dtype = torch.bfloat16 if t.precision.startswith("bf16") else torch.float32
-        slots = t.global_batch_size * run.cfg.data.seq_len // run.info.world_size
-        log_step_time_estimate(
-            flops_per_token, slots, run.device, matmul_dtype, t.max_steps - state.step
-        )
+    setup = StepSetup(
+        run.cfg,
+        run.device,
+        PARAM_DTYPES[t.precision],
+        run.accumulation,
+        run.info.world_size,
+        run.autocast,
+    )
+    estimate = estimate_step_time(setup, steps=t.max_steps - state.step, is_main=run.info.is_main)
     stats, stopper, stop_signal = (
         StepStats(run.device),
         StopAndSave(t.save_every_minutes, run.device),
@@ -351,6 +368,7 @@ def train_loop(run: Run, state: TrainState, sink: MetricSink) -> float | None:
         if log_now:
             progress.set_postfix(loss=f"{interval.loss:.4f}", lr=f"{next(iter(lrs.values())):.2e}")
             sink.log(step_record(run, state, interval, lrs, last_mfu))
+            estimate.compare(state.step, interval.steps, interval.seconds)
         if eval_now:
             evaluate_and_log(run, state, sink)
         verdict = stopper.poll()  # collective: a stop signal on any rank, a wall-clock save
@@ -455,7 +473,7 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def main(cfg: DictConfig) -> None:
-    install_stop_signals()  # SIGTERM / SIGUSR1 / SIGUSR2: checkpoint after this step, then stop
+    install_stop_signals()  # SIGTERM / SIGUSR1 / SIGUSR2 / Ctrl-C: checkpoint after this step, stop
     try:
         train(cfg)
     except ConfigError as err:
@@ -468,6 +486,9 @@ def main(cfg: DictConfig) -> None:
     except RunPreempted as stop:
         print(f"stopped: {stop}", file=sys.stderr)
         sys.exit(PREEMPTED_EXIT_STATUS)
+    except StopAborted as abort:
+        print(f"stopped: {abort}", file=sys.stderr)
+        sys.exit(ABORTED_EXIT_STATUS)
     finally:
         dist.shutdown()
 

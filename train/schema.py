@@ -79,6 +79,8 @@ class DataConfig:
     """Null: ``$FOAM_CACHE_DIR`` or ``~/.cache/foam``."""
     spm_vocab_size: int = 8192
     """Pieces of the project's SentencePiece model (capped by the model's vocabulary)."""
+    allow_small_tokenizer: bool = False
+    """Train with a tokenizer of less than half the model's vocabulary (``train/tokenizer.py``)."""
     val_fraction: float | None = None
     """Records held out for validation when the source has no validation split."""
     shuffle_seed: int | None = 42

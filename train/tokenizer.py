@@ -19,6 +19,11 @@ refused at start-up. The project-trained SentencePiece model has at most
 T5 layout), trained single-threaded on a fixed prefix of the training text so that it is
 deterministic, and cached under `data.tokenizer_cache_dir` (default `$FOAM_CACHE_DIR` or
 `~/.cache/foam`) by a hash of its training text and settings.
+
+A tokenizer with fewer than ``SMALL_TOKENIZER_SHARE`` of the model's vocabulary (a paper-size model,
+32000 entries, with the project's SentencePiece model of a few thousand pieces) is refused unless
+``data.allow_small_tokenizer`` is true: most of the embedding would never be trained, and the run
+would not be the paper's. ``data=embedded``, whose text cannot fill a large vocabulary, allows it.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ logger = logging.getLogger(__name__)
 SPM_NAMES = ("spm", "sentencepiece")
 SPM_TRAIN_CHARS = 2_000_000  # enough text for an 8K-piece model; a few seconds on one core
 SPM_MAX_LINE_BYTES = 16384
+SMALL_TOKENIZER_SHARE = 0.5
 
 
 def default_cache_dir() -> Path:
@@ -256,11 +262,25 @@ def _from_project_spm(
 def build_tokenizer(
     data_cfg: DataConfig | Any, vocab_size: int, source: Source | None = None
 ) -> Tokenizer:
-    """The tokenizer named by `data.tokenizer`; every id it produces is < `vocab_size`.
+    """The tokenizer named by `data.tokenizer`; every id it produces is < `vocab_size`, and it
+    fills at least ``SMALL_TOKENIZER_SHARE`` of them unless ``data.allow_small_tokenizer``.
 
     The project's SentencePiece model trains on ``source`` (the run's opened source; opened here
     when not given and needed)."""
     cfg = data_config(data_cfg)
+    tokenizer = _resolve(cfg, vocab_size, source)
+    if not cfg.allow_small_tokenizer and tokenizer.vocab_size < SMALL_TOKENIZER_SHARE * vocab_size:
+        raise DataSourceError(
+            f"data.allow_small_tokenizer: tokenizer {tokenizer.name} has {tokenizer.vocab_size} "
+            f"ids for the model's {vocab_size}-entry vocabulary, so most of the embedding would "
+            "never train; give the model its tokenizer (t5-base: cache it once from the hub, or "
+            "data.tokenizer=/path/to/t5-base) or set data.allow_small_tokenizer=true"
+        )
+    return tokenizer
+
+
+def _resolve(cfg: DataConfig, vocab_size: int, source: Source | None) -> Tokenizer:
+    """``data.tokenizer`` resolved in the order of the module docstring."""
     spec = cfg.tokenizer
     if spec.lower() in SPM_NAMES:
         return _from_project_spm(cfg, vocab_size, "", source)
