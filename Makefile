@@ -44,7 +44,7 @@ test-all: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-gpu: gpu-deps
-	$(GPU_ENV) $(GPU_PYTHON) -m pytest -q -m gpu $(PYTEST_ARGS)
+	$(GPU_ENV) $(GPU_PYTHON) -m pytest -q -m gpu tests/test_gpu.py $(PYTEST_ARGS)
 
 gpu-wheels: install
 	$(PY) scripts/gpu_check.py wheels --dest $(GPU_WHEELS)
