@@ -187,7 +187,11 @@ class Mode:
     device: str
     bench_models: tuple[str, ...]
     train_model: str
+    precision: str
+    """bf16 on a GPU (the paper's); fp32 on the CPU, whose bf16 matmuls crawl."""
     train_args: tuple[str, ...]
+    run_limit_s: float
+    """Each training run's share of the budget at most."""
 
     @property
     def on_gpu(self) -> bool:
@@ -198,6 +202,7 @@ GPU = Mode(
     "cuda",
     ("llama_60m", "llama_350m"),
     "llama_60m",
+    "bf16",
     (
         "trainer.max_steps=100",
         "trainer.global_batch_size=64",
@@ -205,11 +210,13 @@ GPU = Mode(
         "trainer.log_every=20",
         "trainer.eval_tokens=20000",
     ),
+    60.0,
 )
 CPU = Mode(
     "cpu",
     ("llama_tiny",),
     "llama_tiny",
+    "fp32",
     (
         "trainer=cpu_debug",
         "trainer.max_steps=4",
@@ -219,6 +226,7 @@ CPU = Mode(
         "trainer.eval_tokens=500",
         "data.seq_len=64",
     ),
+    400.0,
 )
 
 
@@ -270,9 +278,10 @@ def bench(mode: Mode, budget: Budget, scratch: Path) -> str:
         [sys.executable, "scripts/bench_optim.py", *args, "--out", str(out)], budget.left(150)
     )
     body = f"Command: `python scripts/bench_optim.py {' '.join(args)}`: **{status}**\n\n"
-    if out.is_file():
-        text = out.read_text()
-        body += text[text.index("\n") :].lstrip() if "\n" in text else text  # without its title
+    if out.is_file():  # its report without its title and command, said above
+        lines = out.read_text().splitlines()[1:]
+        body += "\n".join(line for line in lines if not line.startswith("Command:")).lstrip()
+        body += "\n"
     else:
         body += f"```\n{tail}\n```\n"
     return "## Optimizer step (scripts/bench_optim.py)\n\n" + body
@@ -290,16 +299,16 @@ def predicted_bytes(model: str, method: str) -> int | None:
 
 def training_runs(mode: Mode, budget: Budget, scratch: Path) -> str:
     rows = []
-    per_run = 60 if mode.on_gpu else 120
     for method in TRAIN_METHODS:
         run_dir = scratch / f"train_{method}"
         cmd = [
             sys.executable, "train/pretrain.py", f"+model={mode.train_model}", f"+optim={method}",
-            "data=embedded", "logger=none", "trainer.precision=bf16", "trainer.eval_every=0",
+            "data=embedded", "logger=none", f"trainer.precision={mode.precision}",
+            "trainer.eval_every=0",
             "trainer.save_every=0", "trainer.save_final=false", "data.num_workers=1",
             *mode.train_args, f"hydra.run.dir={run_dir}",
         ]  # fmt: skip
-        status, tail = run_step(cmd, budget.left(per_run))
+        status, tail = run_step(cmd, budget.left(mode.run_limit_s))
         summary_file = run_dir / "summary.json"
         s = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
         rows.append(row(method, status, s, predicted_bytes(mode.train_model, method)))
@@ -307,7 +316,7 @@ def training_runs(mode: Mode, budget: Budget, scratch: Path) -> str:
             rows.append(f"|  | `{tail.strip().splitlines()[-1] if tail.strip() else ''}` |")
     head = (
         f"Each: `python train/pretrain.py +model={mode.train_model} +optim=METHOD data=embedded "
-        "logger=none trainer.precision=bf16 trainer.eval_every=0 trainer.save_every=0 "
+        f"logger=none trainer.precision={mode.precision} trainer.eval_every=0 trainer.save_every=0 "
         f"trainer.save_final=false data.num_workers=1 {' '.join(mode.train_args)}`. Steady = "
         "without the first logged interval (kernel builds, compilation); peak = the train "
         "phase's (CUDA max allocated; process RSS on CPU); predicted = the memory estimator's "
@@ -339,7 +348,7 @@ def header(mode: Mode, device_name: str) -> str:
     where = (
         f"**GPU**: {device_name}, CUDA {torch.version.cuda}"
         if mode.on_gpu
-        else "**No GPU: the same steps on the CPU at tiny sizes.** No figure below is a GPU figure."
+        else "**No GPU: the same steps on the CPU at tiny sizes.** No figure below is a GPU figure"
     )
     return (
         f"# GPU check: {device_name}\n\n"

@@ -17,6 +17,7 @@ import torch.distributed.checkpoint as dcp
 import foam
 import models
 from train import checkpoint as ckpt
+from train.config import ConfigError
 from train.state import TrainState
 
 
@@ -227,3 +228,11 @@ def test_every_optimizer_round_trips_through_the_dcp_checkpoint(tmp_path, name):
     ckpt.restore_training_state(path, restored, TrainState(), rank=0)
     assert _tree_equal(restored.optimizer.state_dict(), saved.optimizer.state_dict())
     assert _tree_equal(restored.model.state_dict(), saved.model.state_dict())
+
+
+def test_a_checkpoint_of_the_older_format_is_refused_with_the_commit_that_reads_it(tmp_path):
+    path = save(tmp_path, live(), 2)
+    (path / ckpt.OLDER_FORMAT_FILE).write_bytes(b"")
+    (path / ckpt.META_FILE).write_text('{"git_sha": "abc123"}')
+    with pytest.raises(ConfigError, match=r"older format .*git abc123"):
+        ckpt.restore_training_state(path, live(), TrainState(), rank=0)

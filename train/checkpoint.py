@@ -66,6 +66,9 @@ log = logging.getLogger(__name__)
 
 DCP_METADATA = ".metadata"
 META_FILE = "meta.json"
+OLDER_FORMAT_FILE = "trainer.pt"
+"""Where checkpoints before ``contents`` kept the non-tensor state: such a run is refused with
+the commit to resume it with (this format reads only itself)."""
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -307,6 +310,12 @@ def save_training_state(
 def restore_training_state(path: Path, live: Resumable, state: TrainState, *, rank: int) -> None:
     """Load what ``save_training_state`` wrote into the run's live objects (every rank calls
     this), on this run's world size and parallelism."""
+    if (Path(path) / OLDER_FORMAT_FILE).is_file():
+        sha = json.loads((Path(path) / META_FILE).read_text()).get("git_sha", "unknown")
+        raise ConfigError(
+            f"trainer.resume: {path} is in the older format ({OLDER_FORMAT_FILE} beside the "
+            f"shards); resume it with the code that wrote it (git {sha}), or start afresh"
+        )
     with _single_process_quiet():
         dcp.load(contents(live, state, rank=rank), checkpoint_id=path, **_dcp_options())
 
