@@ -12,7 +12,17 @@ PYTEST_ARGS ?=
 PIP_CONSTRAINTS ?=
 MUTATE_ARGS ?=
 
-.PHONY: install demo test test-all test-gpu mutate bench lint format clean
+# The GPU check runs with the GPU machine's own Python and torch (never a venv, never a torch
+# install): `make gpu-wheels` (here, with a package index) fills GPU_WHEELS with what a GPU image
+# may lack; on the GPU machine `make gpu-check` installs that offline into GPU_SITE and runs.
+# GPU_PYTHON: this checkout's venv where there is one (a dev machine), else the machine's python3.
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_WHEELS ?= gpu-wheels
+GPU_SITE   ?= .gpu-site
+GPU_CHECK_ARGS ?=
+GPU_ENV    := PYTHONPATH=$(CURDIR)/$(GPU_SITE):$(CURDIR)
+
+.PHONY: install demo test test-all test-gpu gpu-wheels gpu-deps gpu-check mutate bench lint format clean
 
 install: $(STAMP)
 
@@ -33,8 +43,18 @@ test: install
 test-all: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-test-gpu: install
-	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
+test-gpu: gpu-deps
+	$(GPU_ENV) $(GPU_PYTHON) -m pytest -q -m gpu tests/test_gpu.py $(PYTEST_ARGS)
+
+gpu-wheels: install
+	$(PY) scripts/gpu_check.py wheels --dest $(GPU_WHEELS)
+
+gpu-deps:
+	$(GPU_PYTHON) scripts/gpu_check.py install --wheels $(GPU_WHEELS) --target $(GPU_SITE) --python $(GPU_PYTHON)
+
+# At most 8 minutes on one GPU (CPU at tiny sizes without one); writes results/bench/gpu_<device>.md.
+gpu-check: gpu-deps
+	$(GPU_ENV) $(GPU_PYTHON) scripts/gpu_check.py run $(GPU_CHECK_ARGS)
 
 # Mutation testing of the optimizer, loss, evaluation, schedule and checkpoint modules (about an
 # hour on 2 cores); MUTATE_ARGS="foam/schedule.py" for one module, "--list" to see the mutants.
@@ -56,4 +76,4 @@ format: install
 	$(PY) -m ruff format .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache $(GPU_SITE)

@@ -139,6 +139,24 @@ def test_fsdp_run_follows_the_one_rank_curve(curves):
 
 @pytest.mark.slow
 @pytest.mark.distributed
+def test_compiled_fsdp_run_follows_the_uncompiled_curve(tmp_path, curves, corpus):
+    """``trainer.compile=true`` compiles each decoder layer, then FSDP2 shards it (torchtitan's
+    order): it trains, and makes the uncompiled run's losses."""
+    compiled = tmp_path / "compiled"
+    part = "trainer.eval_tokens=60"
+    run(
+        torchrun(
+            command(compiled, *corpus, part, "trainer.parallelism=fsdp", "trainer.compile=true")
+        )
+    )
+    plain, losses = train_losses(curves["fsdp"]), train_losses(compiled)
+    assert sorted(losses) == sorted(plain) == list(range(1, 7))
+    for step, loss in plain.items():
+        assert losses[step] == pytest.approx(loss, rel=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_a_tied_model_built_by_rank_0_alone_follows_the_one_rank_curve(tmp_path, corpus):
     """Under FSDP2 the ranks build the model on the meta device and rank 0 alone builds it whole,
     then scatters weights and buffers (``fill_from_rank0``). Qwen's head is tied to its

@@ -3,9 +3,10 @@
     python -m pytest -q -m gpu tests/test_gpu.py      # or: make test-gpu
 
 What CPU runs cannot reach: every optimizer (fused AdamW, Triton/CUDA kernels, bitsandbytes)
-stepping bf16 weights on the GPU, bf16 autocast, a training step that never waits for the GPU,
-the weights being those of a CPU build, peak memory per phase, and NCCL DDP with bucket-view
-gradients when two GPUs are present.
+stepping bf16 weights on the GPU, the Triton probe passing and the fused FOAM step matching the
+eager one at LLaMA-350M's matrix shapes, a warm optimizer step and a training step that never
+wait for the GPU, bf16 autocast, the weights being those of a CPU build, peak memory per phase,
+and NCCL DDP with bucket-view gradients when two GPUs are present.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from optim_helpers import TINY_LLAMA, build, tiny_llama
+from test_fused import assert_agree
 
 import foam
 import models
+from foam import fused
 from train.distributed import wrap_ddp
 from train.metrics import PhasePeaks
 from train.step import accumulate_gradients, forward_loss_sum, grad_norm_and_clip
@@ -65,6 +68,61 @@ def test_every_optimizer_steps_bf16_weights_on_the_gpu(name: str) -> None:
     assert all(p.isfinite().all() for p in model.parameters())
     assert any(not torch.equal(a, p) for a, p in zip(start, model.parameters(), strict=True))
     assert foam.state_bytes(optimizer) > 0
+
+
+def test_the_triton_kernel_probe_passes_on_this_gpu() -> None:
+    """Otherwise every FOAM run here takes the eager step, and benchmarks measure that."""
+    assert fused.kernel_available("cuda")
+
+
+LLAMA_350M_MATRICES = [(1024, 1024), (2736, 1024), (1024, 2736)]
+"""q/k/v/o, gate/up and down projections of LLaMA-350M (hidden 1024, intermediate 2736)."""
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("level", [2, 3, "mini"])
+def test_fused_foam_matches_eager_at_llama_350m_shapes(level, dtype) -> None:
+    """The Triton step against the eager reference, three steps, weights and both states."""
+    generator = torch.Generator(device=CUDA).manual_seed(0)
+    starts = [torch.randn(s, device=CUDA, generator=generator) * 0.02 for s in LLAMA_350M_MATRICES]
+    grads = [
+        [torch.randn(s, device=CUDA, generator=generator) * 1e-3 for s in LLAMA_350M_MATRICES]
+        for _ in range(3)
+    ]
+    stepped = {}
+    for implementation in ("eager", "fused"):
+        params = [torch.nn.Parameter(start.to(dtype)) for start in starts]
+        optimizer = foam.FOAM(params, lr=1e-3, level=level, implementation=implementation)
+        for step_grads in grads:
+            for p, g in zip(params, step_grads, strict=True):
+                p.grad = g.to(dtype)
+            optimizer.step()
+        stepped[implementation] = [
+            (p.detach(), optimizer.state[p]["exp_avg"], optimizer.state[p]["exp_avg_sq"])
+            for p in params
+        ]
+    for got, expected in zip(stepped["fused"], stepped["eager"], strict=True):
+        for a, e in zip(got, expected, strict=True):
+            assert a.dtype == e.dtype
+            assert_agree(a, e, dtype)
+
+
+@pytest.mark.parametrize("name", ["foam", "foam_mini", "adamw"])
+def test_a_warm_optimizer_step_never_waits_for_the_gpu(name: str) -> None:
+    """After the first step (states allocated, kernels built), a step only queues work: CUDA's
+    sync debug mode raises on any host sync."""
+    model = tiny_llama(torch.bfloat16).to(CUDA)
+    optimizer = build(name, model, lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    optimizer.step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        optimizer.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
 
 
 def test_bf16_autocast_keeps_fp32_weights_and_an_fp32_loss() -> None:

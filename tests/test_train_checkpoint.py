@@ -1,5 +1,5 @@
 """Checkpoint files (``train/checkpoint.py``) in one process: complete or absent, last-k, resume
-modes, weights-only trainer state, and the model consolidated from the DCP files."""
+modes, the RNG and data position through DCP, and the model consolidated from the DCP files."""
 
 import os
 import shutil
@@ -17,7 +17,7 @@ import torch.distributed.checkpoint as dcp
 import foam
 import models
 from train import checkpoint as ckpt
-from train.seeding import rng_state, set_rng_state
+from train.config import ConfigError
 from train.state import TrainState
 
 
@@ -79,7 +79,7 @@ def test_resume_picks_the_newest_of_several_checkpoints(tmp_path):
 def test_incomplete_or_foreign_directories_are_not_checkpoints(tmp_path):
     root = ckpt.checkpoint_root(tmp_path)
     save(tmp_path, live(), 1, keep_last=0)
-    for step, missing in ((7, ckpt.META_FILE), (8, ckpt.TRAINER_FILE), (9, ckpt.DCP_METADATA)):
+    for step, missing in ((7, ckpt.META_FILE), (9, ckpt.DCP_METADATA)):
         copy = root / f"step_{step:08d}"
         shutil.copytree(root / "step_00000001", copy)
         (copy / missing).unlink()
@@ -96,36 +96,6 @@ def test_saving_a_step_again_replaces_it(tmp_path):
     resumed = live()
     ckpt.restore_training_state(path, resumed, TrainState(), rank=0)
     assert torch.equal(resumed.model.bias, torch.full((4,), 5.0))
-
-
-def test_a_single_file_checkpoint_from_before_dcp_still_resumes(tmp_path):
-    """The format before DCP (one ``state.pt``, counters at top level before ``TrainState``)."""
-    run = live()
-    with torch.no_grad():
-        run.model.weight.fill_(2.0)
-    path = ckpt.checkpoint_root(tmp_path) / "step_00000002"
-    path.mkdir(parents=True)
-    old = {
-        "model": run.model.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
-        "scheduler": run.scheduler.state_dict(),
-        "data": [{"records": 6}],
-        "rng": [rng_state()],
-        **{**TrainState(step=2, tokens=20).state_dict()},
-    }
-    torch.save(old, path / ckpt.LEGACY_FILE)
-    (path / ckpt.META_FILE).write_text("{}")
-    assert ckpt.find_resume_checkpoint("auto", tmp_path) == path
-    resumed, state = live(), TrainState()
-    resumed.loader.load_state_dict = lambda position: setattr(
-        resumed.loader, "records", position["records"]
-    )
-    ckpt.restore_training_state(path, resumed, state, rank=0)
-    assert torch.equal(resumed.model.weight, torch.full((4, 4), 2.0))
-    assert (state.step, state.tokens, resumed.loader.records) == (2, 20, 6)
-    consolidated = ckpt.load_model_weights(path, torch.nn.Linear(4, 4))
-    assert torch.equal(consolidated.weight, torch.full((4, 4), 2.0))
-    assert ckpt.saved_model_dtype(path) == torch.float32
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc (Linux)")
@@ -201,18 +171,21 @@ def test_resume_modes(tmp_path):
     assert ckpt.find_resume_checkpoint(str(path), tmp_path / "other") == path
 
 
-def test_rng_state_round_trips_through_the_weights_only_trainer_file(tmp_path):
+def test_rng_state_and_data_position_round_trip_through_the_dcp_checkpoint(tmp_path):
     import random
 
     import numpy as np
 
     run = live()
+    run.loader.records = 6
     path = save(tmp_path, run, 1)  # saving draws nothing: the RNG is where it was saved
     expected = (random.random(), np.random.rand(), torch.rand(1).item())
-    trainer = torch.load(path / ckpt.TRAINER_FILE, weights_only=True)
-    assert trainer["rng"][0].keys() == rng_state().keys()
-    set_rng_state(trainer["rng"][0])
+    random.random(), np.random.rand(), torch.rand(1)  # moved on since the save
+    resumed = live()
+    ckpt.restore_training_state(path, resumed, TrainState(), rank=0)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+    assert resumed.loader.records == 6
+    assert sorted(p.name for p in path.iterdir()) == [".metadata", "__0_0.distcp", "meta.json"]
 
 
 def test_consolidated_weights_need_a_complete_checkpoint(tmp_path):
@@ -255,3 +228,11 @@ def test_every_optimizer_round_trips_through_the_dcp_checkpoint(tmp_path, name):
     ckpt.restore_training_state(path, restored, TrainState(), rank=0)
     assert _tree_equal(restored.optimizer.state_dict(), saved.optimizer.state_dict())
     assert _tree_equal(restored.model.state_dict(), saved.model.state_dict())
+
+
+def test_a_checkpoint_of_the_older_format_is_refused_with_the_commit_that_reads_it(tmp_path):
+    path = save(tmp_path, live(), 2)
+    (path / ckpt.OLDER_FORMAT_FILE).write_bytes(b"")
+    (path / ckpt.META_FILE).write_text('{"git_sha": "abc123"}')
+    with pytest.raises(ConfigError, match=r"older format .*git abc123"):
+        ckpt.restore_training_state(path, live(), TrainState(), rank=0)

@@ -36,6 +36,8 @@ SUMMARY_KEYS = {
     "steps",
     "tokens",
     "tokens_per_s",
+    "tokens_per_s_steady",
+    "mfu_steady",
     "optimizer_state_bytes",
     "peak_memory_bytes",
     "wall_time_s",

@@ -472,9 +472,11 @@ def test_under_fsdp_only_rank_0_builds_the_whole_model(monkeypatch, rank, resumi
     monkeypatch.setattr(models, "build_model", build)
     monkeypatch.setattr(pretrain, "parallelize", lambda model, **kwargs: model)  # no group here
     monkeypatch.setattr(pretrain, "log_model_and_optimizer", lambda *args: None)  # no Hydra app
-    monkeypatch.setattr(
-        pretrain, "fill_from_rank0", lambda model, whole, device: filled.append(whole)
-    )
+
+    def fill(model, build_whole, device, is_main):  # the real one's builds, no group here
+        filled.append(build_whole() if is_main else None)
+
+    monkeypatch.setattr(pretrain, "fill_from_rank0", fill)
     cfg = cfg_for("+model=llama_tiny", "+optim=foam2", "trainer.parallelism=fsdp")
     model, *_ = pretrain.build_model_and_optimizer(
         cfg, DistInfo(rank=rank, world_size=2), torch.device("cpu"), initialise=not resuming

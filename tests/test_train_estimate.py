@@ -41,10 +41,10 @@ def test_a_paper_size_step_on_cpu_warns_and_points_at_the_cpu_presets(monkeypatc
 
 
 def test_a_known_gpu_peak_is_used_at_the_assumed_utilisation(monkeypatch):
-    monkeypatch.setattr(estimate, "peak_flops", lambda device: 1e15)
-    seconds, how = estimate.flop_bound(10**9, 4000, CPU, torch.bfloat16)
+    monkeypatch.setattr(estimate, "peak_flops", lambda device, kind: 1e15 if kind == "bf16" else 0)
+    seconds, how = estimate.flop_bound(10**9, 4000, CPU, "bf16")
     assert seconds == pytest.approx(10**9 * 4000 / (1e15 * estimate.ASSUMED_MFU))
-    assert "1000 TFLOP/s" in how
+    assert "1000 TFLOP/s bf16 peak" in how
 
 
 def test_a_small_step_is_timed_on_a_copy_not_guessed_from_flops(monkeypatch, caplog):
@@ -57,9 +57,7 @@ def test_a_small_step_is_timed_on_a_copy_not_guessed_from_flops(monkeypatch, cap
     with caplog.at_level(logging.INFO, logger="train.estimate"):
         result = estimate_for(cfg, monkeypatch, 1e18)
     assert torch.equal(torch.rand(3), expected_draw)
-    bound, _ = estimate.flop_bound(
-        models.flops_per_token(cfg.model, 32), 8 * 32, CPU, torch.float32
-    )
+    bound, _ = estimate.flop_bound(models.flops_per_token(cfg.model, 32), 8 * 32, CPU, "fp32")
     assert result.seconds > 1000 * bound  # a real step of forward + backward + update
     assert "timed on a copy of the model" in caplog.records[0].message
 

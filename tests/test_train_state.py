@@ -12,18 +12,11 @@ import torch
 
 import foam
 import models
-from train.checkpoint import (
-    LEGACY_FILE,
-    META_FILE,
-    Resumable,
-    restore_training_state,
-    save_training_state,
-)
+from train.checkpoint import Resumable, restore_training_state, save_training_state
 from train.config import ConfigError
 from train.data import build_tokenizer, build_train_loader
 from train.schedule import build_scheduler
 from train.schema import DataConfig
-from train.seeding import rng_state
 from train.state import TrainState
 from train.step import train_step
 
@@ -79,7 +72,8 @@ def steps(run: Resumable, state: TrainState, n: int) -> list[float]:
             grad_clip=1.0,
         )
         state.step += 1
-        state.add_interval(int(result.counts[1]), seconds=0.01)
+        tokens, slots = int(result.counts[1]), int(result.counts[2])
+        state.add_interval(tokens, slots, seconds=0.01, steady=state.step > 1)
         losses.append(result.loss.item())
     return losses
 
@@ -157,7 +151,7 @@ def test_resume_with_other_data_settings_is_a_config_error(tmp_path, data_cfg, t
 
 def test_train_state_times_add_up_over_segments():
     first = TrainState(world_size=2, step=1)
-    first.add_interval(tokens=10, seconds=0.5)
+    first.add_interval(tokens=10, token_slots=12, seconds=0.5, steady=False)
     time.sleep(0.01)
     saved = first.state_dict()
     assert saved["wall_time_s"] >= 0.01 and saved["train_time_s"] == 0.5
@@ -165,33 +159,11 @@ def test_train_state_times_add_up_over_segments():
     second.load_state_dict(saved)
     assert second.wall_time() >= saved["wall_time_s"]
     second.step += 1
-    second.add_interval(tokens=5, seconds=0.25)
+    second.add_interval(tokens=5, token_slots=8, seconds=0.25, steady=True)
     assert (second.step, second.tokens, second.train_time_s) == (2, 15, 0.75)
+    assert second.token_slots == 20
+    assert (second.steady_tokens, second.steady_token_slots, second.steady_time_s) == (5, 8, 0.25)
     assert second.last_eval() is None
     entry = second.record_eval(3.0, 20.1)
     assert second.record_eval(3.0, 20.1) == entry and len(second.eval_history) == 1
     assert second.last_eval() == entry
-
-
-def test_a_checkpoint_from_before_train_state_resumes(tmp_path, data_cfg, tokenizer):
-    """Runs checkpointed by the earlier layout (counters at top level) resume with their counters."""
-    run, state = build(data_cfg, tokenizer, seed=0), TrainState(run_id="old")
-    steps(run, state, 2)
-    legacy = tmp_path / "legacy" / "checkpoints" / "step_00000002"
-    legacy.mkdir(parents=True)
-    flat = {  # the single-file format before DCP, counters at top level
-        **{name: getattr(run, name).state_dict() for name in ("model", "optimizer", "scheduler")},
-        "data": [run.loader.state_dict()],
-        "rng": [rng_state()],
-        **state.state_dict(),
-    }
-    torch.save(flat, legacy / LEGACY_FILE)
-    (legacy / META_FILE).write_text("{}")
-    resumed, resumed_state = build(data_cfg, tokenizer, seed=1), TrainState()
-    restore_training_state(legacy, resumed, resumed_state, rank=0)
-    assert (resumed_state.step, resumed_state.tokens, resumed_state.run_id) == (
-        2,
-        state.tokens,
-        "old",
-    )
-    assert steps(resumed, resumed_state, 2) == steps(run, state, 2)

@@ -1,22 +1,29 @@
 """Atomic, last-k, resharding checkpoints of the full training state in
 ``<run_dir>/checkpoints/step_XXXXXXXX``.
 
-What a checkpoint holds is defined once, by ``save_training_state`` and ``restore_training_state``:
+What a checkpoint holds is defined once, by ``contents``: one ``Stateful`` object per part, all
+saved and loaded by ``torch.distributed.checkpoint`` (DCP) in one call (as torchtitan does), into
+``.metadata`` plus ``__<rank>_0.distcp`` files:
 
-* the model and the optimizer, as a ``torch.distributed.checkpoint`` (DCP) checkpoint
-  (``.metadata`` plus ``__<rank>_0.distcp`` files): every rank writes its own shards in parallel
-  (under DDP, DCP writes each replicated tensor once), and the state dicts come from
-  ``get_state_dict``, keyed by parameter name with global shapes, so a checkpoint saved on N
-  ranks loads on M ranks, with ``ddp`` or ``fsdp`` (``set_state_dict`` reshards on load);
-* ``trainer.pt`` (rank 0, ``torch.save`` of plain values): the scheduler, ``data`` and ``rng``
-  (one entry per rank: the train loader's position and the RNG states) and ``train_state``
-  (``TrainState``);
-* ``meta.json``: the step, tokens, world size and git sha, for humans and tools.
+* ``model`` and ``optimizer``: every rank writes its own shards in parallel (under DDP, DCP writes
+  each replicated tensor once); the state dicts come from ``get_model_state_dict`` /
+  ``get_optimizer_state_dict``, keyed by parameter name with global shapes, so a checkpoint saved
+  on N ranks loads on M ranks, with ``ddp`` or ``fsdp`` (DCP reshards on load);
+* ``scheduler`` and ``train_state`` (``TrainState``), the same on every rank;
+* ``data`` and ``rng``: every rank's train-loader position and RNG states, gathered, so that a
+  run on another world size can re-derive its own.
+
+The last four are stored as one value each (``Whole``): their structure (the evaluation history,
+one entry per saved rank) is not known to the run that loads them. Beside the shards,
+``meta.json`` (step, tokens, world size, git sha) is for humans and tools.
+
+DCP's collectives run on the slow-I/O group (``train.distributed.slow_io_group``: gloo, a timeout
+of hours), so a save or load on slow shared storage is not ended by NCCL's 10-minute watchdog.
 
 Atomic: every rank writes into one hidden temporary directory; after a barrier rank 0 adds
-``trainer.pt`` and ``meta.json``, flushes them and renames the directory to its final name (a
-directory rename is atomic on POSIX). A process killed mid-save leaves at most a stale ``.tmp_*``
-directory, which is never mistaken for a checkpoint and is removed on the next save.
+``meta.json``, flushes it and renames the directory to its final name (a directory rename is
+atomic on POSIX). A process killed mid-save leaves at most a stale ``.tmp_*`` directory, which
+is never mistaken for a checkpoint and is removed on the next save.
 
 Resuming on another world size: model and optimizer reshard; the data position is re-derived by
 ``train.data.rederive_position`` (or refused with the reason); each rank's RNG state is that of
@@ -26,7 +33,6 @@ the saved rank with its number, rank 0's for ranks the saved run did not have.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -36,7 +42,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -44,9 +50,11 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
 )
+from torch.distributed.checkpoint.stateful import Stateful
 
 from train import distributed as dist
 from train.config import ConfigError
@@ -57,10 +65,10 @@ from train.summary import git_sha
 log = logging.getLogger(__name__)
 
 DCP_METADATA = ".metadata"
-TRAINER_FILE = "trainer.pt"
 META_FILE = "meta.json"
-LEGACY_FILE = "state.pt"
-"""The single-file format before DCP; such checkpoints still resume (``_restore_legacy``)."""
+OLDER_FORMAT_FILE = "trainer.pt"
+"""Where checkpoints before ``contents`` kept the non-tensor state: such a run is refused with
+the commit to resume it with (this format reads only itself)."""
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -77,12 +85,8 @@ def _fsync(path: Path) -> None:
 
 
 def is_complete(path: Path) -> bool:
-    """Whether ``path`` is a finished checkpoint directory (its three parts are there, or the
-    two of the older single-file format)."""
-    parts = (DCP_METADATA, TRAINER_FILE, META_FILE)
-    if (Path(path) / LEGACY_FILE).is_file():
-        parts = (LEGACY_FILE, META_FILE)
-    return all((Path(path) / name).is_file() for name in parts)
+    """Whether ``path`` is a finished checkpoint directory (DCP's metadata and ``meta.json``)."""
+    return all((Path(path) / name).is_file() for name in (DCP_METADATA, META_FILE))
 
 
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
@@ -119,6 +123,14 @@ def find_resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
     raise FileNotFoundError(f"trainer.resume={resume!r}: no checkpoint found there")
 
 
+class Positions(Protocol):
+    """The train loader as a checkpoint sees it (``train.data.TrainLoader``)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_positions(self, positions: list[dict[str, Any]]) -> None: ...
+
+
 @dataclass
 class Resumable:
     """The live objects a checkpoint saves and restores, besides the ``TrainState``."""
@@ -127,8 +139,114 @@ class Resumable:
     """The bare model (sharded in place under FSDP2, never the DDP wrapper)."""
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    loader: Any
+    loader: Positions
     """The train loader: ``state_dict()`` is its position, per rank."""
+
+
+@dataclass
+class ModelState:
+    """The model's weights, keyed by parameter name with global shapes (each rank its shards)."""
+
+    model: nn.Module
+
+    def state_dict(self) -> dict[str, Any]:
+        return get_model_state_dict(self.model)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_model_state_dict(self.model, state_dict)
+
+
+@dataclass
+class OptimizerState:
+    """The optimizer's state and groups, keyed by parameter name (each rank its shards)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        return get_optimizer_state_dict(self.model, self.optimizer)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_optimizer_state_dict(self.model, self.optimizer, state_dict)
+
+
+@dataclass
+class DataPositions:
+    """Every rank's train-loader position (gathered: a collective), so that a run on another
+    world size can re-derive its own, or refuse with the reason."""
+
+    loader: Positions
+    world_size: int
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ranks": dist.all_gather_object(self.loader.state_dict(), slow_io=True)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        positions = state_dict["ranks"]
+        try:
+            self.loader.load_positions(positions)
+        except ValueError as err:
+            raise ConfigError(
+                f"trainer.resume: the checkpoint was written by {len(positions)} rank(s), this "
+                f"run has {self.world_size}; the data position cannot be carried over: {err}"
+            ) from None
+        if len(positions) != self.world_size:
+            log.info("checkpoint of %d rank(s) resumed on %d", len(positions), self.world_size)
+
+
+@dataclass
+class RngStates:
+    """Every rank's RNG states (gathered); a rank resumes the saved rank's with its number,
+    rank 0's where the saved run had fewer ranks."""
+
+    rank: int
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ranks": dist.all_gather_object(rng_state(), slow_io=True)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved = state_dict["ranks"]
+        set_rng_state(saved[self.rank] if self.rank < len(saved) else saved[0])
+
+
+@dataclass
+class RunCounters:
+    """The ``TrainState``; its world size stays this run's (the data position says the saved one)."""
+
+    state: TrainState
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.state.load_state_dict({**state_dict, "world_size": self.state.world_size})
+
+
+@dataclass
+class Whole:
+    """``part``'s state dict stored by DCP as one value (pickled), not split into entries: the
+    run that loads it cannot know its structure (list lengths) beforehand, and DCP loads only
+    the entries that the loading side already has."""
+
+    part: Stateful
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"whole": (self.part.state_dict(),)}  # a tuple is one value to DCP
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.part.load_state_dict(state_dict["whole"][0])
+
+
+def contents(live: Resumable, state: TrainState, *, rank: int) -> dict[str, Stateful]:
+    """What a checkpoint holds, by key: saved and restored from this one definition."""
+    return {
+        "model": ModelState(live.model),
+        "optimizer": OptimizerState(live.model, live.optimizer),
+        "scheduler": Whole(live.scheduler),
+        "train_state": Whole(RunCounters(state)),
+        "data": Whole(DataPositions(live.loader, state.world_size)),
+        "rng": Whole(RngStates(rank)),
+    }
 
 
 @contextlib.contextmanager
@@ -139,11 +257,11 @@ def _single_process_quiet() -> Iterator[None]:
         yield
 
 
-def _write_file(path: Path, write: Any) -> None:
-    with open(path, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
+def _dcp_options() -> dict[str, Any]:
+    """One process: no collectives; several: DCP's on the slow-I/O group."""
+    if not dist.is_initialized():
+        return {"no_dist": True}
+    return {"process_group": dist.slow_io_group()}
 
 
 def save_training_state(
@@ -162,28 +280,20 @@ def save_training_state(
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
     dist.barrier_for_slow_io()  # rank 0 has made the temporary directory
-    model_state, optimizer_state = get_state_dict(live.model, live.optimizer)
-    contents = {"model": model_state, "optimizer": optimizer_state}
     with _single_process_quiet():
-        dcp.save(contents, checkpoint_id=tmp, no_dist=not dist.is_initialized())
-    data = dist.all_gather_object(live.loader.state_dict())
-    rngs = dist.all_gather_object(rng_state())
+        dcp.save(contents(live, state, rank=rank), checkpoint_id=tmp, **_dcp_options())
     path = None
     if rank == 0:
-        trainer = {
-            "scheduler": live.scheduler.state_dict(),
-            "data": data,
-            "rng": rngs,
-            "train_state": state.state_dict(),
-        }
         meta = {
             "step": state.step,
             "tokens": state.tokens,
             "world_size": state.world_size,
             "git_sha": git_sha(),
         }
-        _write_file(tmp / TRAINER_FILE, lambda f: torch.save(trainer, f))
-        _write_file(tmp / META_FILE, lambda f: f.write(json.dumps(meta, indent=2).encode()))
+        with open(tmp / META_FILE, "wb") as f:
+            f.write(json.dumps(meta, indent=2).encode())
+            f.flush()
+            os.fsync(f.fileno())
         _fsync(tmp)
         if final.exists():  # re-saving a step (e.g. a resumed run that had already finished)
             shutil.rmtree(final)
@@ -197,68 +307,17 @@ def save_training_state(
     return path
 
 
-def saved_train_state(contents: dict[str, Any]) -> dict[str, Any]:
-    """The counters of a checkpoint; ones written before ``TrainState`` kept them at top level."""
-    if "train_state" in contents:
-        return contents["train_state"]
-    return {f.name: contents[f.name] for f in dataclasses.fields(TrainState)}
-
-
 def restore_training_state(path: Path, live: Resumable, state: TrainState, *, rank: int) -> None:
     """Load what ``save_training_state`` wrote into the run's live objects (every rank calls
     this), on this run's world size and parallelism."""
-    if (Path(path) / LEGACY_FILE).is_file():
-        _restore_legacy(path, live, state, rank=rank)
-        return
-    trainer = torch.load(Path(path) / TRAINER_FILE, weights_only=True)
-    positions = trainer["data"]
-    try:  # first: a refused data position changes nothing
-        live.loader.load_positions(positions)
-    except ValueError as err:
+    if (Path(path) / OLDER_FORMAT_FILE).is_file():
+        sha = json.loads((Path(path) / META_FILE).read_text()).get("git_sha", "unknown")
         raise ConfigError(
-            f"trainer.resume: {path} was written by {len(positions)} rank(s), this run has "
-            f"{state.world_size}; the data position cannot be carried over: {err}"
-        ) from None
-    if len(positions) != state.world_size:
-        log.info("checkpoint of %d rank(s) resumed on %d", len(positions), state.world_size)
-    model_state, optimizer_state = get_state_dict(live.model, live.optimizer)
-    contents = {"model": model_state, "optimizer": optimizer_state}
-    with _single_process_quiet():
-        dcp.load(contents, checkpoint_id=path, no_dist=not dist.is_initialized())
-    set_state_dict(
-        live.model,
-        live.optimizer,
-        model_state_dict=contents["model"],
-        optim_state_dict=contents["optimizer"],
-    )
-    live.scheduler.load_state_dict(trainer["scheduler"])
-    rngs = trainer["rng"]
-    set_rng_state(rngs[rank] if rank < len(rngs) else rngs[0])
-    saved = trainer["train_state"]
-    state.load_state_dict({**saved, "world_size": state.world_size})
-
-
-def _restore_legacy(path: Path, live: Resumable, state: TrainState, *, rank: int) -> None:
-    """Resume from a checkpoint of the single-file format that came before DCP (``state.pt``
-    holds everything; counters at top level before ``TrainState``): same world size only."""
-    contents = torch.load(Path(path) / LEGACY_FILE, weights_only=True)
-    saved = saved_train_state(contents)
-    if saved["world_size"] != state.world_size:
-        raise ConfigError(
-            f"trainer.resume: {path} (single-file format) was written by {saved['world_size']} "
-            f"rank(s), this run has {state.world_size}; resume it on as many"
+            f"trainer.resume: {path} is in the older format ({OLDER_FORMAT_FILE} beside the "
+            f"shards); resume it with the code that wrote it (git {sha}), or start afresh"
         )
-    live.model.load_state_dict(contents["model"])
-    live.optimizer.load_state_dict(contents["optimizer"])
-    live.scheduler.load_state_dict(contents["scheduler"])
-    live.loader.load_state_dict(contents["data"][rank])
-    set_rng_state(contents["rng"][rank])
-    state.load_state_dict(saved)
-
-
-def _legacy_model(path: Path) -> dict[str, torch.Tensor]:
-    """The model weights of a single-file checkpoint (memory-mapped, not read in full)."""
-    return torch.load(Path(path) / LEGACY_FILE, weights_only=True, mmap=True)["model"]
+    with _single_process_quiet():
+        dcp.load(contents(live, state, rank=rank), checkpoint_id=path, **_dcp_options())
 
 
 def load_model_weights(path: Path, model: nn.Module) -> nn.Module:
@@ -266,9 +325,6 @@ def load_model_weights(path: Path, model: nn.Module) -> nn.Module:
     the checkpoint was written with): the consolidation that exports and scripts use."""
     if not is_complete(path):
         raise FileNotFoundError(f"{path} is not a complete checkpoint directory")
-    if (Path(path) / LEGACY_FILE).is_file():
-        model.load_state_dict(_legacy_model(path))
-        return model
     weights = {"model": model.state_dict()}
     with _single_process_quiet():
         dcp.load(weights, checkpoint_id=path, no_dist=True)
@@ -278,8 +334,6 @@ def load_model_weights(path: Path, model: nn.Module) -> nn.Module:
 
 def saved_model_dtype(path: Path) -> torch.dtype:
     """The dtype the checkpoint's model weights were saved in (read from the DCP metadata)."""
-    if (Path(path) / LEGACY_FILE).is_file():
-        return next(iter(_legacy_model(path).values())).dtype
     metadata = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
     tensors = (
         m for key, m in metadata.items() if key.startswith("model.") and hasattr(m, "properties")

@@ -6,9 +6,12 @@ non-zero ranks are quietened before Hydra parses argv (no output subdir, no log 
 ``.`` unless one was given), and after the process group is up every rank adopts rank 0's run
 directory.
 
-Data parallelism (:func:`wrap_ddp`) keeps the gradients as views into DDP's all-reduce buckets,
-and rank 0's checkpoint writes are waited for on a separate group with a long timeout
-(:func:`barrier_for_slow_io`).
+Data parallelism (:func:`wrap_ddp`) keeps the gradients as views into DDP's all-reduce buckets.
+
+What may keep ranks waiting for minutes runs on a second, gloo group with a long timeout
+(:func:`slow_io_group`), so the default group's watchdog (10 minutes under NCCL) is never what
+decides: rank 0 building the whole model under FSDP2 (:func:`barrier_for_slow_io`), DCP writing or
+reading a checkpoint on slow shared storage, rank 0 opening the data.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 SLOW_IO_TIMEOUT = timedelta(hours=2)
-"""How long the other ranks wait for rank 0 to write a checkpoint (a 7B run's model and optimizer
-state is tens of GB). The default group keeps torch's timeout (10 min for NCCL), so a rank that
-really hangs in a collective is still noticed soon."""
+"""How long ranks wait for one another on the slow-I/O group: a 7B run's checkpoint is tens of GB,
+and rank 0 initialises a 7B model on the CPU for minutes. The default group keeps torch's timeout
+(10 min for NCCL), so a rank that really hangs in a training collective is still noticed soon."""
 
 _slow_io_group: dist.ProcessGroup | None = None
 
@@ -87,16 +90,28 @@ def resolve_device(spec: str, info: DistInfo) -> torch.device:
 
 
 def init_distributed(
-    info: DistInfo, device: torch.device, slow_io_timeout: timedelta = SLOW_IO_TIMEOUT
+    info: DistInfo,
+    device: torch.device,
+    slow_io_timeout: timedelta = SLOW_IO_TIMEOUT,
+    timeout: timedelta | None = None,
 ) -> None:
-    """Join the process group (NCCL on GPU, gloo on CPU) when launched with several ranks, and
-    create the gloo group that :func:`barrier_for_slow_io` waits on."""
+    """Join the process group (NCCL on GPU, gloo on CPU) when launched with several ranks, with
+    ``timeout`` (torch's default when None), and create the gloo group of
+    :func:`slow_io_group`."""
     global _slow_io_group
     if info.enabled and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(
+            backend, device_id=device if device.type == "cuda" else None, timeout=timeout
+        )
     if dist.is_initialized() and _slow_io_group is None:
         _slow_io_group = dist.new_group(backend="gloo", timeout=slow_io_timeout)
+
+
+def slow_io_group() -> dist.ProcessGroup | None:
+    """The gloo group with ``SLOW_IO_TIMEOUT`` (None without a process group): for collectives
+    that wait on storage or on rank 0's set-up, such as DCP's save and load planning."""
+    return _slow_io_group
 
 
 def is_initialized() -> bool:
@@ -211,10 +226,11 @@ def failure_stops_every_rank(error_type: type[Exception]) -> Iterator[None]:
 
 
 def barrier_for_slow_io() -> None:
-    """Wait for every rank, for up to ``SLOW_IO_TIMEOUT``: after rank 0 wrote a checkpoint.
+    """Wait for every rank, for up to ``SLOW_IO_TIMEOUT``: while rank 0 writes a checkpoint's
+    files or builds the whole model.
 
     The wait is a gloo barrier on its own group, so the NCCL group's 10-minute watchdog does not
-    kill the ranks that wait while rank 0 writes.
+    kill the ranks that wait; the collective that follows then waits for nothing slow.
     """
     if dist.is_initialized():
         dist.barrier(group=_slow_io_group)

@@ -33,7 +33,7 @@ from omegaconf import DictConfig
 import models
 from train import distributed as dist
 from train.config import build_optimizer
-from train.metrics import peak_flops
+from train.metrics import matmul_kind, peak_flops
 from train.schedule import build_scheduler
 from train.step import train_step
 
@@ -75,18 +75,19 @@ def format_duration(seconds: float) -> str:
 
 
 def flop_bound(
-    flops_per_token: int, tokens_per_step: int, device: torch.device, dtype: torch.dtype
+    flops_per_token: int, tokens_per_step: int, device: torch.device, kind: str
 ) -> tuple[float, str]:
     """Seconds per step from FLOPs alone, and the rate it assumed (in words).
 
-    ``tokens_per_step`` are this device's token slots per optimizer step (padding included)."""
-    peak = peak_flops(device)
+    ``tokens_per_step`` are this device's token slots per optimizer step (padding included);
+    ``kind`` is what the matmuls run in (``train.metrics.matmul_kind``)."""
+    peak = peak_flops(device, kind)
     if peak is not None:
         rate = peak * ASSUMED_MFU
-        source = f"{ASSUMED_MFU:.0%} of the device's {peak / 1e12:.0f} TFLOP/s bf16 peak"
+        source = f"{ASSUMED_MFU:.0%} of the device's {peak / 1e12:.0f} TFLOP/s {kind} peak"
     else:
+        dtype = torch.bfloat16 if kind == "bf16" else torch.float32
         rate = measured_matmul_flops(device, dtype)
-        kind = str(dtype).removeprefix("torch.")
         source = f"this {device.type}'s measured {kind} matmul rate, {rate / 1e9:.0f} GFLOP/s"
     flops = flops_per_token * tokens_per_step
     return flops / rate, f"{flops / 1e12:.3g} TFLOP per step per device at {source}"
@@ -171,10 +172,9 @@ def estimate_step_time(setup: StepSetup, *, steps: int, is_main: bool) -> StepTi
     the module docstring); on a CPU, a slow step points at the CPU presets."""
     cfg, device = setup.cfg, setup.device
     t = cfg.trainer
-    matmul_dtype = torch.bfloat16 if t.precision.startswith("bf16") else torch.float32
     slots = t.global_batch_size * cfg.data.seq_len // setup.world_size
     flops_per_token = models.flops_per_token(cfg.model, cfg.data.seq_len)
-    bound, flops = flop_bound(flops_per_token, slots, device, matmul_dtype)
+    bound, flops = flop_bound(flops_per_token, slots, device, matmul_kind(t.precision))
     if dist.broadcast_object(bound < TRIAL_BELOW_S and steps >= TRIAL_MIN_STEPS):
         seconds = trial_step_seconds(setup)
         how = f"timed on a copy of the model; the FLOP bound alone says {format_duration(bound)}"

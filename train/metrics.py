@@ -11,47 +11,86 @@ import resource
 import sys
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 import foam
+from foam.numerics import resolve_dtype
 from foam.sharding import local
 
 log = logging.getLogger(__name__)
 
-# Dense BF16 tensor-core peaks (FLOP/s), keyed by the words of torch.cuda.get_device_name() that
-# name the product. A key matches when all its words are words of the name ("NVIDIA H100 PCIe"
-# has the words NVIDIA, H100, PCIe), so "NVIDIA L40" is not an L4 and "NVIDIA A10G" is not an
-# A10. The first matching entry wins: variants come before their generic model.
-PEAK_BF16_FLOPS: list[tuple[tuple[str, ...], float]] = [
-    (("H200",), 989e12),
-    (("H100", "PCIe"), 756e12),
-    (("H100", "NVL"), 835e12),
-    (("H100",), 989e12),
-    (("A100",), 312e12),
-    (("L40S",), 362e12),
-    (("L40",), 181e12),
-    (("L4",), 121e12),
-    (("A6000",), 155e12),
-    (("A10",), 125e12),
-    (("4090",), 165e12),
-    (("3090",), 71e12),
-    (("V100",), 125e12),
+
+@dataclass(frozen=True)
+class PeakFlops:
+    """A GPU's dense peaks (FLOP/s, no sparsity) for the matmuls a run's precision uses."""
+
+    bf16: float
+    """BF16 tensor cores, fp32 accumulation (``trainer.precision=bf16`` / ``bf16_mixed``)."""
+    tf32: float
+    """TF32 tensor cores (fp32 runs that allow TF32); the fp32 rate where there are none."""
+    fp32: float
+    """FP32 on the CUDA cores (fp32 runs at ``torch.get_float32_matmul_precision() ==
+    "highest"``, torch's default)."""
+
+
+# Dense peaks keyed by the words of torch.cuda.get_device_name() that name the product. A key
+# matches when all its words are words of the name, in any case ("NVIDIA H100 PCIe" has the words NVIDIA, H100,
+# PCIe), so "NVIDIA L40" is not an L4 and "NVIDIA A10G" is not an A10. The first matching entry
+# wins: variants come before their generic model. Figures are the vendor's datasheets (NVIDIA
+# H100, H200, H800, GH200 Grace Hopper Superchip, HGX B200, A100, L40S, L40, L4, RTX A6000, A10,
+# GeForce RTX 4090 / 3090 (Ada and Ampere whitepapers), V100), halved where the sheet gives the
+# figure "with sparsity"; HGX B200's 8-GPU figures divided by 8. V100 has no BF16 or TF32
+# tensor cores (its 125 TFLOP/s are FP16): its bf16 and tf32 matmuls run on the FP32 units.
+PEAK_FLOPS: list[tuple[tuple[str, ...], PeakFlops]] = [
+    (("B200",), PeakFlops(bf16=2250e12, tf32=1125e12, fp32=75e12)),
+    (("GH200",), PeakFlops(bf16=989e12, tf32=494e12, fp32=67e12)),
+    (("H200", "NVL"), PeakFlops(bf16=835e12, tf32=417e12, fp32=60e12)),
+    (("H200",), PeakFlops(bf16=989e12, tf32=494e12, fp32=67e12)),
+    (("H100", "PCIe"), PeakFlops(bf16=756e12, tf32=378e12, fp32=51e12)),
+    (("H100", "NVL"), PeakFlops(bf16=835e12, tf32=417e12, fp32=60e12)),
+    (("H100",), PeakFlops(bf16=989e12, tf32=494e12, fp32=67e12)),
+    (("H800", "PCIe"), PeakFlops(bf16=756e12, tf32=378e12, fp32=51e12)),
+    (("H800",), PeakFlops(bf16=989e12, tf32=494e12, fp32=67e12)),
+    (("A100",), PeakFlops(bf16=312e12, tf32=156e12, fp32=19.5e12)),
+    (("L40S",), PeakFlops(bf16=362e12, tf32=183e12, fp32=91.6e12)),
+    (("L40",), PeakFlops(bf16=181e12, tf32=90.5e12, fp32=90.5e12)),
+    (("L4",), PeakFlops(bf16=121e12, tf32=60e12, fp32=30.3e12)),
+    (("A6000",), PeakFlops(bf16=155e12, tf32=77.4e12, fp32=38.7e12)),
+    (("A10",), PeakFlops(bf16=125e12, tf32=62.5e12, fp32=31.2e12)),
+    (("4090",), PeakFlops(bf16=165e12, tf32=82.6e12, fp32=82.6e12)),
+    (("3090",), PeakFlops(bf16=71e12, tf32=35.6e12, fp32=35.6e12)),
+    (("V100", "PCIe"), PeakFlops(bf16=14e12, tf32=14e12, fp32=14e12)),
+    (("V100",), PeakFlops(bf16=15.7e12, tf32=15.7e12, fp32=15.7e12)),
 ]
+MATMUL_KINDS = ("bf16", "tf32", "fp32")
 
 
-def peak_flops_for_name(name: str) -> float | None:
-    """The dense BF16 peak of the GPU called ``name``, or None when it is not in the table."""
-    words = set(re.split(r"[\s\-_]+", name))
-    return next((flops for key, flops in PEAK_BF16_FLOPS if words.issuperset(key)), None)
+def matmul_kind(precision: str) -> str:
+    """What a run's matmuls run in: bf16 for ``bf16``/``bf16_mixed``; for ``fp32``, tf32 when
+    torch is allowed to use it (``torch.set_float32_matmul_precision("high")``), else fp32."""
+    if precision.startswith("bf16"):
+        return "bf16"
+    return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
 
-def peak_flops(device: torch.device) -> float | None:
-    """The device's dense BF16 peak, or None (CPU, unknown GPU: MFU is then not reported)."""
+def peak_flops_for_name(name: str, kind: str = "bf16") -> float | None:
+    """The dense ``kind`` peak (``MATMUL_KINDS``) of the GPU called ``name``, or None when it is
+    not in the table."""
+    words = set(re.split(r"[\s\-_]+", name.lower()))  # "Tesla V100-PCIE-16GB", "H100 PCIe"
+    peaks = next(
+        (peaks for key, peaks in PEAK_FLOPS if words.issuperset(k.lower() for k in key)), None
+    )
+    return None if peaks is None else getattr(peaks, kind)
+
+
+def peak_flops(device: torch.device, kind: str = "bf16") -> float | None:
+    """The device's dense ``kind`` peak, or None (CPU, unknown GPU: MFU is then not reported)."""
     if device.type != "cuda":
         return None
-    return peak_flops_for_name(torch.cuda.get_device_name(device))
+    return peak_flops_for_name(torch.cuda.get_device_name(device), kind)
 
 
 def mfu(
@@ -153,21 +192,33 @@ def whole_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in unique)
 
 
+def planned_state_bytes(optimizer: torch.optim.Optimizer, *, per_rank: bool = True) -> int:
+    """``foam.planned_state_numel`` in bytes: each state element in its group's ``state_dtype``
+    (the parameters' dtype where a group sets none), the widest one where groups differ (then an
+    upper bound); on this rank or for the whole model (``per_rank``)."""
+    sizes = [
+        resolve_dtype(group.get("state_dtype"), group["params"][0].dtype).itemsize
+        for group in optimizer.param_groups
+        if group["params"]
+    ]
+    return foam.planned_state_numel(optimizer, per_rank=per_rank) * max(sizes, default=0)
+
+
 def per_rank_memory_line(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, world_size: int, sharded: bool
 ) -> str:
     """Parameters, gradients (they take the trainable parameters' shapes and dtypes) and
     optimizer state of this rank, each with the estimator's prediction for this world size; the
-    state is the planned one (``foam.planned_state_numel``), allocated at the first step."""
+    state is the planned one (``planned_state_bytes``), allocated at the first step."""
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
-    state_size = params[0].element_size() if params else 0
-    planned_here = foam.planned_state_numel(optimizer) * state_size
-    planned_whole = foam.planned_state_numel(optimizer, per_rank=False) * state_size
     parts = {
         "params": (sum(bytes_by_dtype(params).values()), whole_bytes(params)),
         "grads": (sum(bytes_by_dtype(trainable).values()), whole_bytes(trainable)),
-        "optimizer state": (planned_here, planned_whole),
+        "optimizer state": (
+            planned_state_bytes(optimizer),
+            planned_state_bytes(optimizer, per_rank=False),
+        ),
     }
     return " | ".join(
         f"{name} {here / 2**20:.2f} MiB (predicted "

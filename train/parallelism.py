@@ -19,15 +19,22 @@ With one rank there is nothing to shard or replicate: the model trains unwrapped
 Under FSDP2 no rank holds the whole model on its device, and only rank 0 builds it at all: the
 model is built on the meta device, sharded, then ``fill_from_rank0`` gives each rank its shards
 of the weights rank 0 initialises (the ones a one-rank run starts from). For LLaMA-7B that saves
-every other rank 27 GB of host memory and 13.5 GB on its GPU at start-up. A resumed run's
-checkpoint holds every weight, so there no rank builds the whole model: the shards are allocated
-for it (``models.allocate_for_loading``).
+every other rank 27 GB of host memory and 13.5 GB on its GPU at start-up. Rank 0's build takes
+minutes there, so the other ranks wait for it on the slow-I/O group (a gloo barrier with a
+timeout sized for it), not in the broadcast that follows, which NCCL's 10-minute watchdog would
+end. A resumed run's checkpoint holds every weight, so there no rank builds the whole model: the
+shards are allocated for it (``models.allocate_for_loading``).
+
+``trainer.compile=true`` compiles each decoder layer in place (``nn.Module.compile``: parameter
+and checkpoint names stay the same), after activation checkpointing and before ``fully_shard``,
+as torchtitan orders them (``apply_compile`` in its ``parallelize``): one block's graph is built
+once and reused by every layer, and FSDP2's all-gathers stay outside it.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -39,7 +46,7 @@ from torch.distributed.tensor import Shard
 
 import foam
 from foam.sharding import shard_dim
-from train.distributed import wrap_ddp
+from train.distributed import barrier_for_slow_io, wrap_ddp
 
 PARALLELISMS = ("ddp", "fsdp")
 
@@ -59,6 +66,12 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
+def compile_decoder_layers(model: nn.Module) -> None:
+    """``trainer.compile``: ``torch.compile`` each decoder layer in place (names unchanged)."""
+    for layer in decoder_layers(model):
+        layer.compile()
+
+
 def shards_parameters(parallelism: str, world_size: int) -> bool:
     """Whether ``parallelize`` shards the model (FSDP2 over several ranks), so that it is built
     on the meta device and filled by ``fill_from_rank0``."""
@@ -73,12 +86,15 @@ def parallelize(
     device: torch.device,
     world_size: int,
     fold_axis: str = "larger",
+    compile_layers: bool = False,
 ) -> nn.Module:
     """The module that trains: ``model`` itself (one rank, or sharded in place by FSDP2), or its
     DDP wrapper. ``fold_axis`` is the optimizer's (FOAM's keyword) and picks each matrix's
-    sharded dim."""
+    sharded dim; ``compile_layers`` compiles each decoder layer first (``trainer.compile``)."""
     if parallelism not in PARALLELISMS:
         raise ValueError(f"trainer.parallelism must be one of {PARALLELISMS}, got {parallelism!r}")
+    if compile_layers:
+        compile_decoder_layers(model)
     if world_size == 1:
         return model
     if not shards_parameters(parallelism, world_size):
@@ -98,11 +114,16 @@ def parallelize(
     return model
 
 
-def fill_from_rank0(model: nn.Module, whole: nn.Module | None, device: torch.device) -> None:
+def fill_from_rank0(
+    model: nn.Module, build_whole: Callable[[], nn.Module], device: torch.device, *, is_main: bool
+) -> None:
     """Allocate ``model``, sharded by ``parallelize`` while on the meta device, on ``device`` and
-    give every rank its shards of ``whole``: the model rank 0 built in full (``None`` on the other
-    ranks). Collective. Buffers (the rotary frequencies, which no state dict holds) are
-    broadcast whole, as FSDP2 keeps them unsharded."""
+    give every rank its shards of the model rank 0 builds in full with ``build_whole`` (the other
+    ranks build nothing). Collective. The others wait for rank 0's build on the slow-I/O group
+    (minutes for 7B); the broadcasts then wait only for the transfers. Buffers (the rotary
+    frequencies, which no state dict holds) are broadcast whole, as FSDP2 keeps them unsharded."""
+    whole = build_whole() if is_main else None
+    barrier_for_slow_io()
     model.to_empty(device=device)
     set_model_state_dict(
         model,

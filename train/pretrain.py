@@ -68,10 +68,12 @@ from train.metrics import (
     PhasePeaks,
     bytes_by_dtype,
     format_bytes,
+    matmul_kind,
     mfu,
     optimizer_state_tensors,
     peak_flops,
     per_rank_memory_line,
+    planned_state_bytes,
 )
 from train.parallelism import (
     fill_from_rank0,
@@ -94,7 +96,13 @@ from train.seeding import seed_everything
 from train.state import TrainState
 from train.step import TrainingDiverged, train_step
 from train.step_stats import IntervalStats, StepStats
-from train.summary import build_summary, write_diverged, write_summary
+from train.summary import (
+    build_summary,
+    throughput,
+    throughput_line,
+    write_diverged,
+    write_summary,
+)
 from train.tokenizer import Tokenizer, build_tokenizer_on_ranks
 
 log = logging.getLogger("train.pretrain")
@@ -127,6 +135,16 @@ class Run:
     def resumable(self) -> Resumable:
         return Resumable(self.model, self.optimizer, self.scheduler, self.train_loader)
 
+    def flops_per_token(self) -> int:
+        return models.flops_per_token(self.cfg.model, self.cfg.data.seq_len)
+
+    def matmul_kind(self) -> str:
+        """bf16, tf32 or fp32: the device peak the run's MFU is scored against."""
+        return matmul_kind(self.cfg.trainer.precision)
+
+    def peak_flops(self) -> float | None:
+        return peak_flops(self.device, self.matmul_kind())
+
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16_mixed under DDP or on one rank: fp32 weights under a bf16 autocast (FSDP2 casts
         by itself); pure bf16 and fp32 need none."""
@@ -157,7 +175,7 @@ def train(cfg: DictConfig) -> dict:
         config=config,
     )
     try:
-        last_mfu = train_loop(run, state, sink)
+        train_loop(run, state, sink)
     except TrainingDiverged as err:
         if info.is_main:
             write_diverged(run.run_dir, state.step, str(err))
@@ -171,7 +189,12 @@ def train(cfg: DictConfig) -> dict:
         hparams=optimizer_hparams(cfg.optim),
         optimizer_state_bytes=foam.state_bytes(run.optimizer),
         peak_memory=run.peaks.record(),
-        mfu=last_mfu,
+        throughput=throughput(
+            state,
+            flops_per_token=run.flops_per_token(),
+            matmul_kind=run.matmul_kind(),
+            peak_flops=run.peak_flops(),
+        ),
         **params_counts(run.model),
         data_skipped=sum(dist.all_gather_object(int(run.train_loader.stats.get("skipped", 0)))),
         projections=foam.projections_computed(run.optimizer),
@@ -183,11 +206,12 @@ def train(cfg: DictConfig) -> dict:
         write_summary(run.run_dir, summary)
         export_hf(exported, run.tokenizer, run.run_dir / HF_DIR)
         log.info(
-            "done: %d steps, %d tokens, val ppl %.2f, %.0f s",
+            "done: %d steps, %d tokens, val ppl %.2f, %.0f s | %s",
             state.step,
             state.tokens,
             final["val_ppl"],
             summary["wall_time_s"],
+            throughput_line(summary),
         )
     sink.close(summary)
     return summary
@@ -247,8 +271,6 @@ def build_model_and_optimizer(
     model.train()
     if t.grad_checkpointing:
         models.enable_gradient_checkpointing(model)
-    if t.compile:  # compiles forward in place: parameter names and checkpoints stay the same
-        model.compile()
     model.config.use_cache = False
     replica = parallelize(
         model,
@@ -257,13 +279,17 @@ def build_model_and_optimizer(
         device=device,
         world_size=info.world_size,
         fold_axis=foam.fold_axis_of(cfg.optim),
+        compile_layers=t.compile,
     )
     if sharded and not initialise:  # the checkpoint about to be loaded holds every weight
         models.allocate_for_loading(model, device=device)
     elif sharded:  # rank 0 alone builds the whole model, the weights a one-rank run starts from
-        whole = models.build_model(cfg.model, dtype=dtype) if info.is_main else None
-        fill_from_rank0(model, whole, device)
-        del whole
+        fill_from_rank0(
+            model,
+            lambda: models.build_model(cfg.model, dtype=dtype),
+            device,
+            is_main=info.is_main,
+        )
     optimizer = build_optimizer(cfg.optim, model)
     scheduler = build_scheduler(
         optimizer, max_steps=t.max_steps, warmup_ratio=t.warmup_ratio, min_lr_ratio=t.min_lr_ratio
@@ -303,83 +329,54 @@ def build_data(cfg: DictConfig, info: dist.DistInfo) -> tuple[Tokenizer, TrainLo
     return tokenizer, train_loader, val_batches
 
 
-def train_loop(run: Run, state: TrainState, sink: MetricSink) -> float | None:
+def train_loop(run: Run, state: TrainState, sink: MetricSink) -> None:
     """Exactly ``max_steps`` optimizer steps (lr is a function of the optimizer step), with
-    metrics, evaluations and checkpoints on their schedules. Returns the last interval's MFU.
+    metrics, evaluations and checkpoints on their schedules.
 
     Each step's numbers stay on the device until the next log, evaluation or save reads them with
     one host sync (which also stops a diverged run; ``train/step_stats.py``). There, too, the
     ranks agree on a stop signal (any rank) or a wall-clock save: a stop ends the loop with a
     checkpoint (``RunPreempted``), at most ``log_every`` steps after the signal arrived."""
     t = run.cfg.trainer
-    flops_per_token = models.flops_per_token(run.cfg.model, run.cfg.data.seq_len)
-    peak, last_mfu = peak_flops(run.device), None
-    setup = StepSetup(
-        run.cfg,
-        run.device,
-        PARAM_DTYPES[t.precision],
-        run.accumulation,
-        run.info.world_size,
-        run.autocast,
+    estimate = estimate_step_time(
+        StepSetup(
+            run.cfg,
+            run.device,
+            PARAM_DTYPES[t.precision],
+            run.accumulation,
+            run.info.world_size,
+            run.autocast,
+        ),
+        steps=t.max_steps - state.step,
+        is_main=run.info.is_main,
     )
-    estimate = estimate_step_time(setup, steps=t.max_steps - state.step, is_main=run.info.is_main)
-    stats, stopper, stop_signal = (
-        StepStats(run.device),
-        StopAndSave(t.save_every_minutes, run.device),
-        None,
-    )
+    stats, stopper = StepStats(run.device), StopAndSave(t.save_every_minutes, run.device)
     progress = tqdm(
         total=t.max_steps, initial=state.step, disable=not run.info.is_main, dynamic_ncols=True
     )
+    first_interval, stop_signal = True, None
     while state.step < t.max_steps:
-        run.peaks.enter("train")
-        result, grad_norm, lrs = train_step(
-            run.replica,
-            run.optimizer,
-            run.scheduler,
-            run.train_loader,
-            accumulation=run.accumulation,
-            device=run.device,
-            world_size=run.info.world_size,
-            autocast=run.autocast,
-            grad_clip=t.grad_clip,
-        )
-        state.step += 1
-        stats.add(state.step, result, grad_norm)
+        lrs = step_once(run, state, stats)
         progress.update(1)
-        log_now = state.step in (1, t.max_steps) or (t.log_every and state.step % t.log_every == 0)
-        eval_now = state.step == t.max_steps or (t.eval_every and state.step % t.eval_every == 0)
-        final = state.step == t.max_steps and t.save_final
-        save_now = final or (t.save_every and state.step % t.save_every == 0)
-        if not (log_now or eval_now or save_now):
+        due = Due.at(state.step, t)
+        if not due.any():
             continue
-        interval = stats.read()
-        state.add_interval(interval.tokens, interval.seconds)
-        slots_per_s = interval.token_slots / interval.seconds / run.info.world_size
-        last_mfu = mfu(flops_per_token, slots_per_s, peak)
-        if state.step == 1 and run.info.is_main:
-            log.info(
-                "optimizer state after the first step, this rank: %s (planned %.2f MiB)",
-                format_bytes(bytes_by_dtype(optimizer_state_tensors(run.optimizer))),
-                foam.planned_state_numel(run.optimizer)
-                * next(run.model.parameters()).element_size()
-                / 2**20,
-            )
-        if log_now:
+        interval = stats.read()  # the interval's one host sync
+        state.add_interval(
+            interval.tokens, interval.token_slots, interval.seconds, steady=not first_interval
+        )
+        first_interval = False
+        if state.step == 1:
+            log_first_step_state(run)
+        if due.log:
             progress.set_postfix(loss=f"{interval.loss:.4f}", lr=f"{next(iter(lrs.values())):.2e}")
-            sink.log(step_record(run, state, interval, lrs, last_mfu))
+            sink.log(step_record(run, state, interval, lrs))
             estimate.compare(state.step, interval.steps, interval.seconds)
-        if eval_now:
+        if due.eval:
             evaluate_and_log(run, state, sink)
         verdict = stopper.poll()  # collective: a stop signal on any rank, a wall-clock save
-        if save_now or verdict.save:
-            run.peaks.enter("checkpoint")
-            stopper.checkpoint_saved()
-            path = save_training_state(
-                run.run_dir, run.resumable(), state, rank=run.info.rank, keep_last=t.keep_last
-            )
-            if path:
-                log.info("saved %s", path)
+        if due.save or verdict.save:
+            save_checkpoint(run, state, stopper)
         stats.restart_clock()  # evaluation, saving and logging are not training time
         if verdict.stop_signal and state.step < t.max_steps:  # at the end, finishing is quicker
             stop_signal = verdict.stop_signal.name
@@ -387,26 +384,92 @@ def train_loop(run: Run, state: TrainState, sink: MetricSink) -> float | None:
     progress.close()
     run.train_loader.close()  # stop its read-ahead thread
     if stop_signal:
-        log.warning(
-            "%s: stopped after step %d with its checkpoint saved; rerun the same command to "
-            "resume (exit status %d)",
-            stop_signal,
-            state.step,
-            PREEMPTED_EXIT_STATUS,
+        stop_preempted(state, sink, stop_signal)
+
+
+@dataclass(frozen=True)
+class Due:
+    """What the step just made is due for: a metrics line, an evaluation, a checkpoint."""
+
+    log: bool
+    eval: bool
+    save: bool
+
+    @classmethod
+    def at(cls, step: int, t: DictConfig) -> Due:
+        last = step == t.max_steps
+        return cls(
+            log=step == 1 or last or bool(t.log_every and step % t.log_every == 0),
+            eval=last or bool(t.eval_every and step % t.eval_every == 0),
+            save=(last and t.save_final) or bool(t.save_every and step % t.save_every == 0),
         )
-        sink.close(preempted=True)
-        raise RunPreempted(f"{stop_signal} at step {state.step}; resume with the same command")
-    return last_mfu
+
+    def any(self) -> bool:
+        return self.log or self.eval or self.save
+
+
+def step_once(run: Run, state: TrainState, stats: StepStats) -> dict[str, float]:
+    """One optimizer step, its numbers left on the device in ``stats``; returns its lrs."""
+    run.peaks.enter("train")
+    result, grad_norm, lrs = train_step(
+        run.replica,
+        run.optimizer,
+        run.scheduler,
+        run.train_loader,
+        accumulation=run.accumulation,
+        device=run.device,
+        world_size=run.info.world_size,
+        autocast=run.autocast,
+        grad_clip=run.cfg.trainer.grad_clip,
+    )
+    state.step += 1
+    stats.add(state.step, result, grad_norm)
+    return lrs
+
+
+def log_first_step_state(run: Run) -> None:
+    """After the first step, the optimizer state it allocated beside the planned bytes."""
+    if run.info.is_main:
+        log.info(
+            "optimizer state after the first step, this rank: %s (planned %.2f MiB)",
+            format_bytes(bytes_by_dtype(optimizer_state_tensors(run.optimizer))),
+            planned_state_bytes(run.optimizer) / 2**20,
+        )
+
+
+def save_checkpoint(run: Run, state: TrainState, stopper: StopAndSave) -> None:
+    """A checkpoint of the run at this step (every rank), its peak memory as its own phase."""
+    run.peaks.enter("checkpoint")
+    stopper.checkpoint_saved()
+    path = save_training_state(
+        run.run_dir,
+        run.resumable(),
+        state,
+        rank=run.info.rank,
+        keep_last=run.cfg.trainer.keep_last,
+    )
+    if path:
+        log.info("saved %s", path)
+
+
+def stop_preempted(state: TrainState, sink: MetricSink, stop_signal: str) -> None:
+    """End a run that a signal stopped after its checkpoint: say how to resume, and raise."""
+    log.warning(
+        "%s: stopped after step %d with its checkpoint saved; rerun the same command to "
+        "resume (exit status %d)",
+        stop_signal,
+        state.step,
+        PREEMPTED_EXIT_STATUS,
+    )
+    sink.close(preempted=True)
+    raise RunPreempted(f"{stop_signal} at step {state.step}; resume with the same command")
 
 
 def step_record(
-    run: Run,
-    state: TrainState,
-    interval: IntervalStats,
-    lrs: dict[str, float],
-    interval_mfu: float | None,
+    run: Run, state: TrainState, interval: IntervalStats, lrs: dict[str, float]
 ) -> dict:
     """One line of ``metrics.jsonl``: the newest step, with the interval's rates."""
+    slots_per_s = interval.token_slots / interval.seconds / run.info.world_size
     return {
         "step": state.step,
         "tokens": state.tokens,
@@ -415,7 +478,7 @@ def step_record(
         **{f"lr/{name}": lr for name, lr in lrs.items()},
         "step_time_s": interval.seconds / interval.steps,
         "tokens_per_s": interval.tokens / interval.seconds,
-        "mfu": interval_mfu,
+        "mfu": mfu(run.flops_per_token(), slots_per_s, run.peak_flops()),
         "optimizer_state_bytes": foam.state_bytes(run.optimizer),
         **run.peaks.record(),
     }

@@ -118,7 +118,8 @@ class TrainerConfig:
     """ddp (replicate the model on every rank) | fsdp (FSDP2: shard parameters, gradients and
     optimizer states; see train/parallelism.py)."""
     compile: bool = False
-    """torch.compile the model (``nn.Module.compile``: parameter and checkpoint names unchanged)."""
+    """torch.compile each decoder layer (``nn.Module.compile``: parameter and checkpoint names
+    unchanged), before FSDP2 shards it (``train/parallelism.py``)."""
     eval_every: int = 1000
     """Optimizer steps between evaluations; 0 = only at the end."""
     eval_tokens: int = 10_000_000

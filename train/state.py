@@ -20,8 +20,14 @@ class TrainState:
     """Optimizer steps completed."""
     tokens: int = 0
     """Non-pad training tokens seen, all ranks."""
+    token_slots: int = 0
+    """Token positions computed, padding included (what MFU counts), all ranks."""
     train_time_s: float = 0.0
     """Time in training steps (evaluation and checkpointing excluded)."""
+    steady_tokens: int = 0
+    """``tokens`` without each segment's first interval (kernel builds, compilation, warm-up)."""
+    steady_token_slots: int = 0
+    steady_time_s: float = 0.0
     wall_time_s: float = 0.0
     eval_history: list[dict[str, Any]] = field(default_factory=list)
     """One ``{step, tokens, val_loss, val_ppl}`` per evaluation."""
@@ -34,10 +40,16 @@ class TrainState:
     def wall_time(self) -> float:
         return self.wall_time_s + time.perf_counter() - self._segment_start
 
-    def add_interval(self, tokens: int, seconds: float) -> None:
-        """Count the tokens and training time of the steps since the last read."""
+    def add_interval(self, tokens: int, token_slots: int, seconds: float, *, steady: bool) -> None:
+        """Count the tokens and training time of the steps since the last read; ``steady``
+        unless they are the first of this segment (a resumed run warms up again)."""
         self.tokens += tokens
+        self.token_slots += token_slots
         self.train_time_s += seconds
+        if steady:
+            self.steady_tokens += tokens
+            self.steady_token_slots += token_slots
+            self.steady_time_s += seconds
 
     def record_eval(self, val_loss: float, val_ppl: float) -> dict[str, Any]:
         """Add this step's evaluation to the history (once per step) and return its entry."""

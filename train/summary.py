@@ -8,6 +8,8 @@ final_val_ppl               exp(final_val_loss)
 steps                       optimizer steps completed
 tokens                      non-pad training tokens seen (all ranks)
 tokens_per_s                tokens / training time (eval and checkpointing excluded)
+tokens_per_s_steady         the same without each segment's first logged interval (kernel builds,
+                            compilation, warm-up): the rate a longer run approaches
 optimizer_state_bytes       bytes of optimizer state allocated (``foam.state_bytes``) on rank 0
                             (its shard under fsdp)
 peak_memory_bytes           peak over training steps only (set-up, eval and saving excluded):
@@ -15,7 +17,12 @@ peak_memory_bytes           peak over training steps only (set-up, eval and savi
 peak_memory_reserved_bytes  the same for CUDA max reserved (null on CPU)
 peak_memory_by_phase        {phase: {peak_memory_bytes, ...}} for setup, train, eval, checkpoint
                             (``train.metrics.PhasePeaks``)
-mfu                         model FLOPs utilisation of the last logged window (null on CPU/unknown GPU)
+mfu                         model FLOPs utilisation over the training time, against the device's
+                            dense peak for the run's matmuls (``train.metrics.matmul_kind``: bf16,
+                            tf32 or fp32); null on CPU or an unknown GPU
+mfu_steady                  the same over the steady intervals (as ``tokens_per_s_steady``)
+matmul_kind                 bf16, tf32 or fp32: which of the device's peaks ``mfu`` is scored against
+peak_flops                  that peak in FLOP/s (null where ``mfu`` is)
 wall_time_s                 wall-clock time of the run, summed over resumed segments
 git_sha                     commit of the code (suffixed ``-dirty`` with uncommitted changes)
 model                       model config name (e.g. llama_350m)
@@ -51,6 +58,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from train.metrics import mfu
 from train.state import TrainState
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +99,7 @@ def build_summary(
     hparams: dict[str, Any],
     optimizer_state_bytes: int,
     peak_memory: dict[str, int],
-    mfu: float | None,
+    throughput: dict[str, Any],
     params_total: int,
     params_folded: int,
     data_skipped: int,
@@ -99,16 +107,15 @@ def build_summary(
     foam_steps: dict[str, str],
     tokenizer: str,
 ) -> dict[str, Any]:
-    """The summary of a finished run (the schema above)."""
+    """The summary of a finished run (the schema above); ``throughput`` is ``throughput()``'s."""
     return {
         "final_val_loss": final_eval["val_loss"],
         "final_val_ppl": final_eval["val_ppl"],
         "steps": state.step,
         "tokens": state.tokens,
-        "tokens_per_s": state.tokens / state.train_time_s if state.train_time_s else None,
         "optimizer_state_bytes": optimizer_state_bytes,
         **{"peak_memory_reserved_bytes": None, **peak_memory},
-        "mfu": mfu,
+        **throughput,
         "wall_time_s": state.wall_time(),
         "git_sha": git_sha(),
         "model": cfg.model.name,
@@ -132,6 +139,47 @@ def build_summary(
         "foam_steps": foam_steps,
         "eval_history": state.eval_history,
     }
+
+
+def throughput(
+    state: TrainState, *, flops_per_token: int, matmul_kind: str, peak_flops: float | None
+) -> dict[str, Any]:
+    """``tokens_per_s`` and ``mfu`` over the whole training time and over the steady intervals,
+    with the peak MFU is scored against (``peak_flops`` per device, for ``matmul_kind``)."""
+
+    def rates(tokens: int, slots: int, seconds: float) -> tuple[float | None, float | None]:
+        if not seconds:
+            return None, None
+        per_device = slots / seconds / state.world_size
+        return tokens / seconds, mfu(flops_per_token, per_device, peak_flops)
+
+    tokens_per_s, overall_mfu = rates(state.tokens, state.token_slots, state.train_time_s)
+    steady_tokens_per_s, steady_mfu = rates(
+        state.steady_tokens, state.steady_token_slots, state.steady_time_s
+    )
+    return {
+        "tokens_per_s": tokens_per_s,
+        "tokens_per_s_steady": steady_tokens_per_s,
+        "mfu": overall_mfu,
+        "mfu_steady": steady_mfu,
+        "matmul_kind": matmul_kind,
+        "peak_flops": peak_flops,
+    }
+
+
+def throughput_line(summary: dict[str, Any]) -> str:
+    """``throughput()``'s figures in one log line: overall, then steady."""
+
+    def fmt(tokens_per_s: float | None, utilisation: float | None) -> str:
+        if tokens_per_s is None:
+            return "n/a"
+        return f"{tokens_per_s:.0f} tokens/s" + (
+            "" if utilisation is None else f", MFU {utilisation:.1%}"
+        )
+
+    overall = fmt(summary["tokens_per_s"], summary["mfu"])
+    steady = fmt(summary["tokens_per_s_steady"], summary["mfu_steady"])
+    return f"overall {overall}; steady (after the first interval) {steady}"
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
