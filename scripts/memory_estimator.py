@@ -74,6 +74,8 @@ SPECS: dict[str, Spec] = {
     "gwt_mini": Spec("gwt_mini", _fixed()),
     "foam_mini": Spec("foam_mini", _fixed()),
     "adamw8bit": Spec("adamw8bit", _fixed(), bytes_per_state=1),
+    "galore8bit": Spec("galore8bit", _rank(4), bytes_per_state=1),
+    "foam8bit": Spec("foam8bit", _fixed(level=2), bytes_per_state=1),
 }
 """By method name (``scripts/methods.py``)."""
 

@@ -48,6 +48,12 @@ TABLE2: tuple[Method, ...] = tuple(m for block in TABLE2_BLOCKS for m in block)
 
 TABLE3_ONLY: tuple[Method, ...] = (Method("adamw8bit", "8-bit Adam"),)
 
+INT8_ONLY: tuple[Method, ...] = (
+    Method("galore8bit", "8-bit GaLore"),
+    Method("foam8bit", "8-bit FOAM-2"),
+)
+"""The int8 table's rows besides 8-bit Adam."""
+
 TABLE3: tuple[str, ...] = ("adamw8bit", "muon", "galore_1_4", "apollo_1_4", "foam2")
 """Table 3's rows (3B and 7B)."""
 
@@ -124,11 +130,11 @@ ABLATION_PREFIX = "ablation_"
 CONTROL_LABEL = "AdamW, matrices at lr x alpha (module-wise lr)"
 """The paper's control for FOAM's alpha (Appendix): the ``adamw`` runs with ``alpha`` below 1."""
 
-BY_NAME: dict[str, Method] = {m.name: m for m in (*TABLE2, *TABLE3_ONLY)}
+BY_NAME: dict[str, Method] = {m.name: m for m in (*TABLE2, *TABLE3_ONLY, *INT8_ONLY)}
 
 
 def label(name: str) -> str:
-    """The label of a method in Tables 2 and 3 (its name for the others)."""
+    """The label of a method in the paper's tables (its name for the others)."""
     return BY_NAME[name].label if name in BY_NAME else name
 
 
