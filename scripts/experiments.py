@@ -288,7 +288,9 @@ EXPERIMENTS: dict[str, Experiment] = {
             methods(*TABLE3),
             overrides=lambda model: ("trainer.grad_checkpointing=true",),
         ),
-        Experiment("qwen", "Table: final validation PPL of Qwen2.5 60M-350M", QWEN, methods(*QWEN_METHODS)),
+        Experiment(
+            "qwen", "Table: final validation PPL of Qwen2.5 60M-350M", QWEN, methods(*QWEN_METHODS)
+        ),
         Experiment(
             "seq_len",
             "Table: sequence lengths 512 and 1024 at 131K tokens per batch, LLaMA 60M-350M",
@@ -343,7 +345,9 @@ def listing() -> str:
 def experiment_runs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[Run]:
     """``sweep.py --experiment``'s runs: on ``--model`` instead of the paper's sizes, with
     ``--seeds``, and only the ``--methods`` (method directories) named, if given."""
-    unused = [flag for flag, value in GRID_ONLY.items() if getattr(args, value) not in (None, False)]
+    unused = [
+        flag for flag, value in GRID_ONLY.items() if getattr(args, value) not in (None, False)
+    ]
     if unused:
         parser.error(f"{', '.join(unused)} do(es) not apply to --experiment")
     if args.experiment not in EXPERIMENTS:
@@ -353,12 +357,19 @@ def experiment_runs(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         names = {run.point.name for run in runs}
         unknown = sorted(set(args.methods) - names)
         if unknown:
-            parser.error(f"--methods {unknown} not in {args.experiment}: {', '.join(sorted(names))}")
+            parser.error(
+                f"--methods {unknown} not in {args.experiment}: {', '.join(sorted(names))}"
+            )
         runs = [run for run in runs if run.point.name in args.methods]
     return runs
 
 
-GRID_ONLY = {"--lrs": "lrs", "--alphas": "alphas", "--config-alpha": "config_alpha", "--name": "name"}
+GRID_ONLY = {
+    "--lrs": "lrs",
+    "--alphas": "alphas",
+    "--config-alpha": "config_alpha",
+    "--name": "name",
+}
 """The grid sweep's flags, which an experiment (each run at the paper's setting) does not take."""
 
 

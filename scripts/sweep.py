@@ -222,7 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         "--mfu", type=float, default=None, help="--experiment --dry-run: the MFU of its estimates"
     )
     parser.add_argument(
-        "--methods", nargs="+", default=None, help="default: the paper's; with --experiment: a subset"
+        "--methods",
+        nargs="+",
+        default=None,
+        help="default: the paper's; with --experiment: a subset",
     )
     parser.add_argument("--lrs", nargs="+", type=float, default=None, help="default: paper grid")
     parser.add_argument("--alphas", nargs="+", type=float, default=None)

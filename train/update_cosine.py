@@ -74,9 +74,14 @@ class UpdateCosine:
                 "trainer.log_update_cosine=true needs whole matrices: use trainer.parallelism=ddp"
             )
         group_of = {p: g for g in optimizer.param_groups for p in g["params"]}
-        self.settings = {name: (group_of[p]["betas"], group_of[p]["eps"]) for name, p in self.matrices}
+        self.settings = {
+            name: (group_of[p]["betas"], group_of[p]["eps"]) for name, p in self.matrices
+        }
         self.moments = {
-            name: (torch.zeros_like(p, dtype=torch.float32), torch.zeros_like(p, dtype=torch.float32))
+            name: (
+                torch.zeros_like(p, dtype=torch.float32),
+                torch.zeros_like(p, dtype=torch.float32),
+            )
             for name, p in self.matrices
         }
         self.t = 0
@@ -95,7 +100,9 @@ class UpdateCosine:
             m.lerp_(g, 1 - beta1)
             v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
         if self.due(self.next_step()):
-            self.before = {name: p.detach().float() for name, p in self.matrices}
+            self.before = {
+                name: p.detach().to(torch.float32, copy=True) for name, p in self.matrices
+            }
 
     @torch.no_grad()
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
