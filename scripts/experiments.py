@@ -156,6 +156,11 @@ def paper_steps(model: str) -> int:
     return int(resolved.trainer.max_steps)
 
 
+def is_paper_size(model: str) -> bool:
+    """Whether ``model`` is one of the paper's sizes (``trainer=paper`` has its step count)."""
+    return model in OmegaConf.load(CONFIGS / "trainer" / "paper.yaml").paper_steps
+
+
 def methods(*names: str) -> Callable[[str], list[Variant]]:
     """Optim configs as they are, the same for every model."""
     return lambda model: [Variant(name, name, label(name)) for name in names]

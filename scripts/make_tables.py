@@ -858,6 +858,9 @@ def main(argv: list[str] | None = None) -> int:
         "sweep.md": sweep_table(points),
         "provenance.md": provenance(points),
     }
+    from experiment_tables import experiment_outputs  # the other experiments; imports this module
+
+    outputs.update(experiment_outputs(points, args.root, args.out if args.curves else None))
     if args.out is None:
         for name in ("table2.md", "paired.md", "ablations.md", "sweep.md"):
             print(f"## {name}\n\n{outputs[name]}")
