@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from foam.baselines.galore import GaLore
-from foam.baselines.quantized import MIN_8BIT_SIZE, bitsandbytes, quantized_bytes
-from foam.hparams import group_defaults, signature_defaults
+from foam.baselines.quantized import BLOCK, MIN_8BIT_SIZE, bitsandbytes, quantized_bytes
+from foam.hparams import signature_defaults
 from foam.lowrank import project_back, resolve_rank
 from foam.numerics import compute_dtype, resolve_dtype
 from foam.param_groups import ParamSplit
@@ -49,23 +49,15 @@ class GaLore8bit(GaLore):
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.95),
         eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        rank: int | None = 128,
-        update_proj_gap: int = 200,
-        alpha: float = 0.25,
-        proj_type: str = "std",
-        state_dtype: torch.dtype | str | None = None,
         min_8bit_size: int = MIN_8BIT_SIZE,
+        **galore_options: Any,
     ) -> None:
+        """GaLore's keywords; ``eps`` defaults to bitsandbytes' (and the reference's) 1e-8."""
         self.functional = bitsandbytes().functional
         self.min_8bit_size = min_8bit_size
         self._code_books: dict[tuple[torch.device, bool], torch.Tensor] = {}
-        defaults = group_defaults(locals())
-        del defaults["min_8bit_size"]
-        super(GaLore, self).__init__(params, defaults)  # GaLore's keywords plus this one
+        super().__init__(params, eps=eps, **galore_options)
 
     def moment_numel(self, p: torch.Tensor, group: dict[str, Any]) -> int:
         shape = self.compressed_shape(p, group)
@@ -102,7 +94,7 @@ class GaLore8bit(GaLore):
             shape = state[key].shape
             if self.quantizes(p, group):
                 state[key] = torch.zeros(shape, dtype=torch.uint8, device=p.device)
-                blocks = -(-numel // 256)
+                blocks = -(-numel // BLOCK)
                 state[f"{key}_absmax"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
             else:
                 state[key] = torch.zeros(shape, dtype=torch.float32, device=p.device)
@@ -149,11 +141,15 @@ class GaLore8bit(GaLore):
             )
 
 
-OPTIONS = ("update_proj_gap", "alpha", "proj_type", "state_dtype", "min_8bit_size")
+OPTIONS = ("update_proj_gap", "alpha", "proj_type", "state_dtype")
 
 
 @register(
-    "galore8bit", rank=None, rank_fraction=0.25, **signature_defaults(GaLore8bit, "eps", *OPTIONS)
+    "galore8bit",
+    rank=None,
+    rank_fraction=0.25,
+    **signature_defaults(GaLore8bit, "eps", "min_8bit_size"),
+    **signature_defaults(GaLore, *OPTIONS),
 )
 def _galore8bit(split: ParamSplit, hp: dict[str, Any]) -> GaLore8bit:
     """GaLore-``rank`` with 8-bit states on the matrices, bitsandbytes' 8-bit AdamW on the rest.
@@ -162,4 +158,5 @@ def _galore8bit(split: ParamSplit, hp: dict[str, Any]) -> GaLore8bit:
     """
     rank = resolve_rank(split, hp["rank"], hp["rank_fraction"])
     groups = two_groups(split, {"rank": rank}, {"rank": None})
-    return GaLore8bit(groups, **adam_settings(hp), **{k: hp[k] for k in OPTIONS})
+    options = {k: hp[k] for k in (*OPTIONS, "min_8bit_size")}
+    return GaLore8bit(groups, **adam_settings(hp), **options)
