@@ -39,6 +39,7 @@ from make_tables import fmt_gb, fmt_ppl, load_points, model_order, save_figure
 from memory_estimator import estimate, table2_gb
 from methods import label
 from paper_perplexity import STAND_INS
+from sweep import run_dir_fields
 
 from train.update_cosine import PREFIX
 
@@ -133,8 +134,8 @@ class Found:
         method_dir = self.root / key.model / key.method
         out = []
         for run_dir in sorted(method_dir.iterdir()):
-            path = run_dir / "metrics.jsonl"
-            if path.exists() and run_dir.name.startswith(f"lr{key.lr:.10g}"):
+            fields, path = run_dir_fields(run_dir.name), run_dir / "metrics.jsonl"
+            if fields and fields[:2] == (key.lr, key.alpha_or_none) and path.exists():
                 out.append([json.loads(line) for line in path.read_text().splitlines()])
         return out
 

@@ -197,3 +197,31 @@ def test_tiny_run_of_each_experiment(tmp_path, name):
     tables = experiment_outputs(make_tables.load_points(tmp_path), tmp_path)
     if name in TABLE_OF:
         assert "(n=1)" in tables[TABLE_OF[name]] or "layer_0" in tables[TABLE_OF[name]]
+
+
+def fake_run(root: Path, model: str, method: str, directory: str, ppl: float, metrics=()) -> None:
+    """A finished run's summary (and metrics records) where the sweep would have put it."""
+    run_dir = root / model / method / directory
+    run_dir.mkdir(parents=True)
+    history = [{"step": 100, "val_ppl": ppl + 10}, {"step": 200, "val_ppl": ppl}]
+    summary = {"final_val_ppl": ppl, "eval_history": history, "steps": 200}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
+
+
+def test_tables_put_the_papers_numbers_beside_the_measured(tmp_path):
+    fake_run(tmp_path, "llama_60m", "foam8bit", "lr0.01_alpha0.25_seed42", 29.0)
+    fake_run(tmp_path, "llama_60m", "foam8bit", "lr0.01_alpha0.25_seed43", 31.0)
+    fake_run(tmp_path, "llama_130m", "foam2_seq1024", "lr0.01_alpha0.25_seed42", 25.0)
+    cosine = {"step": 200, "update_cosine/layer_0": 0.5, "update_cosine/mean": 0.4}
+    fake_run(tmp_path, "llama_2m", "cosine_foam2", "lr0.01_alpha0.25_seed0", 80.0, [cosine])
+    fake_run(tmp_path, "llama_2m", "ablation_foam2_no_residual", "lr0.01_alpha0.25_seed0", 95.0)
+    tables = experiment_outputs(make_tables.load_points(tmp_path), tmp_path)
+    assert set(tables) == {"int8.md", "seq_len.md", "cosine.md", "residual.md"}
+    int8 = next(line for line in tables["int8.md"].splitlines() if "8-bit FOAM-2" in line)
+    # measured mean ± std (n) | the paper's PPL | estimated memory | the paper's memory
+    assert "| 30.00 ± 1.41 (n=2) | 28.86 | 0.19G | 0.18G |" in int8
+    seq_1024 = tables["seq_len.md"].split("Sequence length 1024")[1]
+    assert "| FOAM-2 | 25.00 (n=1) | 24.38 |" in seq_1024
+    assert "| layer_0 | 0.500 |" in tables["cosine.md"]
+    assert "| FOAM-2 without the residual (rho = 0) | 105.00 | 95.00 |" in tables["residual.md"]
