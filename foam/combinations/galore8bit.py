@@ -80,6 +80,16 @@ class GaLore8bit(GaLore):
                 )
         return total
 
+    def _load_dtype_faithfully(self, state_dict: dict[str, Any]) -> None:
+        """The moments' keys hold 8-bit codes or, for small moments, float32 values (listed in
+        ``float32_states``, so loaded as float32): the codes go back to uint8, exactly."""
+        super()._load_dtype_faithfully(state_dict)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if self.state.get(p) and self.quantizes(p, group):
+                    for key in MOMENTS:
+                        self.state[p][key] = self.state[p][key].to(torch.uint8)
+
     def _code_book(self, device: torch.device, signed: bool) -> torch.Tensor:
         key = (device, signed)
         if key not in self._code_books:
