@@ -48,14 +48,14 @@ TABLE2: tuple[Method, ...] = tuple(m for block in TABLE2_BLOCKS for m in block)
 
 TABLE3_ONLY: tuple[Method, ...] = (Method("adamw8bit", "8-bit Adam"),)
 
+TABLE3: tuple[str, ...] = ("adamw8bit", "muon", "galore_1_4", "apollo_1_4", "foam2")
+"""Table 3's rows (3B and 7B)."""
+
 INT8_ONLY: tuple[Method, ...] = (
     Method("galore8bit", "8-bit GaLore"),
     Method("foam8bit", "8-bit FOAM-2"),
 )
 """The int8 table's rows besides 8-bit Adam."""
-
-TABLE3: tuple[str, ...] = ("adamw8bit", "muon", "galore_1_4", "apollo_1_4", "foam2")
-"""Table 3's rows (3B and 7B)."""
 
 PAPER_SWEEP: tuple[str, ...] = (
     "adamw",
