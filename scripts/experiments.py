@@ -355,6 +355,8 @@ def experiment_runs(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     ]
     if unused:
         parser.error(f"{', '.join(unused)} do(es) not apply to --experiment")
+    if args.mfu is not None and not 0 < args.mfu <= 1:
+        parser.error(f"--mfu is a fraction of the peak in (0, 1], got {args.mfu}")
     if args.experiment not in EXPERIMENTS:
         parser.error(f"unknown experiment {args.experiment!r}; known: {', '.join(EXPERIMENTS)}")
     runs = EXPERIMENTS[args.experiment].runs([args.model] if args.model else None, args.seeds)

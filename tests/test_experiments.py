@@ -118,6 +118,7 @@ def test_user_choices_and_finished_runs(capsys, tmp_path):
         (["--experiment", "int8", "--lrs", "1e-3"], "--lrs"),
         (["--experiment", "int8", "--methods", "adamw"], "not in int8"),
         ([], "give --model"),
+        (["--experiment", "int8", "--mfu", "35"], "--mfu is a fraction"),
     ],
 )
 def test_bad_choices_are_one_line(capsys, argv, message):
