@@ -45,6 +45,7 @@ SHARDED_METHODS = ("adamw", "foam", "foam_mini")
 
 WHOLE_MATRIX_REASONS = {
     "galore": "the SVD of the whole gradient matrix",
+    "galore8bit": "the SVD of the whole gradient matrix",
     "apollo": "a random projection of the whole gradient matrix",
     "apollo_mini": "a random projection of the whole gradient matrix",
     "muon": "Newton-Schulz on the whole momentum matrix",

@@ -30,6 +30,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
+from experiment_tables import experiment_outputs
+from figures import save_figure
 from memory_estimator import estimate, table2_gb
 from methods import (
     ABLATION_PREFIX,
@@ -59,6 +61,7 @@ from study_points import (
     NO_ALPHA,
     Point,
     best_points,
+    fmt_gb,
     fmt_ppl,
     load_points,
     model_order,
@@ -123,13 +126,6 @@ def estimated_gb(model: str, method: str) -> float | None:
         return table2_gb(estimate(model, "adamw" if method == CONTROL else method))
     except (LookupError, ValueError, FileNotFoundError):
         return None
-
-
-def fmt_gb(gb: float | None) -> str:
-    """Decimal GB as the paper prints them; models under 0.1 GB in MB, to stay readable."""
-    if gb is None:
-        return "-"
-    return f"{gb:.2f}G" if gb >= 0.1 else f"{gb * 1e3:.2f}M"
 
 
 def table2(best: dict[tuple[str, str], Point], points: list[Point], latex: bool) -> str:
@@ -512,20 +508,6 @@ def perplexity_axes(ax) -> None:
     ax.yaxis.set_minor_formatter(matplotlib.ticker.StrMethodFormatter("{x:.0f}"))
 
 
-def save_figure(fig, path: Path, *axes) -> Path:
-    """Grid on each of ``axes`` and its legend below it (inside, a legend can hide a point), and a
-    PNG without a timestamp or version, so the bytes depend on the data."""
-    import matplotlib.pyplot as plt
-
-    for ax in axes:
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncols=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, metadata={"Software": None})
-    plt.close(fig)
-    return path
-
-
 def plot_alpha(points: list[Point], out: Path) -> list[Path]:
     """Final perplexity against alpha at each method's best lr (seed 0), one figure per model and
     one panel per stage (the search, the full-length walk): the paper's alpha figure and its
@@ -648,6 +630,8 @@ def main(argv: list[str] | None = None) -> int:
         "sweep.md": sweep_table(points),
         "provenance.md": provenance(points),
     }
+
+    outputs.update(experiment_outputs(points, args.root, args.out if args.curves else None))
     if args.out is None:
         for name in ("table2.md", "paired.md", "ablations.md", "sweep.md"):
             print(f"## {name}\n\n{outputs[name]}")

@@ -74,6 +74,8 @@ SPECS: dict[str, Spec] = {
     "gwt_mini": Spec("gwt_mini", _fixed()),
     "foam_mini": Spec("foam_mini", _fixed()),
     "adamw8bit": Spec("adamw8bit", _fixed(), bytes_per_state=1),
+    "galore8bit": Spec("galore8bit", _rank(4), bytes_per_state=1),
+    "foam8bit": Spec("foam8bit", _fixed(level=2), bytes_per_state=1),
 }
 """By method name (``scripts/methods.py``)."""
 
@@ -132,3 +134,47 @@ def appendix_pair(e: Estimate) -> tuple[float, float]:
     """The Appendix table's "weights/states": weights in GiB, states = GB total - GiB weights."""
     weights = e.weights_bytes / GIB
     return weights, table2_gb(e) - weights
+
+
+MATCHED_KEYWORD = {"galore": "rank", "apollo": "rank", "gwt": "level"}
+"""The knob that sets each memory-matched baseline's state size (the fold-level figure)."""
+
+
+@functools.cache
+def planned_numel(model: str, optimizer: str, **hparams: Any) -> int:
+    """``foam.planned_state_numel`` of ``optimizer`` with ``hparams`` on ``model`` (meta device)."""
+    return foam.planned_state_numel(foam.build_optimizer(optimizer, _meta_model(model), **hparams))
+
+
+def _knob_range(model: str, method: str) -> range:
+    """The values a matched baseline's knob may take on ``model``, ordered by growing state:
+    ranks 1..hidden (an SVD or a projection has no more), wavelet levels from one coefficient per
+    row of the narrowest fold axis down to 1."""
+    cfg = models.load_model_config(model)
+    if MATCHED_KEYWORD[method] == "rank":
+        return range(1, int(cfg["hidden_size"]) + 1)
+    narrowest = min(max(p.shape) for _, p in foam.split_params(_meta_model(model)).matrices)
+    return range((narrowest - 1).bit_length(), 0, -1)
+
+
+def memory_matched(model: str, method: str, level: int | str) -> dict[str, int]:
+    """GaLore's / APOLLO's rank or GWT's level whose planned optimizer state on ``model`` is
+    closest to FOAM-``level``'s (``foam.planned_state_numel``, both on the meta device; a tie goes
+    to the smaller state): the paper's fold-level figure configures its baselines "to roughly
+    match FOAM's memory usage under each setting". Along ``_knob_range`` the state grows, so a
+    bisection finds the first knob at or above FOAM's state; it or the one before is the match."""
+    if method not in MATCHED_KEYWORD:
+        raise ValueError(f"no memory-matching rule for {method!r}; known: {list(MATCHED_KEYWORD)}")
+    key = MATCHED_KEYWORD[method]
+    target = planned_numel(model, "foam", level=level)
+    knobs = _knob_range(model, method)
+
+    def size(index: int) -> int:
+        return planned_numel(model, method, **{key: knobs[index]})
+
+    low, high = 0, len(knobs) - 1
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if size(middle) >= target else (middle + 1, high)
+    best = min((i for i in (low - 1, low) if i >= 0), key=lambda i: abs(size(i) - target))
+    return {key: knobs[best]}

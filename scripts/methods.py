@@ -69,6 +69,12 @@ def paper_alpha_range(name: str) -> tuple[float, float]:
 TABLE3: tuple[str, ...] = ("adamw8bit", "muon", "galore_1_4", "apollo_1_4", "foam2")
 """Table 3's rows (3B and 7B)."""
 
+INT8_ONLY: tuple[Method, ...] = (
+    Method("galore8bit", "8-bit GaLore"),
+    Method("foam8bit", "8-bit FOAM-2"),
+)
+"""The int8 table's rows besides 8-bit Adam."""
+
 PAPER_SWEEP: tuple[str, ...] = (
     "adamw",
     "muon",
@@ -142,11 +148,11 @@ ABLATION_PREFIX = "ablation_"
 CONTROL_LABEL = "AdamW, matrices at lr x alpha (module-wise lr)"
 """The paper's control for FOAM's alpha (Appendix): the ``adamw`` runs with ``alpha`` below 1."""
 
-BY_NAME: dict[str, Method] = {m.name: m for m in (*TABLE2, *TABLE3_ONLY, *MODULEWISE)}
+BY_NAME: dict[str, Method] = {m.name: m for m in (*TABLE2, *TABLE3_ONLY, *MODULEWISE, *INT8_ONLY)}
 
 
 def label(name: str) -> str:
-    """The label of a method in Tables 2 and 3 (its name for the others)."""
+    """The label of a method in the paper's tables (its name for the others)."""
     return BY_NAME[name].label if name in BY_NAME else name
 
 

@@ -178,3 +178,10 @@ def fmt_ppl(point: Point | None, latex: bool, flag: bool = False) -> str:
         return f"${point.mean_ppl:.2f}{spread}$" + ("$^\\dagger$" if flag else "")
     spread = "" if std is None else f" ± {std:.2f}"
     return f"{point.mean_ppl:.2f}{spread} (n={point.n}){mark}"
+
+
+def fmt_gb(gb: float | None) -> str:
+    """Decimal GB as the paper prints them; models under 0.1 GB in MB, to stay readable."""
+    if gb is None:
+        return "-"
+    return f"{gb:.2f}G" if gb >= 0.1 else f"{gb * 1e3:.2f}M"

@@ -211,8 +211,22 @@ def submit_slurm(points: list[tuple[list[str], Path]], args: argparse.Namespace)
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--methods", nargs="+", default=list(PAPER_SWEEP))
+    parser.add_argument("--model", default=None, help="with --experiment: instead of its sizes")
+    parser.add_argument(
+        "--experiment",
+        default=None,
+        help="one of the paper's experiments as its runs (scripts/experiments.py; --list)",
+    )
+    parser.add_argument("--list", action="store_true", help="list the experiments and stop")
+    parser.add_argument(
+        "--mfu", type=float, default=None, help="--experiment --dry-run: the MFU of its estimates"
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        help="default: the paper's; with --experiment: a subset",
+    )
     parser.add_argument("--lrs", nargs="+", type=float, default=None, help="default: paper grid")
     parser.add_argument("--alphas", nargs="+", type=float, default=None)
     parser.add_argument(
@@ -220,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep each optim config's alpha (the paper's per-method value) instead of sweeping it",
     )
-    parser.add_argument("--seeds", nargs="+", type=int, default=[42])
+    parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default: 42")
     parser.add_argument(
         "--name", default=None, help="method directory for a variant of one method (ablations)"
     )
@@ -245,14 +259,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every point (after --)")
     args = parser.parse_args(argv)
 
-    if args.name and len(args.methods) != 1:
+    if args.list:
+        from experiments import listing
+
+        print(listing())
+        return 0
+    if args.name and len(args.methods or ()) != 1:
         parser.error("--name names a variant of exactly one method")
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
+    if args.experiment:
+        from experiments import experiment_runs
+
+        runs = experiment_runs(parser, args)
+        planned = [(run.point, run.overrides) for run in runs]
+    elif args.model:
+        alphas = [] if args.config_alpha else args.alphas
+        methods = args.methods or list(PAPER_SWEEP)
+        points = grid(args.model, methods, args.lrs, alphas, args.seeds or [42], args.name)
+        planned = [(point, ()) for point in points]
+    else:
+        parser.error("give --model (the lr x alpha grid) or --experiment NAME (--list names them)")
     todo = []
-    alphas = [] if args.config_alpha else args.alphas
-    points = grid(args.model, args.methods, args.lrs, alphas, args.seeds, args.name)
-    for point in points:
+    for point, extra in planned:
         run_dir = point.run_dir(args.root)
         if (run_dir / "summary.json").exists():
             print(f"done, skipped: {run_dir}")
@@ -260,12 +289,17 @@ def main(argv: list[str] | None = None) -> int:
         if (run_dir / DIVERGED_FILE).exists():
             print(f"diverged, skipped: {run_dir}")
             continue
-        todo.append((train_command(point, run_dir, args.nproc, args.overrides), run_dir))
+        todo.append((train_command(point, run_dir, args.nproc, [*extra, *args.overrides]), run_dir))
 
+    if args.dry_run and args.experiment:
+        from experiments import plan
+
+        print(plan(runs, {run_dir: cmd for cmd, run_dir in todo}, args))
+        return 0
     if args.dry_run:
         print(
-            f"# {args.model}: {len(todo)} of {len(points)} points to run "
-            f"({len(points) - len(todo)} done or diverged), one command per line"
+            f"# {args.model}: {len(todo)} of {len(planned)} points to run "
+            f"({len(planned) - len(todo)} done or diverged), one command per line"
         )
         for cmd, _ in todo:
             print(shlex.join(cmd))

@@ -49,7 +49,7 @@ def micro_batches(n: int = 2, seed: int = 0) -> list[dict[str, torch.Tensor]]:
 
 @pytest.mark.parametrize("name", sorted(foam.available_optimizers()))
 def test_every_optimizer_steps_bf16_weights_on_the_gpu(name: str) -> None:
-    if name in {"adamw8bit", "foam8bit"}:
+    if name in {"adamw8bit", "foam8bit", "galore8bit"}:
         pytest.importorskip("bitsandbytes")
     model = tiny_llama(torch.bfloat16).to(CUDA)
     optimizer = build(name, model, lr=1e-2)

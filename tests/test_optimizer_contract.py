@@ -17,7 +17,7 @@ from foam import planned_state_numel
 
 NAMES = sorted(foam.available_optimizers())
 # Block-wise int8 states: uint8 codes and float32 scales (their own tests check dtypes).
-QUANTISED = {"adamw8bit", "foam8bit"}
+QUANTISED = {"adamw8bit", "foam8bit", "galore8bit"}
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -14,7 +14,7 @@ from optim_helpers import random_grads, step_with, tiny_llama
 import foam
 
 NAMES = sorted(foam.available_optimizers())
-EIGHT_BIT = {"adamw8bit", "foam8bit"}
+EIGHT_BIT = {"adamw8bit", "foam8bit", "galore8bit"}
 
 
 def dtypes(optimizer, model):

@@ -40,6 +40,7 @@ PAPER_OPTIMS = [
     "adam_mini",
     "adamw8bit",
     "foam8bit",
+    "galore8bit",
     "foam_muon",
     "foam_adam_mini",
     "ldadamw",

@@ -104,6 +104,7 @@ from train.summary import (
     write_summary,
 )
 from train.tokenizer import Tokenizer, build_tokenizer_on_ranks
+from train.update_cosine import track_update_cosine
 
 log = logging.getLogger("train.pretrain")
 PARAM_DTYPES = {"bf16": torch.bfloat16, "bf16_mixed": torch.float32, "fp32": torch.float32}
@@ -174,6 +175,7 @@ def train(cfg: DictConfig) -> dict:
         resumed=run.resume_from is not None,
         config=config,
     )
+    track_update_cosine(run, state, sink)  # trainer.log_update_cosine: hooks on the optimizer
     try:
         train_loop(run, state, sink)
     except TrainingDiverged as err:

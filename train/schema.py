@@ -126,6 +126,9 @@ class TrainerConfig:
     """Validation budget: non-pad target tokens, all ranks together."""
     eval_micro_batch_size: int | None = None
     """Null: micro_batch_size."""
+    log_update_cosine: bool = False
+    """Log, at every evaluation, the cosine between the optimizer's step and Adam's on the same
+    gradients (``train/update_cosine.py``; shadow Adam moments of the matrices while on)."""
     log_every: int = 10
     """Optimizer steps between metrics.jsonl / wandb records; also how late a stop signal or a
     wall-clock save can land (``train/preemption.py``)."""

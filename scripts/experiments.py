@@ -1,0 +1,405 @@
+"""Every pre-training experiment of the paper as a list of runs: ``sweep.py --experiment NAME``.
+
+Each experiment expands into ``Run``\\ s: a sweep ``Point`` (model, optim config, lr, alpha, seed,
+method directory) plus the Hydra overrides that make the run that experiment's (a sequence length,
+a rank, ``trainer.max_steps``, ...). The settings are the paper's: the sizes of its table or
+figure, the methods it lists, each method's lr and alpha from its optim config (the paper's
+Appendix table, ``paper_lr`` by model; the one home of those numbers), the step counts of
+``configs/trainer/paper.yaml`` (the paper's architecture table), 3 seeds where the paper reports
+3 runs (Table 2, 60M-350M) and one elsewhere.
+
+Runs live where ``sweep.py`` puts every point, ``ROOT/MODEL/METHOD/lr..._seed...``; a method
+directory names what makes the run differ (``foam2_seq512``, ``galore_matched_foam3``), so two
+experiments that need the same run (Table 2's FOAM-2 on 130M and the residual figure's) share its
+directory and train it once, and ``scripts/make_tables.py`` reads them all.
+
+``--dry-run`` prints each run with its tokens and an estimate of its GPU-hours on an H100 and an
+A100: training FLOPs (``models.flops_per_token``, forward + backward, PaLM's count) over the
+GPU's dense BF16 peak (``train.metrics.PEAK_BF16_FLOPS``) at a stated MFU; evaluation (10M tokens
+forward per eval, about 3 % more at the paper's sizes) and checkpoints are not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from memory_estimator import memory_matched
+from methods import ABLATION_PREFIX, ABLATIONS, FOLD_LEVEL, TABLE2, TABLE3, label, sweeps_alpha
+from omegaconf import OmegaConf
+from sweep import REPO, Point
+
+import models
+from train.metrics import peak_flops_for_name
+
+CONFIGS = REPO / "configs"
+PAPER_BATCH = 512  # sequences per step (the paper; TrainerConfig.global_batch_size)
+PAPER_SEQ_LEN = 256  # tokens per sequence (the paper; DataConfig.seq_len)
+MFU = 0.35
+"""The model FLOPs utilisation the GPU-hour estimates assume (``--mfu``): what a well-fed
+DDP run of these sizes reaches in bf16; the smallest models reach less, the largest more."""
+GPUS = ("H100", "A100")
+
+THREE_SEEDS = (42, 43, 44)
+ONE_SEED = (42,)  # the paper's data seed ("All experiments use a random seed of 42")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row or curve of an experiment: an optim config with overrides, in its own directory."""
+
+    name: str
+    """The method directory; the optim config's name when the run is that config as it is."""
+    optim: str
+    label: str
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run of an experiment."""
+
+    experiment: str
+    variant: Variant
+    point: Point
+    overrides: tuple[str, ...]
+    """The variant's and the experiment's overrides (the sweep adds the user's after them)."""
+
+    def setting(self, key: str, default: int, extra: Sequence[str] = ()) -> int:
+        """An integer the overrides set (the last one wins), else ``default``."""
+        value = default
+        for override in (*self.overrides, *extra):
+            name, _, given = override.partition("=")
+            if name == key:
+                value = int(given)
+        return value
+
+    def tokens(self, extra: Sequence[str] = ()) -> int:
+        """Training tokens: steps x sequences per step x sequence length."""
+        steps = self.setting("trainer.max_steps", paper_steps(self.point.model), extra)
+        batch = self.setting("trainer.global_batch_size", PAPER_BATCH, extra)
+        return steps * batch * self.setting("data.seq_len", PAPER_SEQ_LEN, extra)
+
+    def gpu_hours(self, gpu: str, mfu: float, extra: Sequence[str] = ()) -> float:
+        """Estimated GPU-hours on ``gpu`` at ``mfu`` (training FLOPs only)."""
+        seq_len = self.setting("data.seq_len", PAPER_SEQ_LEN, extra)
+        cfg = models.load_model_config(self.point.model)
+        flops = models.flops_per_token(cfg, seq_len) * self.tokens(extra)
+        return flops / (peak_flops_for_name(gpu) * mfu) / 3600
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    paper: str
+    """The table or figure of the paper it reproduces."""
+    models: tuple[str, ...]
+    variants: Callable[[str], list[Variant]]
+    """The rows or curves, per model (memory-matched ranks depend on it)."""
+    seeds: Callable[[str], tuple[int, ...]] = lambda model: ONE_SEED
+    overrides: Callable[[str], tuple[str, ...]] = lambda model: ()
+
+    def runs(
+        self, models: Sequence[str] | None = None, seeds: Sequence[int] | None = None
+    ) -> list[Run]:
+        """The runs, on ``models`` instead of the paper's sizes and with ``seeds`` if given; a
+        run two variants share (the same directory) is listed once."""
+        out: dict[Point, Run] = {}
+        for model in models or self.models:
+            for variant in self.variants(model):
+                for seed in seeds or self.seeds(model):
+                    point = Point(
+                        model,
+                        variant.optim,
+                        paper_lr(variant.optim, model),
+                        config_alpha(variant.optim),
+                        seed,
+                        variant.name,
+                    )
+                    overrides = (*variant.overrides, *self.overrides(model))
+                    out.setdefault(point, Run(self.name, variant, point, overrides))
+        return list(out.values())
+
+
+@functools.cache
+def _optim_config(optim: str):
+    path = CONFIGS / "optim" / f"{optim}.yaml"
+    if not path.exists():
+        raise ValueError(f"no optim config {optim!r} ({path})")
+    return OmegaConf.load(path)
+
+
+def paper_lr(optim: str, model: str) -> float:
+    """The lr ``optim``'s config gives ``model`` (its ``paper_lr`` lookup and fallback)."""
+    resolved = OmegaConf.create({"optim": _optim_config(optim), "model": {"name": model}})
+    return float(resolved.optim.lr)
+
+
+def config_alpha(optim: str) -> float | None:
+    """The config's alpha for a method the paper tunes alpha for (passed explicitly, as the
+    sweep's grid does, so the run shares the grid point's directory); ``None`` for the others."""
+    if not sweeps_alpha(optim):
+        return None
+    alpha = _optim_config(optim).get("alpha")
+    return None if alpha is None else float(alpha)
+
+
+@functools.cache
+def paper_steps(model: str) -> int:
+    """The paper's optimizer steps for ``model`` (``trainer=paper``; its fallback for others)."""
+    trainer = OmegaConf.load(CONFIGS / "trainer" / "paper.yaml")
+    resolved = OmegaConf.create({"trainer": trainer, "model": {"name": model}})
+    return int(resolved.trainer.max_steps)
+
+
+def is_paper_size(model: str) -> bool:
+    """Whether ``model`` is one of the paper's sizes (``trainer=paper`` has its step count)."""
+    return model in OmegaConf.load(CONFIGS / "trainer" / "paper.yaml").paper_steps
+
+
+def methods(*names: str) -> Callable[[str], list[Variant]]:
+    """Optim configs as they are, the same for every model."""
+    return lambda model: [Variant(name, name, label(name)) for name in names]
+
+
+LLAMA_SMALL = ("llama_60m", "llama_130m", "llama_350m")
+QWEN = ("qwen_60m", "qwen_130m", "qwen_350m")
+QWEN_METHODS = (
+    "adamw",
+    "adam_mini",
+    "muon",
+    "galore_1_4",
+    "apollo_1_4",
+    "foam2",
+    "apollo_mini",
+    "gwt_mini",
+    "foam_mini",
+)
+"""The Qwen table's rows, in its order."""
+SEQ_LEN_METHODS = ("adamw", "muon", "adam_mini", "galore_1_4", "apollo_1_4", "foam2")
+SEQ_LENS = (512, 1024)
+INT8_METHODS = ("adamw8bit", "galore8bit", "foam8bit")
+MATCHED_BASELINES = {"galore": "galore_1_4", "apollo": "apollo_1_4", "gwt": "gwt"}
+"""The fold-level figure's baselines, by the method ``memory_matched`` sizes, and the optim
+config whose lr and alpha they run with."""
+OVERTRAIN_STEPS = 300_000  # 39.3B tokens on LLaMA-130M: the paper's ~39B, ~300 tokens/param
+OVERTRAIN_METHODS = ("adamw", "galore_1_4", "apollo_1_4", "foam2")
+COSINE_LEVELS = (2, 3)  # the appendix figure's panels
+
+
+def seq_len_variants(model: str) -> list[Variant]:
+    """The sequence-length table: 131K tokens per batch at every length (the paper's "total
+    number of tokens per batch is kept fixed"), micro-batches of 8K tokens as at 256."""
+    out = []
+    for seq_len in SEQ_LENS:
+        factor = seq_len // PAPER_SEQ_LEN
+        overrides = (
+            f"data.seq_len={seq_len}",
+            f"trainer.global_batch_size={PAPER_BATCH // factor}",
+            f"trainer.micro_batch_size={32 // factor}",
+        )
+        out += [Variant(f"{m}_seq{seq_len}", m, label(m), overrides) for m in SEQ_LEN_METHODS]
+    return out
+
+
+def ablation(name: str) -> Variant:
+    """One of ``methods.ABLATIONS`` (FOAM-2's variants) in its ``ablation_NAME`` directory."""
+    found = next(a for a in ABLATIONS if a.name == name)
+    return Variant(ABLATION_PREFIX + found.name, found.optim, found.label, found.overrides)
+
+
+def fold_levels() -> list[tuple[int | str, Variant]]:
+    """FOAM at each level of the paper's fold-level figure: FOAM-2 (Table 2's row) and the
+    ``FOLD_LEVEL`` ablations, by level."""
+    levels: list[tuple[int | str, Variant]] = [(2, Variant("foam2", "foam2", label("foam2")))]
+    for a in ABLATIONS:
+        if a.figure == FOLD_LEVEL:
+            level = "mini" if a.optim == "foam_mini" else int(a.optim.removeprefix("foam"))
+            levels.append((level, ablation(a.name)))
+    return sorted(levels, key=lambda item: (isinstance(item[0], str), str(item[0])))
+
+
+def fold_level_variants(model: str) -> list[Variant]:
+    """FOAM-l for each level, and GaLore, APOLLO and GWT each sized to FOAM-l's optimizer state
+    on ``model`` (``memory_estimator.memory_matched``); Full-Adam as the reference line."""
+    out = [Variant("adamw", "adamw", label("adamw"))]
+    for level, foam_variant in fold_levels():
+        out.append(foam_variant)
+        for method, optim in MATCHED_BASELINES.items():
+            knobs = memory_matched(model, method, level)
+            overrides = tuple(f"optim.{key}={value}" for key, value in knobs.items())
+            text = ", ".join(f"{key} {value}" for key, value in knobs.items())
+            out.append(
+                Variant(
+                    f"{method}_matched_{foam_variant.optim}",
+                    optim,
+                    f"{method} ({text}) at {label(foam_variant.optim)}'s memory",
+                    overrides,
+                )
+            )
+    return out
+
+
+def residual_variants(model: str) -> list[Variant]:
+    """FOAM-2 with and without the residual (the figure's ``RESIDUAL`` ablation rho = 0)."""
+    return [Variant("foam2", "foam2", label("foam2")), ablation("foam2_no_residual")]
+
+
+def cosine_variants(model: str) -> list[Variant]:
+    """FOAM-2 and FOAM-3 with and without the residual, and Adam itself (whose own step must
+    come out at cosine 1: the metric's check), each logging the cosine with Adam's step."""
+    on = ("trainer.log_update_cosine=true",)
+    out = [Variant("cosine_adamw", "adamw", label("adamw"), on)]
+    for level in COSINE_LEVELS:
+        optim = f"foam{level}"
+        out.append(Variant(f"cosine_{optim}", optim, f"FOAM-{level}", on))
+        out.append(
+            Variant(
+                f"cosine_{optim}_no_residual",
+                optim,
+                f"FOAM-{level} without the residual",
+                (*on, "optim.residual=false"),
+            )
+        )
+    return out
+
+
+def overtrain_variants(model: str) -> list[Variant]:
+    return [Variant(f"{m}_overtrain", m, label(m)) for m in OVERTRAIN_METHODS]
+
+
+def _table2_seeds(model: str) -> tuple[int, ...]:
+    return ONE_SEED if model == "llama_1b" else THREE_SEEDS
+
+
+EXPERIMENTS: dict[str, Experiment] = {
+    e.name: e
+    for e in (
+        Experiment(
+            "table2",
+            "Table 2: final validation PPL and memory, LLaMA 60M-1.3B",
+            (*LLAMA_SMALL, "llama_1b"),
+            methods(*(m.name for m in TABLE2)),
+            seeds=_table2_seeds,
+        ),
+        Experiment(
+            "table3",
+            "Table 3: LLaMA-3B and 7B, PPL over steps, time, tokens/s, memory",
+            ("llama_3b", "llama_7b"),
+            methods(*TABLE3),
+            overrides=lambda model: ("trainer.grad_checkpointing=true",),
+        ),
+        Experiment(
+            "qwen", "Table: final validation PPL of Qwen2.5 60M-350M", QWEN, methods(*QWEN_METHODS)
+        ),
+        Experiment(
+            "seq_len",
+            "Table: sequence lengths 512 and 1024 at 131K tokens per batch, LLaMA 60M-350M",
+            LLAMA_SMALL,
+            seq_len_variants,
+        ),
+        Experiment(
+            "int8",
+            "Table: 8-bit optimizer states (8-bit Adam, 8-bit GaLore, 8-bit FOAM-2), PPL and memory",
+            LLAMA_SMALL,
+            methods(*INT8_METHODS),
+        ),
+        Experiment(
+            "fold_level",
+            "Figure: FOAM-l against GaLore, APOLLO and GWT at FOAM-l's memory, LLaMA-130M",
+            ("llama_130m",),
+            fold_level_variants,
+        ),
+        Experiment(
+            "residual",
+            "Figure: validation PPL with and without the residual, LLaMA 60M and 130M",
+            ("llama_60m", "llama_130m"),
+            residual_variants,
+        ),
+        Experiment(
+            "overtrain",
+            "Figure: overtraining LLaMA-130M on 39B tokens (300 tokens per parameter)",
+            ("llama_130m",),
+            overtrain_variants,
+            overrides=lambda model: (f"trainer.max_steps={OVERTRAIN_STEPS}",),
+        ),
+        Experiment(
+            "cosine",
+            "Appendix figure: cosine of FOAM-2/3's update with Adam's, with and without the "
+            "residual, per layer (LLaMA-60M; the paper does not name the size)",
+            ("llama_60m",),
+            cosine_variants,
+        ),
+    )
+}
+
+
+def listing() -> str:
+    """``--list``: each experiment, what it reproduces, and its runs."""
+    lines = []
+    for e in EXPERIMENTS.values():
+        runs = e.runs()
+        lines.append(f"{e.name:<11} {len(runs):>3} runs  {e.paper}")
+    return "\n".join(lines)
+
+
+def experiment_runs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[Run]:
+    """``sweep.py --experiment``'s runs: on ``--model`` instead of the paper's sizes, with
+    ``--seeds``, and only the ``--methods`` (method directories) named, if given."""
+    unused = [
+        flag for flag, value in GRID_ONLY.items() if getattr(args, value) not in (None, False)
+    ]
+    if unused:
+        parser.error(f"{', '.join(unused)} do(es) not apply to --experiment")
+    if args.mfu is not None and not 0 < args.mfu <= 1:
+        parser.error(f"--mfu is a fraction of the peak in (0, 1], got {args.mfu}")
+    if args.experiment not in EXPERIMENTS:
+        parser.error(f"unknown experiment {args.experiment!r}; known: {', '.join(EXPERIMENTS)}")
+    runs = EXPERIMENTS[args.experiment].runs([args.model] if args.model else None, args.seeds)
+    if args.methods:
+        names = {run.point.name for run in runs}
+        unknown = sorted(set(args.methods) - names)
+        if unknown:
+            parser.error(
+                f"--methods {unknown} not in {args.experiment}: {', '.join(sorted(names))}"
+            )
+        runs = [run for run in runs if run.point.name in args.methods]
+    return runs
+
+
+GRID_ONLY = {
+    "--lrs": "lrs",
+    "--alphas": "alphas",
+    "--config-alpha": "config_alpha",
+    "--name": "name",
+}
+"""The grid sweep's flags, which an experiment (each run at the paper's setting) does not take."""
+
+
+def plan(runs: Sequence[Run], commands: dict[Path, list[str]], args: argparse.Namespace) -> str:
+    """``--dry-run``: each run's tokens, GPU-hours and command (or that it is finished, when
+    ``commands`` has none for its directory), then the totals."""
+    mfu = args.mfu or MFU
+    lines = []
+    totals = dict.fromkeys(GPUS, 0.0)
+    tokens = 0
+    for run in runs:
+        hours = {gpu: run.gpu_hours(gpu, mfu, args.overrides) for gpu in GPUS}
+        for gpu in GPUS:
+            totals[gpu] += hours[gpu]
+        tokens += run.tokens(args.overrides)
+        cost = ", ".join(f"{hours[gpu]:,.1f} h {gpu}" for gpu in GPUS)
+        where = f"{run.point.model}/{run.point.name} seed {run.point.seed}"
+        lines.append(f"# {where}: {run.tokens(args.overrides) / 1e9:.2f}B tokens, {cost}")
+        command = commands.get(run.point.run_dir(args.root))
+        lines.append(shlex.join(command) if command else "#   finished")
+    cost = ", ".join(f"{totals[gpu]:,.0f} GPU-hours on {gpu}" for gpu in GPUS)
+    lines.append(
+        f"# {args.experiment}: {len(runs)} runs, {tokens / 1e9:.1f}B tokens, {cost} (training "
+        f"FLOPs at {mfu:.0%} MFU of the dense BF16 peak; finished runs included)"
+    )
+    return "\n".join(lines)
