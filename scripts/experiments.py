@@ -30,7 +30,7 @@ from pathlib import Path
 
 from memory_estimator import memory_matched
 from methods import ABLATION_PREFIX, ABLATIONS, FOLD_LEVEL, TABLE2, TABLE3, label, sweeps_alpha
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from sweep import REPO, Point
 
 import models
@@ -126,17 +126,24 @@ class Experiment:
 
 
 @functools.cache
-def _optim_config(optim: str):
-    path = CONFIGS / "optim" / f"{optim}.yaml"
-    if not path.exists():
-        raise ValueError(f"no optim config {optim!r} ({path})")
-    return OmegaConf.load(path)
+def optim_config(optim: str, model: str) -> DictConfig:
+    """``optim``'s config for ``model``, composed as the trainer composes it (its lr looked up in
+    the paper's table, ``configs/paper_lr/``, through its defaults list)."""
+    from hydra import compose, initialize_config_dir
+
+    from train.config import CONFIG_DIR, options
+    from train.schema import register_configs
+
+    if optim not in options("optim"):
+        raise ValueError(f"no optim config {optim!r} (configs/optim/)")
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose("config", overrides=[f"+model={model}", f"+optim={optim}"]).optim
 
 
 def paper_lr(optim: str, model: str) -> float:
     """The lr ``optim``'s config gives ``model`` (its ``paper_lr`` lookup and fallback)."""
-    resolved = OmegaConf.create({"optim": _optim_config(optim), "model": {"name": model}})
-    return float(resolved.optim.lr)
+    return float(optim_config(optim, model).lr)
 
 
 def config_alpha(optim: str) -> float | None:
@@ -144,7 +151,7 @@ def config_alpha(optim: str) -> float | None:
     sweep's grid does, so the run shares the grid point's directory); ``None`` for the others."""
     if not sweeps_alpha(optim):
         return None
-    alpha = _optim_config(optim).get("alpha")
+    alpha = optim_config(optim, "llama_60m").get("alpha")
     return None if alpha is None else float(alpha)
 
 

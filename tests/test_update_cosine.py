@@ -56,8 +56,11 @@ def test_sgd_against_adam_by_hand():
     v = [(0.95 * 0.05 * a * a + 0.05 * b * b) / (1 - 0.95**2) for a, b in pairs]
     second = cosine(G2[0], [mi / (math.sqrt(vi) + EPS) for mi, vi in zip(m, v, strict=True)])
     assert [r["step"] for r in logged] == [1, 2]
-    assert logged[0]["update_cosine/mean"] == pytest.approx(first, rel=1e-6)
-    assert logged[1]["update_cosine/0"] == pytest.approx(second, rel=1e-6)
+    # The step taken is measured as a float32 difference of weights, which loses the bits the
+    # weights' magnitude takes (~1e-6 relative here; 1.1e-6 seen on one machine): 1e-5 is ample and
+    # still far below the gap between the two steps' cosines (0.99 and 0.17).
+    assert logged[0]["update_cosine/mean"] == pytest.approx(first, rel=1e-5)
+    assert logged[1]["update_cosine/0"] == pytest.approx(second, rel=1e-5)
     assert second < first < 1
 
 
