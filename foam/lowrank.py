@@ -252,13 +252,19 @@ class CompressedAdamW(DtypeFaithfulOptimizer):
                 state[key] = torch.zeros(extra, dtype=dtype, device=p.device)
             self.init_extra_state(p, state, index)
 
-    def _update(self, p: torch.Tensor, group: dict[str, Any], index: int) -> None:
+    def _next_step(
+        self, p: torch.Tensor, group: dict[str, Any], index: int
+    ) -> tuple[dict[str, Any], int]:
+        """``p``'s state (made at its first step) with its step counted, and that step's number."""
         state = self.state[p]
         if not state:
             self._init_state(p, group, index)
-        compressed = self.compressed_shape(p, group) is not None
         state["step"] += 1
-        t = int(state["step"].item())
+        return state, int(state["step"].item())
+
+    def _update(self, p: torch.Tensor, group: dict[str, Any], index: int) -> None:
+        state, t = self._next_step(p, group, index)
+        compressed = self.compressed_shape(p, group) is not None
         beta1, beta2 = group["betas"]
 
         g = p.grad.to(compute_dtype(p.dtype))

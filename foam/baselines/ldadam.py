@@ -132,11 +132,7 @@ class LDAdamW(ProjectedAdamW):
                     p.grad.zero_()
 
     def _update(self, p: torch.Tensor, group: dict[str, Any], index: int) -> None:
-        state = self.state[p]
-        if not state:
-            self._init_state(p, group, index)
-        state["step"] += 1
-        t = int(state["step"].item())
+        state, t = self._next_step(p, group, index)
         beta1, beta2 = group["betas"]
         plan = self.plan_for(p, group)
         wide = compute_dtype(p.dtype)

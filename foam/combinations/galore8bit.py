@@ -110,11 +110,7 @@ class GaLore8bit(GaLore):
                 state[key] = torch.zeros(shape, dtype=torch.float32, device=p.device)
 
     def _update(self, p: torch.Tensor, group: dict[str, Any], index: int) -> None:
-        state = self.state[p]
-        if not state:
-            self._init_state(p, group, index)
-        state["step"] += 1
-        t = int(state["step"].item())
+        state, t = self._next_step(p, group, index)
         if self.compressed_shape(p, group) is None:
             self._adam_kernel(p.grad, p, state, group, t, group["weight_decay"])
             return
