@@ -79,7 +79,9 @@ def test_gpu_check_runs_its_steps_on_the_cpu_and_says_so(tmp_path):
     assert "No GPU: the same steps on the CPU at tiny sizes" in text
     assert "## GPU tests" in text and "skipped" in text  # every gpu test needs CUDA
     assert "foam2 / fused AdamW" in text and "### llama_tiny, bf16" in text
-    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    # The training runs' table (the optimizer-step table above it has rows per method too).
+    training = text.split("## Training runs")[1].split("\n## ")[0]
+    rows = [line for line in training.splitlines() if line.startswith("| ")]
     for method in TRAIN_METHODS:
         (line,) = [r for r in rows if r.startswith(f"| {method} | ")]
         cells = [c.strip() for c in line.strip("|").split("|")]
