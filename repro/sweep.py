@@ -11,11 +11,6 @@ changes to tracked files unless ``--allow-dirty`` (each summary's ``git_sha`` th
 ``-dirty``). ``--jobs N`` runs N points at a time locally (e.g. two single-thread CPU runs with
 ``OMP_NUM_THREADS=1``).
 
-    python scripts/sweep.py --model llama_60m --dry-run                  # the paper's full grid
-    python scripts/sweep.py --model llama_tiny --methods adamw foam2 --lrs 1e-3 --seeds 0 \
-        --root runs/demo -- trainer=cpu_debug trainer.max_steps=20
-    python scripts/sweep.py --model llama_350m --nproc 4 --launcher slurm --slurm-partition gpu
-
 On SLURM each point is a job that asks for SIGUSR2 ``--slurm-signal-seconds`` before its time
 limit; on it the trainer checkpoints and stops (``train/preemption.py``) and the job requeues
 itself (``SlurmPoint``), so the requeued job resumes from the checkpoint. A preemption's SIGTERM
@@ -29,73 +24,27 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import re
 import shlex
 import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
-from methods import PAPER_SWEEP, sweeps_alpha
-
-from train.preemption import STOP_SIGNALS, install_stop_signals, received_signal
+from repro.experiments import experiment_runs, listing, plan
+from repro.methods import PAPER_SWEEP, sweeps_alpha
+from repro.runs import REPO, Point, train_command
+from train.preemption import install_stop_signals, received_signal
 from train.summary import DIVERGED_FILE, uncommitted_changes
-
-REPO = Path(__file__).resolve().parents[1]
 
 # The early warnings a SLURM job asks for with --signal; a job stopped by one requeues itself.
 # SIGTERM is not among them: it is scancel's (stay stopped) or a preemption's, which SLURM
 # requeues by itself under --requeue.
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 
-# torchrun's own defaults plus the stop signals, which it then forwards to every worker.
-TORCHRUN_SIGNALS = ",".join(["SIGINT", "SIGHUP", "SIGQUIT", *(sig.name for sig in STOP_SIGNALS)])
-
 LR_ONLY = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2)
 LR_WITH_ALPHA = (1e-3, 2.5e-3, 5e-3, 1e-2)
 ALPHAS = (0.25, 0.5, 1.0)
-
-
-def hparam(value: float) -> str:
-    """An lr or alpha as a run's command and directory name write it: exactly, for every value a
-    factor-2 grid reaches from a round start (``0.25 / 2**7 = 0.001953125`` has 7 digits, which
-    ``:g`` rounds, so that doubling it again missed 0.00390625)."""
-    return f"{value:.10g}"
-
-
-RUN_DIR = re.compile(
-    r"lr(?P<lr>[^_]+)(_alpha(?P<alpha>[^_]+))?(_gap(?P<gap>\d+))?_seed(?P<seed>-?\d+)$"
-)
-"""The name of a run directory, as ``Point.run_dir`` writes it."""
-
-
-def run_dir_fields(name: str) -> tuple[float, float | None, int | None, int] | None:
-    """lr, alpha, refresh gap and seed of a run directory's name (None: not a run directory)."""
-    match = RUN_DIR.match(name)
-    if match is None:
-        return None
-    alpha = float(match["alpha"]) if match["alpha"] else None
-    gap = int(match["gap"]) if match["gap"] else None
-    return float(match["lr"]), alpha, gap, int(match["seed"])
-
-
-@dataclass(frozen=True)
-class Point:
-    model: str
-    optim: str
-    lr: float
-    alpha: float | None
-    seed: int
-    name: str  # the method directory: the optim config, or a variant's name (ablations)
-    gap: int | None = None  # GaLore/APOLLO update_proj_gap, when the study tunes it
-
-    def run_dir(self, root: Path) -> Path:
-        """``lr{lr}[_alpha{a}][_gap{g}]_seed{s}``: the layout ``run_dir_fields`` reads."""
-        alpha = "" if self.alpha is None else f"_alpha{hparam(self.alpha)}"
-        gap = "" if self.gap is None else f"_gap{self.gap}"
-        return root / self.model / self.name / f"lr{hparam(self.lr)}{alpha}{gap}_seed{self.seed}"
 
 
 def grid(
@@ -115,30 +64,6 @@ def grid(
         for lr, alpha, seed in itertools.product(method_lrs, method_alphas, seeds):
             points.append(Point(model, optim, lr, alpha, seed, name or optim))
     return points
-
-
-def train_command(point: Point, run_dir: Path, nproc: int, overrides: list[str]) -> list[str]:
-    launcher = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--signals-to-handle={TORCHRUN_SIGNALS}",
-    ]
-    args = [
-        *launcher,
-        f"--nproc_per_node={nproc}",
-        str(REPO / "train" / "pretrain.py"),
-        f"+model={point.model}",
-        f"+optim={point.optim}",
-        f"optim.lr={hparam(point.lr)}",
-        f"trainer.seed={point.seed}",
-        f"hydra.run.dir={run_dir}",
-        "trainer.resume=auto",
-    ]
-    if point.alpha is not None:
-        args.append(f"optim.alpha={hparam(point.alpha)}")
-    return args + overrides
 
 
 def run_local(commands: list[list[str]], jobs: int) -> int:
@@ -215,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--experiment",
         default=None,
-        help="one of the paper's experiments as its runs (scripts/experiments.py; --list)",
+        help="one of the paper's experiments as its runs (repro/experiments.py; --list)",
     )
     parser.add_argument("--list", action="store_true", help="list the experiments and stop")
     parser.add_argument(
@@ -260,8 +185,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.list:
-        from experiments import listing
-
         print(listing())
         return 0
     if args.name and len(args.methods or ()) != 1:
@@ -269,8 +192,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
     if args.experiment:
-        from experiments import experiment_runs
-
         runs = experiment_runs(parser, args)
         planned = [(run.point, run.overrides) for run in runs]
     elif args.model:
@@ -292,8 +213,6 @@ def main(argv: list[str] | None = None) -> int:
         todo.append((train_command(point, run_dir, args.nproc, [*extra, *args.overrides]), run_dir))
 
     if args.dry_run and args.experiment:
-        from experiments import plan
-
         print(plan(runs, {run_dir: cmd for cmd, run_dir in todo}, args))
         return 0
     if args.dry_run:
@@ -314,7 +233,3 @@ def main(argv: list[str] | None = None) -> int:
         submit_slurm(todo, args)
         return 0
     return run_local([cmd for cmd, _ in todo], args.jobs)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

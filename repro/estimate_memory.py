@@ -1,14 +1,8 @@
 """Estimated pre-training memory (BF16 weights + optimizer states), as the FOAM paper's tables.
 
-The estimate is ``memory_estimator.py``'s (each optimizer's own state accounting on a meta-device
-model); the paper's printed figures and errata are ``paper_memory.py``'s; this script renders them
+The estimate is ``repro.memory_estimator``'s (each optimizer's own state accounting on a meta-device
+model); the paper's printed figures and errata are ``repro.paper_memory``'s; this module renders them
 (the units and conventions are described there).
-
-Usage::
-
-    python scripts/estimate_memory.py                 # the paper's tables, as markdown
-    python scripts/estimate_memory.py --compare       # + the paper's numbers, deltas and errata
-    python scripts/estimate_memory.py --json          # every size x method, decimal GB
 """
 
 from __future__ import annotations
@@ -20,9 +14,9 @@ import textwrap
 import warnings
 from collections.abc import Callable, Sequence
 
-from memory_estimator import GB, appendix_pair, estimate, spec, table2_gb
-from methods import TABLE2, TABLE3, label
-from paper_memory import (
+from repro.memory_estimator import GB, appendix_pair, estimate, spec, table2_gb
+from repro.methods import TABLE2, TABLE3, label
+from repro.paper_memory import (
     MODEL_LABELS,
     PAPER_APPENDIX,
     PAPER_MODELS,
@@ -189,7 +183,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n### Every size (decimal GB)\n")
         print(all_sizes_markdown(args.methods, args.models or ALL_MODELS))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,11 +1,6 @@
 """Mutation testing of the modules whose bugs cost users most: inject one plausible bug at a time
 and check that the fast tests of that module notice it.
 
-    python scripts/mutate.py                       # every target below (make mutate)
-    python scripts/mutate.py foam/schedule.py      # one module
-    python scripts/mutate.py --list                # the mutants, without running anything
-    python scripts/mutate.py --only 12 40          # rerun some mutants by their number
-
 The mutants are made from the AST: arithmetic and comparison operators swapped, ``and``/``or``
 swapped, a condition negated, a unary minus dropped, a number changed (``1 -> 0 / 2``), a boolean
 flipped, a call statement removed. A mutant *survives* when the module's tests still pass with it.
@@ -116,7 +111,7 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ),
 }
 
-COPIED = ("foam", "train", "models", "configs", "tests", "scripts", "pyproject.toml")
+COPIED = ("foam", "train", "models", "repro", "configs", "tests", "scripts", "pyproject.toml")
 PRELOADED = (  # heavy third-party imports done once in the parent (never the project's own code)
     "torch",
     "torch.distributed",
@@ -129,7 +124,7 @@ PRELOADED = (  # heavy third-party imports done once in the parent (never the pr
     "transformers.models.llama.modeling_llama",
     "transformers.models.qwen2.modeling_qwen2",
 )
-PROJECT_PACKAGES = ("foam", "train", "models")
+PROJECT_PACKAGES = ("foam", "train", "models", "repro")
 
 SWAPPED_OPS: dict[type, type] = {
     ast.Add: ast.Sub,
@@ -503,15 +498,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         args.report.write_text(json.dumps(results, indent=1))
     return 1 if survivors else 0
-
-
-if __name__ == "__main__":
-    try:
-        status = main()
-    except KeyboardInterrupt:
-        status = 130
-    except SystemExit as stop:  # SIGTERM, argparse; the temporary copy is already removed
-        status = stop.code if isinstance(stop.code, int) else 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)  # a run stopped by SIGTERM once hung in interpreter shutdown after cleanup

@@ -1,9 +1,5 @@
 """``make gpu-check``: the one prepared run for a lent GPU, offline, with the machine's own torch.
 
-    python scripts/gpu_check.py wheels --dest gpu-wheels      # make gpu-wheels (needs an index)
-    python scripts/gpu_check.py install                       # offline: what the machine lacks
-    PYTHONPATH=.gpu-site:. python scripts/gpu_check.py run    # the check (make gpu-check)
-
 ``wheels`` (run where a package index is reachable, with the project's environment) puts the
 pure-Python packages a GPU image with torch, triton and transformers may lack into a git-ignored
 folder of at most 64 MiB: the trainer's (hydra-core, omegaconf, antlr4-python3-runtime, whose
@@ -293,8 +289,8 @@ def bench(mode: Mode, budget: Budget, scratch: Path) -> str:
 
 
 def predicted_bytes(model: str, method: str) -> int | None:
-    """The memory estimator's weights + optimizer state (bf16, scripts/memory_estimator.py)."""
-    from memory_estimator import estimate
+    """The memory estimator's weights + optimizer state (bf16, repro/memory_estimator.py)."""
+    from repro.memory_estimator import estimate
 
     try:
         return estimate(model, method).total_bytes
@@ -424,7 +420,3 @@ def main() -> None:
         install(args.wheels, args.target, args.python)
     else:
         check(args)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,5 @@
 """What a run's training stream is made of, window by window: each source's share of the words.
 
-    python scripts/stream_mix.py DIR [--seed 0] [--window-words 250000] [--windows 10]
-
 Reads the training stream the trainer reads with ``data=local data.path=DIR`` (its files, shuffle
 buffer and ``data.shuffle_seed``) and attributes each document to the host of its ``url`` in the
 mirror's records (``unknown`` for records without one). A corpus whose files are each a random
@@ -15,7 +13,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 from urllib.parse import urlparse
@@ -82,7 +79,3 @@ def main(argv: list[str] | None = None) -> int:
     for i, window in enumerate(shares):
         print(f"{i:>6}  " + "  ".join(f"{window.get(host, 0.0):>20.2f}" for host in hosts))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,11 +1,11 @@
-"""The paper's other experiments laid out as the paper does (``scripts/make_tables.py`` calls this).
+"""The paper's other experiments laid out as the paper does (``repro.make_tables`` calls this).
 
-Tables 2 and 3 are ``make_tables.py``'s own; here are the Qwen, sequence-length and 8-bit tables
+Tables 2 and 3 are ``repro.tables.table2``/``table3``'s; here are the Qwen, sequence-length and 8-bit tables
 (measured mean ± std (n) beside the paper's printed numbers, and for 8-bit the estimated memory
 beside the paper's), and the figures as tables: fold level (final PPL of FOAM-l and of each
 baseline at FOAM-l's memory), residual and overtraining (validation PPL over the steps), and the
 update cosine (per layer and module type, at the last measured step; ``cosine.png`` with
-``--curves``). Each experiment's rows are its variants (``scripts/experiments.py``) on the models
+``--curves``). Each experiment's rows are its variants (``repro/experiments.py``) on the models
 found under the root, so a CPU-scale run of an experiment (``--model llama_2m``) is laid out as
 the paper-scale one; the paper's number is shown where the model is one of the paper's (or stands
 in for one, ``paper_perplexity.STAND_INS``).
@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments import (
+from repro.experiments import (
     EXPERIMENTS,
     INT8_METHODS,
     LLAMA_SMALL,
@@ -35,13 +34,12 @@ from experiments import (
     fold_levels,
     is_paper_size,
 )
-from figures import save_figure
-from memory_estimator import estimate, table2_gb
-from methods import label
-from paper_perplexity import STAND_INS
-from study_points import fmt_gb, fmt_ppl, load_points, model_order
-from sweep import run_dir_fields
-
+from repro.memory_estimator import estimate, table2_gb
+from repro.methods import label
+from repro.paper_perplexity import STAND_INS
+from repro.runs import run_dir_fields
+from repro.study_points import fmt_gb, fmt_ppl, load_points, model_order
+from repro.tables.figures import save_figure
 from train.update_cosine import PREFIX
 
 # The paper's printed numbers (paper/foam_paper.tex), at 60M, 130M and 350M.
@@ -375,7 +373,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         print(f"wrote {', '.join(sorted(outputs))} to {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,5 @@
 """The scaled-down CPU reproduction of Table 2 and the FOAM ablations (results/repro/PROTOCOL.md).
 
-    python scripts/reproduce_cpu.py --data DIR --root runs/repro           # everything, resumable
-    python scripts/reproduce_cpu.py --data DIR --root runs/repro --plan    # what is done / to do
-    python scripts/reproduce_cpu.py ... --collect results/repro/runs       # copy finished summaries
-
 Three stages, each a pure function of the finished runs under ``--root``, so an interrupted study
 resumes where it stopped (finished points are skipped, an interrupted point resumes from its last
 checkpoint):
@@ -41,7 +37,6 @@ import json
 import math
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -50,10 +45,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from make_corpus import corpus_digest, tokenizer_sha256
-from methods import ABLATION_PREFIX, ABLATIONS, PAPER_ALPHA_GRID, Ablation, paper_alpha_range
-from sweep import REPO, Point, hparam, run_dir_fields, train_command
-
+from repro.make_corpus import corpus_digest, tokenizer_sha256
+from repro.methods import ABLATION_PREFIX, ABLATIONS, PAPER_ALPHA_GRID, Ablation, paper_alpha_range
+from repro.runs import REPO, Point, hparam, run_dir_fields, train_command
 from train.summary import DIVERGED_FILE, finished_records, uncommitted_changes
 
 MODEL = "llama_2m"
@@ -599,7 +593,3 @@ def main(argv: list[str] | None = None) -> int:
             print(run_dir)
         print(f"{len(study.planned)} runs can start now")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -71,7 +71,3 @@ def main() -> int:
         f"curves: {curves.relative_to(REPO)}; transformers checkpoint: {RUN_DIR.relative_to(REPO)}/hf"
     )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

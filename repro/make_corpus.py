@@ -8,9 +8,6 @@ reStructuredText sources of the Linux kernel's and of Python's documentation (ab
 document with ``text``, ``timestamp`` and ``url``), so training reads them through
 ``data=local data.path=OUT`` exactly as it would read a C4 mirror.
 
-    python scripts/make_corpus.py --out data/docs-c4                      # pinned .debs + dpkg -x
-    python scripts/make_corpus.py --out data/x --source-root DIR          # packages unpacked in DIR
-
 Cleaning follows the spirit of C4's filters on markup: paragraphs are re-joined from wrapped lines;
 directives, literal (code) blocks, tables, heading underlines and link targets are dropped; inline
 roles and hyperlinks keep their text; a paragraph is kept only when it ends in terminal punctuation
@@ -443,7 +440,3 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     print(f"corpus digest: {manifest['corpus_digest']} (written to {args.out / MANIFEST})")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
