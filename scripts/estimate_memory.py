@@ -1,0 +1,15 @@
+"""Estimated pre-training memory (BF16 weights + optimizer states), as the FOAM paper's tables.
+
+The command line of ``repro.estimate_memory``, which holds the logic.
+
+    python scripts/estimate_memory.py                 # the paper's tables, as markdown
+    python scripts/estimate_memory.py --compare       # + the paper's numbers, deltas and errata
+    python scripts/estimate_memory.py --json          # every size x method, decimal GB
+"""
+
+import sys
+
+from repro.estimate_memory import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+"""Build a local C4-format corpus from Debian's documentation packages (no Hugging Face hub needed).
+
+The command line of ``repro.make_corpus``, which holds the logic.
+
+    python scripts/make_corpus.py --out data/docs-c4                      # pinned .debs + dpkg -x
+    python scripts/make_corpus.py --out data/x --source-root DIR          # packages unpacked in DIR
+"""
+
+import sys
+
+from repro.make_corpus import main
+
+if __name__ == "__main__":
+    sys.exit(main())
