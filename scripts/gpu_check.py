@@ -3,7 +3,7 @@
 The command line of ``repro.gpu_check``, which holds the logic.
 
     python scripts/gpu_check.py wheels --dest gpu-wheels      # make gpu-wheels (needs an index)
-    python scripts/gpu_check.py install                       # offline: what the machine lacks
+    PYTHONPATH=. python scripts/gpu_check.py install          # offline: what the machine lacks
     PYTHONPATH=.gpu-site:. python scripts/gpu_check.py run    # the check (make gpu-check)
 """
 

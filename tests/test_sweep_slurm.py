@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-import sweep
 from test_train_cli import TINY
+
+from repro import sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
