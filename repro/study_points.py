@@ -1,10 +1,11 @@
-"""The finished runs of a sweep or of the CPU study as grid points, and each row's best point.
+"""The finished runs of a sweep or of the CPU study as grid points, each row's best point, and
+the order of the rows (Table 2's).
 
 A run's place is read from its path, ``ROOT[/STAGE]/MODEL/METHOD/lr{lr}[_alpha{a}][_gap{g}]_seed{s}``
 as ``scripts/sweep.py`` and ``scripts/reproduce_cpu.py`` lay them out (``STAGE`` is ``search`` or
 ``final`` for the latter). Runs of one point (model, method, lr, alpha, refresh gap) are its seeds:
-mean, **sample** standard deviation and n. Every table (``scripts/make_tables.py``,
-``repro/tables/views.py``) reads runs through this module.
+mean, **sample** standard deviation and n. Every table (``repro/tables/``) reads runs through
+this module.
 """
 
 from __future__ import annotations
