@@ -124,7 +124,8 @@ PRELOADED = (  # heavy third-party imports done once in the parent (never the pr
     "transformers.models.llama.modeling_llama",
     "transformers.models.qwen2.modeling_qwen2",
 )
-PROJECT_PACKAGES = ("foam", "train", "models", "repro")
+# The mutated packages (repro/, this tool, is loaded here and never mutated).
+PROJECT_PACKAGES = ("foam", "train", "models")
 
 SWAPPED_OPS: dict[type, type] = {
     ast.Add: ast.Sub,
