@@ -15,7 +15,8 @@ MUTATE_ARGS ?=
 # The GPU check runs with the GPU machine's own Python and torch (never a venv, never a torch
 # install): `make gpu-wheels` (here, with a package index) fills GPU_WHEELS with what a GPU image
 # may lack; on the GPU machine `make gpu-check` installs that offline into GPU_SITE and runs.
-# GPU_PYTHON: this checkout's venv where there is one (a dev machine), else the machine's python3.
+# GPU_PYTHON: this checkout's venv where there is one (a dev machine), else the machine's python3,
+# which finds repro/ (scripts/gpu_check.py's logic) on PYTHONPATH.
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 GPU_WHEELS ?= gpu-wheels
 GPU_SITE   ?= .gpu-site
@@ -50,7 +51,7 @@ gpu-wheels: install
 	$(PY) scripts/gpu_check.py wheels --dest $(GPU_WHEELS)
 
 gpu-deps:
-	$(GPU_PYTHON) scripts/gpu_check.py install --wheels $(GPU_WHEELS) --target $(GPU_SITE) --python $(GPU_PYTHON)
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) scripts/gpu_check.py install --wheels $(GPU_WHEELS) --target $(GPU_SITE) --python $(GPU_PYTHON)
 
 # At most 8 minutes on one GPU (CPU at tiny sizes without one); writes results/bench/gpu_<device>.md.
 gpu-check: gpu-deps

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from demo import OVERRIDES as DEMO_OVERRIDES
+from repro.demo import OVERRIDES as DEMO_OVERRIDES
 
 REPO = Path(__file__).resolve().parents[1]
 CASES = {

@@ -5,7 +5,7 @@ state bytes and the peak transient memory of one step, with time ratios to fused
 kernel users run) and to foreach AdamW. Methods are interleaved: each round builds and steps every
 method once, so load that comes and goes on a shared machine hits all of them alike, and the
 median over rounds is reported. Ratios, not absolute times, are the result. Each method is its
-optim config built as a training run builds it (scripts/bench_methods.py); ``foam2_eager`` is
+optim config built as a training run builds it (repro/bench_methods.py); ``foam2_eager`` is
 FOAM-2 through its readable reference step (``implementation="eager"``), to show what the fused
 step (foam/fused.py) buys. GaLore's and APOLLO's projection refresh falls in the warm-up step, so
 their times are those of the steps between refreshes.
@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from bench_methods import DEFAULT_LABELS, builder
 
 import foam
 from foam.profiling import peak_transient_bytes
 from models import build_model, load_model_config
+from repro.bench_methods import DEFAULT_LABELS, builder
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 BASELINE = "adamw_fused"

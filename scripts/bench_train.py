@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from bench_methods import DEFAULT_LABELS, available_labels, builder
 
 import foam
 from foam.profiling import peak_transient_bytes
 from models import build_model, load_model_config
+from repro.bench_methods import DEFAULT_LABELS, available_labels, builder
 from train.metrics import peak_memory, reset_peak_memory
 from train.parallelism import compile_decoder_layers
 from train.step import Batch, accumulate_gradients
@@ -187,7 +187,7 @@ def main() -> None:
         default=list(DEFAULT_OPTIMIZERS),
         choices=available_labels(),
         metavar="LABEL",
-        help="optim config names, NAME_eager, adamw_fused, adamw_foreach (scripts/bench_methods.py);"
+        help="optim config names, NAME_eager, adamw_fused, adamw_foreach (repro/bench_methods.py);"
         " default: every method of the paper's tables",
     )
     parser.add_argument("--batch-size", type=int, default=8)

@@ -1,77 +1,11 @@
 """`make demo`: pre-train a small LLaMA with FOAM-2 on the embedded offline corpus, on CPU.
 
-Runs the real trainer (`train/pretrain.py`, the same entry point as the GPU runs) for well under
-a minute on two cores and prints the validation perplexity, the picture of its curves
-(`scripts/plot_runs.py`) and the exported transformers checkpoint. No download: the corpus ships
-with Python and the project's SentencePiece tokenizer is trained on it in under a second.
-
-The run reads its training data once: the embedded corpus holds about 98K training tokens with
-this tokenizer, and the run packs 360 x 256 = 92K of them into full rows (no padding), so the
-validation loss measures what the model learnt, not what it memorised. Extra arguments are passed
-on as Hydra overrides, e.g. `scripts/demo.py optim=...`.
+The command line of ``repro.demo``, which holds the logic.
 """
 
-from __future__ import annotations
-
-import json
-import subprocess
 import sys
-import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-RUN_DIR = REPO / "runs" / "demo"
-OVERRIDES = [
-    "+model=llama_1m",  # 1.3M parameters, 60 % of them in the attention/MLP matrices FOAM folds
-    "+optim=foam2",  # the paper's FOAM-2: lr 1e-2, alpha 0.25
-    "data=embedded",
-    "data.tokenizer=spm",  # the project tokenizer, sized to the model's 2048-entry vocabulary
-    "data.spm_vocab_size=2048",
-    "data.seq_len=128",
-    "data.pack=true",  # every token of a document is used, none is padding
-    "trainer=cpu_debug",
-    "trainer.max_steps=360",  # x 2 x 128 tokens: one pass over the training split
-    "trainer.global_batch_size=2",
-    "trainer.micro_batch_size=2",
-    "trainer.eval_every=90",
-    "trainer.log_every=10",
-    "trainer.save_every=0",
-    "trainer.resume=none",
-    "logger=none",
-    f"hydra.run.dir={RUN_DIR}",
-]
-
-
-def main() -> int:
-    start = time.perf_counter()
-    cmd = [sys.executable, str(REPO / "train" / "pretrain.py"), *OVERRIDES, *sys.argv[1:]]
-    print("$", " ".join(cmd[1:]), flush=True)
-    code = subprocess.call(cmd, cwd=REPO)
-    if code:
-        return code
-    summary = json.loads((RUN_DIR / "summary.json").read_text())
-    curves = RUN_DIR / "curves.png"
-    plot = [
-        sys.executable,
-        str(REPO / "scripts" / "plot_runs.py"),
-        str(RUN_DIR),
-        "--out",
-        str(curves),
-    ]
-    subprocess.run(plot, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
-    curve = ", ".join(f"{e['step']}: {e['val_ppl']:.1f}" for e in summary["eval_history"])
-    print(f"\nvalidation perplexity by step: {curve}")
-    print(
-        f"final validation perplexity {summary['final_val_ppl']:.2f} "
-        f"(loss {summary['final_val_loss']:.4f}) after {summary['steps']} steps / "
-        f"{summary['tokens']:,} tokens of {summary['model']} with {summary['optim']}; "
-        f"wall time {time.perf_counter() - start:.0f} s; run directory {RUN_DIR.relative_to(REPO)}"
-    )
-    print(
-        f"curves: {curves.relative_to(REPO)}; transformers checkpoint: {RUN_DIR.relative_to(REPO)}/hf"
-    )
-    return 0
-
+from repro.demo import main
 
 if __name__ == "__main__":
     sys.exit(main())

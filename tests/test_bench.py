@@ -1,4 +1,4 @@
-"""scripts/bench_methods.py, bench_optim.py and bench_train.py: the optimizers they compare are the
+"""repro/bench_methods.py, scripts/bench_optim.py and bench_train.py: the optimizers they compare are the
 ones a training run builds, and both benchmarks run end to end through their command lines."""
 
 import os
@@ -6,13 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import bench_methods
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from foam.optimizer import FOAM
 from models import build_model, load_model_config
+from repro import bench_methods
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def test_torch_adamw_labels_and_an_unknown_label(tiny_model):
 
 
 def test_default_labels_cover_the_papers_tables():
-    from methods import TABLE2, TABLE3
+    from repro.methods import TABLE2, TABLE3
 
     available = set(bench_methods.available_labels())
     assert set(bench_methods.DEFAULT_LABELS) <= available

@@ -1,16 +1,15 @@
 """`make demo` reads each training token at most once (it used to loop ~9 times over the corpus)."""
 
-import runpy
 from pathlib import Path
 
 import yaml
 
 import models
+from repro.demo import OVERRIDES
 from train.corpus import open_source
 from train.tokenizer import build_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
-OVERRIDES = runpy.run_path(str(REPO / "scripts" / "demo.py"))["OVERRIDES"]
 
 
 def setting(key: str) -> str:

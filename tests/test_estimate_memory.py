@@ -1,4 +1,4 @@
-"""scripts/memory_estimator.py against every memory entry the FOAM paper prints, and
+"""repro/memory_estimator.py against every memory entry the FOAM paper prints, and
 scripts/estimate_memory.py's output.
 
 Each entry must be reproduced within 0.02 GB, or be listed in ``PAPER_ERRATA`` with the
@@ -12,11 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import estimate_memory
-import paper_memory
 import pytest
 import torch
-from memory_estimator import GB, appendix_pair, estimate, table2_gb
+
+from repro import estimate_memory, paper_memory
+from repro.memory_estimator import GB, appendix_pair, estimate, table2_gb
 
 TOL = 0.02
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"

@@ -1,4 +1,4 @@
-"""scripts/experiments.py through ``sweep.py --experiment``: each of the paper's experiments expands
+"""repro/experiments.py through ``sweep.py --experiment``: each of the paper's experiments expands
 into its runs with the paper's settings, the memory-matching rule, and tiny runs of every kind."""
 
 import json
@@ -8,15 +8,14 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import experiments
-import make_tables
 import pytest
-import sweep
-from experiment_tables import experiment_outputs
-from memory_estimator import memory_matched, planned_numel
 from test_train_cli import ENV, TINY
 
 import models
+from repro import experiments, sweep
+from repro.memory_estimator import memory_matched, planned_numel
+from repro.study_points import load_points
+from repro.tables.experiments import experiment_outputs
 from train.metrics import peak_flops_for_name
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,7 +194,7 @@ def test_tiny_run_of_each_experiment(tmp_path, name):
     (summary_path,) = tmp_path.rglob("summary.json")
     assert summary_path.parent.parent.name == method
     assert json.loads(summary_path.read_text())["steps"] == 2
-    tables = experiment_outputs(make_tables.load_points(tmp_path), tmp_path)
+    tables = experiment_outputs(load_points(tmp_path), tmp_path)
     if name in TABLE_OF:
         assert "(n=1)" in tables[TABLE_OF[name]] or "layer_0" in tables[TABLE_OF[name]]
 
@@ -217,7 +216,7 @@ def test_tables_put_the_papers_numbers_beside_the_measured(tmp_path):
     cosine = {"step": 200, "update_cosine/layer_0": 0.5, "update_cosine/mean": 0.4}
     fake_run(tmp_path, "llama_2m", "cosine_foam2", "lr0.01_alpha0.25_seed0", 80.0, [cosine])
     fake_run(tmp_path, "llama_2m", "ablation_foam2_no_residual", "lr0.01_alpha0.25_seed0", 95.0)
-    tables = experiment_outputs(make_tables.load_points(tmp_path), tmp_path)
+    tables = experiment_outputs(load_points(tmp_path), tmp_path)
     assert set(tables) == {"int8.md", "seq_len.md", "cosine.md", "residual.md"}
     int8 = next(line for line in tables["int8.md"].splitlines() if "8-bit FOAM-2" in line)
     # measured mean ± std (n) | the paper's PPL | estimated memory | the paper's memory

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpu_check import REQUIRED, TRAIN_METHODS, distribution_of, install, missing
+
+from repro.gpu_check import REQUIRED, TRAIN_METHODS, distribution_of, install, missing
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,6 @@
-"""Imports flow one way (DESIGN.md): scripts -> train -> {foam, models} -> torch; inside foam/
-the baselines do not import each other."""
+"""Imports flow one way (DESIGN.md): scripts -> repro -> train -> {foam, models} -> torch; no script
+imports another; inside foam/ the baselines do not import each other; foam/ and repro/ have no
+import cycles."""
 
 import ast
 import sys
@@ -31,9 +32,16 @@ ALLOWED = {
         "models",
         "train",
     },
+    "repro": {"torch", "numpy", "hydra", "omegaconf", "foam", "models", "train", "repro"},
 }
-# Optional accelerators foam/ may import lazily, inside the function that needs them.
-LAZY_OPTIONAL = {"foam": {"bitsandbytes"}}
+# Optional accelerators foam/ may import lazily, inside the function that needs them; and what
+# repro/ imports only where a command needs it (figures, statistics, SLURM, the mutants' pytest).
+LAZY_OPTIONAL = {
+    "foam": {"bitsandbytes"},
+    "repro": {"matplotlib", "scipy", "submitit", "pytest"},
+}
+# What scripts/ may import of the project: packages, never another script.
+PROJECT_PACKAGES = {"foam", "models", "train", "repro"}
 # Modules that import an optional accelerator at module level and are themselves imported only
 # lazily (test_foam_imports_without_optional_packages checks `import foam` loads none of them).
 OPTIONAL_MODULES = {"foam/triton_kernels.py": {"triton"}}
@@ -76,6 +84,19 @@ def test_packages_import_only_what_the_design_allows(package):
     assert not bad, f"{package}/ imports outside its layer: {bad}"
 
 
+def test_scripts_import_packages_not_scripts():
+    """A script is an entry point: what another script or a test needs lives in a package."""
+    scripts = sorted((ROOT / "scripts").glob("*.py"))
+    names = {path.stem for path in scripts}
+    bad = [
+        f"{path.name}: {module}"
+        for path in scripts
+        for module, _ in imports(path)
+        if module in names and module not in PROJECT_PACKAGES
+    ]
+    assert not bad, f"scripts import scripts: {bad}"
+
+
 def test_baselines_do_not_import_each_other():
     """What two baselines share lives in a module they both import (foam.lowrank, ...)."""
     baselines = ROOT / "foam" / "baselines"
@@ -104,12 +125,12 @@ def test_foam_imports_without_optional_packages():
     assert out.stdout.strip() == "[]"
 
 
-def foam_module_graph() -> dict[str, set[str]]:
-    """Each module of foam/ (``foam.x.y``; a package as its ``__init__``) -> the foam modules it
-    imports anywhere in its text, lazy imports included (``from foam.a import name`` counts as
-    ``foam.a``)."""
+def module_graph(package: str) -> dict[str, set[str]]:
+    """Each module of a package (``foam.x.y``; a package as its ``__init__``) -> the package's
+    modules it imports anywhere in its text, lazy imports included (``from foam.a import name``
+    counts as ``foam.a``)."""
     modules = {}
-    for path in sorted((ROOT / "foam").rglob("*.py")):
+    for path in sorted((ROOT / package).rglob("*.py")):
         parts = path.relative_to(ROOT).with_suffix("").parts
         modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     graph = {}
@@ -124,10 +145,11 @@ def foam_module_graph() -> dict[str, set[str]]:
     return graph
 
 
-def test_no_two_foam_modules_import_each_other():
-    """No import cycle inside foam/, lazy imports included: a cycle makes the order in which
-    modules load matter, and hides which one owns what."""
-    graph = foam_module_graph()
+@pytest.mark.parametrize("package", ["foam", "repro"])
+def test_no_import_cycle_inside_a_package(package):
+    """No import cycle inside foam/ or repro/, lazy imports included: a cycle makes the order in
+    which modules load matter, and hides which one owns what."""
+    graph = module_graph(package)
     cycles = []
 
     def visit(name: str, path: list[str]) -> None:
@@ -148,7 +170,7 @@ def test_no_two_foam_modules_import_each_other():
 def test_foams_update_reads_only_the_leaves_it_builds_on():
     """foam/update.py, which every path of FOAM's step reads (eager, C++, Triton), imports only
     the fold and the numerics, and they nothing of foam but its error type."""
-    graph = foam_module_graph()
+    graph = module_graph("foam")
     assert graph["foam.update"] <= {"foam.folding", "foam.numerics"}
     assert graph["foam.folding"] | graph["foam.numerics"] <= {"foam.errors"}
     assert graph["foam.errors"] == set()

@@ -7,8 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import make_corpus
 import pytest
+
+from repro import make_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 

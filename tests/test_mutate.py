@@ -1,18 +1,14 @@
-"""scripts/mutate.py stays usable: its module -> tests map and its list of equivalent mutants
+"""repro/mutate.py stays usable: its module -> tests map and its list of equivalent mutants
 point at code and tests that exist (a refactor that moves a module must update them)."""
 
 import ast
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from repro import mutate
+
 REPO = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("mutate", REPO / "scripts" / "mutate.py")
-mutate = importlib.util.module_from_spec(spec)
-sys.modules["mutate"] = mutate  # dataclasses look their module up there
-spec.loader.exec_module(mutate)
 
 
 def test_every_target_and_test_exists():

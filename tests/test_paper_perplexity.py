@@ -1,12 +1,13 @@
-"""scripts/paper_perplexity.py: the paper's Table 2 perplexities, as its source prints them."""
+"""repro/paper_perplexity.py: the paper's Table 2 perplexities, as its source prints them."""
 
 import re
 from pathlib import Path
 
 import pytest
-from methods import TABLE2, label
-from paper_memory import PAPER_MODELS
-from paper_perplexity import PAPER_TABLE2_PPL, paper_ppl
+
+from repro.methods import TABLE2, label
+from repro.paper_memory import PAPER_MODELS
+from repro.paper_perplexity import PAPER_TABLE2_PPL, paper_ppl
 
 PAPER = Path(__file__).resolve().parents[2] / "shared" / "paper" / "foam_paper.tex"
 if not PAPER.exists():

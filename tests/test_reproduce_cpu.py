@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-import reproduce_cpu
-from reproduce_cpu import METHODS, Method, Setting, Study
-from sweep import Point, run_dir_fields
 
+from repro import reproduce_cpu
+from repro.reproduce_cpu import METHODS, Method, Setting, Study
+from repro.runs import Point, run_dir_fields
 from train.summary import write_diverged
 
 

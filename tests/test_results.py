@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-import make_tables
+from repro import make_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 REPRO = ROOT / "results" / "repro"

@@ -1,6 +1,7 @@
 """The scripts' ``--help`` says what each does in whole sentences: its docstring, not a cut line."""
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -23,3 +24,36 @@ def test_help_shows_the_whole_first_paragraph(script):
         timeout=120,
     ).stdout
     assert first_paragraph in " ".join(shown.split())
+
+
+def entry_point_module(path: Path) -> str | None:
+    """The repro module whose ``main`` a thin script calls (None: the script holds its own)."""
+    for node in ast.parse(path.read_text()).body:
+        if (
+            isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith("repro")
+            and any(alias.name == "main" for alias in node.names)
+        ):
+            return node.module
+    return None
+
+
+THIN = sorted(p.name for p in SCRIPTS.glob("*.py") if entry_point_module(p))
+
+
+def first_paragraph(doc: str) -> str:
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+def test_the_reproduction_commands_are_thin_entry_points():
+    assert {"make_tables.py", "sweep.py", "reproduce_cpu.py", "gpu_check.py"} <= set(THIN)
+
+
+@pytest.mark.parametrize("script", THIN)
+def test_a_thin_scripts_docstring_opens_with_its_help(script):
+    """Its ``--help`` prints the first paragraph of the repro module it calls; the script's own
+    docstring opens with the same sentence, so reading either tells what the command does."""
+    path = SCRIPTS / script
+    module = importlib.import_module(entry_point_module(path))
+    script_doc = ast.get_docstring(ast.parse(path.read_text()))
+    assert first_paragraph(script_doc) == first_paragraph(module.__doc__)

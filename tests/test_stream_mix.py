@@ -3,7 +3,7 @@
 import gzip
 import json
 
-import stream_mix
+from repro import stream_mix
 
 
 def write_mirror(root, docs):

@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-import sweep
 from test_train_cli import TINY
+
+from repro import sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,7 +128,7 @@ def test_a_preempted_sweep_point_requeues_and_resumes_to_the_end(fake_slurm):
     env = {
         **os.environ,
         "SUBMITIT_EXECUTOR": "slurm",
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "scripts"), str(ROOT)]),
+        "PYTHONPATH": str(ROOT),  # the job unpickles repro.sweep.SlurmPoint
         "OMP_NUM_THREADS": "1",
     }
     job = [sys.executable, "-u", "-m", "submitit.core._submit", str(fake_slurm / "sweep" / "slurm")]

@@ -6,10 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import make_tables
-import paired_stats
 import pytest
-import sweep
+
+from repro import make_tables, paired_stats, sweep
+from repro.study_points import CONTROL
+from repro.tables.paired import agreement, comparisons
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -364,16 +365,16 @@ def test_without_a_search_alpha_is_read_from_the_finals(tmp_path):
 
 
 def test_the_paired_table_compares_foam2_with_every_row_and_the_mini_tier():
-    rows = {"foam2", "adamw", "foam_mini", "apollo_mini", make_tables.CONTROL}
-    assert make_tables.comparisons(rows) == [
+    rows = {"foam2", "adamw", "foam_mini", "apollo_mini", CONTROL}
+    assert comparisons(rows) == [
         ("foam2", "adamw"),
-        ("foam2", make_tables.CONTROL),
+        ("foam2", CONTROL),
         ("foam2", "apollo_mini"),
         ("foam2", "foam_mini"),
         ("foam_mini", "apollo_mini"),
     ]
-    assert make_tables.comparisons({"foam_mini", "apollo_mini"}) == [("foam_mini", "apollo_mini")]
-    assert make_tables.comparisons({"foam2", "foam_mini"}) == [("foam2", "foam_mini")]
+    assert comparisons({"foam_mini", "apollo_mini"}) == [("foam_mini", "apollo_mini")]
+    assert comparisons({"foam2", "foam_mini"}) == [("foam2", "foam_mini")]
 
 
 def test_holm_adjusts_step_down_over_the_tested_comparisons_only():
@@ -394,12 +395,12 @@ def test_the_paired_p_is_the_t_tests():
 
 
 def test_an_order_is_read_only_where_the_interval_resolves_it():
-    assert make_tables.agreement((-3.0, -1.0), -0.4, 3) == "yes"
-    assert make_tables.agreement((1.0, 3.0), -0.4, 3) == "no (the other way)"
-    assert make_tables.agreement((-1.0, 3.0), -0.4, 3) == "not resolved (interval holds 0)"
-    assert make_tables.agreement((-3.0, -1.0), -0.4, 2) == "not read (n < 3)"  # the protocol's n
-    assert make_tables.agreement(None, -0.4, 1) == "-"  # one seed
-    assert make_tables.agreement((-3.0, -1.0), None, 3) == "-"  # no paper number (the control)
+    assert agreement((-3.0, -1.0), -0.4, 3) == "yes"
+    assert agreement((1.0, 3.0), -0.4, 3) == "no (the other way)"
+    assert agreement((-1.0, 3.0), -0.4, 3) == "not resolved (interval holds 0)"
+    assert agreement((-3.0, -1.0), -0.4, 2) == "not read (n < 3)"  # the protocol's n
+    assert agreement(None, -0.4, 1) == "-"  # one seed
+    assert agreement((-3.0, -1.0), None, 3) == "-"  # no paper number (the control)
     assert paired_stats.confidence_interval((-2.0, 1.0, 1)) is None
     low, high = paired_stats.confidence_interval((-2.0, 1.0, 3))
     assert (low, high) == pytest.approx((-2.0 - 2.4841, -2.0 + 2.4841), abs=1e-4)

@@ -1,13 +1,21 @@
-"""scripts/table_views.py: the study's two views of Table 2 and Kendall's tau over them."""
+"""repro/tables/views.py: the study's two views of Table 2 and Kendall's tau over them."""
 
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-import table_views
 from scipy.stats import kendalltau
-from study_points import CONTROL, load_points
+
+from repro.study_points import CONTROL, load_points
+from repro.tables.views import (
+    VIEWS,
+    bootstrap_tau,
+    kendall_tau,
+    reversed_pairs,
+    view_best,
+    views_table,
+)
 
 
 @pytest.mark.parametrize(
@@ -21,26 +29,26 @@ from study_points import CONTROL, load_points
 )
 def test_tau_is_scipys_tau_b(ours, theirs):
     ours_array = np.asarray([ours, ours[::-1]])
-    got = table_views.kendall_tau(ours_array, np.asarray(theirs))
+    got = kendall_tau(ours_array, np.asarray(theirs))
     assert got[0] == pytest.approx(kendalltau(ours, theirs).statistic)
     assert got[1] == pytest.approx(kendalltau(ours[::-1], theirs).statistic)
 
 
 def test_one_pair_reversed_of_three_rows_is_a_third():
     """3 rows, 3 pairs, one discordant: tau = (2 - 1) / 3."""
-    tau = table_views.kendall_tau(np.asarray([1.0, 3.0, 2.0]), np.asarray([1.0, 2.0, 3.0]))
+    tau = kendall_tau(np.asarray([1.0, 3.0, 2.0]), np.asarray([1.0, 2.0, 3.0]))
     assert float(tau) == pytest.approx(1 / 3)
-    assert table_views.reversed_pairs([1.0, 3.0, 2.0], [1.0, 2.0, 3.0]) == (1, 3)
+    assert reversed_pairs([1.0, 3.0, 2.0], [1.0, 2.0, 3.0]) == (1, 3)
 
 
 def test_the_bootstrap_interval_widens_with_seed_noise_and_is_reproducible():
     theirs = [1.0, 2.0, 3.0]
     apart = [[10.0, 10.1, 9.9], [20.0, 20.1, 19.9], [30.0, 30.1, 29.9]]
-    assert table_views.bootstrap_tau(apart, theirs, resamples=500) == (1.0, 1.0)
+    assert bootstrap_tau(apart, theirs, resamples=500) == (1.0, 1.0)
     close = [[10.0, 12.0, 8.0], [11.0, 13.0, 9.0], [10.5, 12.5, 8.5]]
-    low, high = table_views.bootstrap_tau(close, theirs, resamples=500)
+    low, high = bootstrap_tau(close, theirs, resamples=500)
     assert low < 0 < high
-    assert table_views.bootstrap_tau(close, theirs, resamples=500) == (low, high)
+    assert bootstrap_tau(close, theirs, resamples=500) == (low, high)
 
 
 def write_run(root: Path, method: str, point: str, seed: int, ppl: float) -> None:
@@ -60,14 +68,14 @@ def test_each_view_takes_its_rows_and_the_paper_grid(tmp_path):
         write_run(tmp_path, "adamw", "lr0.04_alpha0.0625", seed, 85 + noise)
         write_run(tmp_path, "adamw", "lr0.0025_alpha1", seed, 110 + noise)
     points = load_points(tmp_path)
-    views = {v.name: v for v in table_views.VIEWS}
-    equal = table_views.view_best(points, views["equal_freedom"])
+    views = {v.name: v for v in VIEWS}
+    equal = view_best(points, views["equal_freedom"])
     assert {row for _, row in equal} == {"foam2", "muon_modulewise", CONTROL}
     assert equal[("llama_2m", "foam2")].key.alpha == 0.0625
-    paper = table_views.view_best(points, views["paper_tuning"])
+    paper = view_best(points, views["paper_tuning"])
     assert {row for _, row in paper} == {"foam2", "muon", "adamw"}
     assert paper[("llama_2m", "foam2")].key.alpha == 0.25
-    text = table_views.views_table(points)
+    text = views_table(points)
     assert text.count("Kendall's tau with the paper's order over the 3 rows") == 3
     # FOAM-2 (79 + noise) against module-wise Muon (80 + 2 noise): -1, -1.5, -0.5
     assert "| FOAM-2 − Muon, module-wise lr | -1.00 ± 0.50 (n=3) |" in text

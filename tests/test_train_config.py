@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-from methods import ABLATIONS
 from omegaconf import DictConfig, OmegaConf, open_dict
 from optim_resolution import resolve_for_models
 
 import foam
 import models
+from repro.methods import ABLATIONS
 from train.cli_errors import composition_error_message
 from train.config import (
     CONFIG_DIR,

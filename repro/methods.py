@@ -1,8 +1,7 @@
-"""The paper's methods, named once for every script: the name of each and its printed label.
+"""The paper's methods, named once: the name of each and its printed label.
 
 A method's name is its optim config (``configs/optim/NAME.yaml``), the method directory of
-``scripts/sweep.py``'s runs, and its row in ``scripts/estimate_memory.py``. Scripts run as
-``python scripts/x.py`` import this module directly (their own directory is on the path).
+``scripts/sweep.py``'s runs, and its row in ``scripts/estimate_memory.py``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""The finished runs of a sweep or of the CPU study as grid points, and each row's best point.
+"""The finished runs of a sweep or of the CPU study as grid points, each row's best point, and
+the order of the rows (Table 2's).
 
 A run's place is read from its path, ``ROOT[/STAGE]/MODEL/METHOD/lr{lr}[_alpha{a}][_gap{g}]_seed{s}``
 as ``scripts/sweep.py`` and ``scripts/reproduce_cpu.py`` lay them out (``STAGE`` is ``search`` or
 ``final`` for the latter). Runs of one point (model, method, lr, alpha, refresh gap) are its seeds:
-mean, **sample** standard deviation and n. Every table (``scripts/make_tables.py``,
-``scripts/table_views.py``) reads runs through this module.
+mean, **sample** standard deviation and n. Every table (``repro/tables/``) reads runs through
+this module.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import json
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from methods import CONTROL_LABEL, label
-from sweep import run_dir_fields
-
+from repro.methods import CONTROL_LABEL, TABLE2_BLOCKS, label
+from repro.runs import run_dir_fields
 from train.summary import DIVERGED_FILE, finished_records
 
 STAGES = ("search", "final")
@@ -185,3 +186,26 @@ def fmt_gb(gb: float | None) -> str:
     if gb is None:
         return "-"
     return f"{gb:.2f}G" if gb >= 0.1 else f"{gb * 1e3:.2f}M"
+
+
+def method_rows(rows_seen: set[str]) -> list[str | None]:
+    """Table 2's rows present in the data, in the paper's order (None: a block separator)."""
+    rows: list[str | None] = []
+    for index, block in enumerate(TABLE2_BLOCKS):
+        present = [m.name for m in block if m.name in rows_seen]
+        if index == 0 and CONTROL in rows_seen:
+            present.append(CONTROL)
+        if present:
+            rows += [None, *present] if rows else present
+    return rows
+
+
+def ordered(keys: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(model, row) keys by model size, then in Table 2's order."""
+    keys = set(keys)
+    return [
+        (model, row)
+        for model in sorted({m for m, _ in keys}, key=model_order)
+        for row in method_rows({r for m, r in keys if m == model})
+        if row is not None
+    ]

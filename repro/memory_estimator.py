@@ -77,7 +77,7 @@ SPECS: dict[str, Spec] = {
     "galore8bit": Spec("galore8bit", _rank(4), bytes_per_state=1),
     "foam8bit": Spec("foam8bit", _fixed(level=2), bytes_per_state=1),
 }
-"""By method name (``scripts/methods.py``)."""
+"""By method name (``repro/methods.py``)."""
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,9 @@ import statistics
 from dataclasses import dataclass
 
 import numpy as np
-from methods import paper_alpha_range
-from paired_stats import (
+
+from repro.methods import paper_alpha_range
+from repro.paired_stats import (
     REFERENCE,
     TIER_COMPARISONS,
     Diff,
@@ -34,8 +35,8 @@ from paired_stats import (
     holm_family,
     paired,
 )
-from paper_perplexity import paper_ppl
-from study_points import CONTROL, Point, best_points, fmt_ppl, model_order, row_label
+from repro.paper_perplexity import paper_ppl
+from repro.study_points import CONTROL, Point, best_points, fmt_ppl, model_order, row_label
 
 FAMILY_WISE = 0.05  # an order is read where the Holm-adjusted p is below this
 BOOTSTRAP_RESAMPLES = 10_000

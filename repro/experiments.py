@@ -28,12 +28,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from memory_estimator import memory_matched
-from methods import ABLATION_PREFIX, ABLATIONS, FOLD_LEVEL, TABLE2, TABLE3, label, sweeps_alpha
 from omegaconf import DictConfig, OmegaConf
-from sweep import REPO, Point
 
 import models
+from repro.memory_estimator import memory_matched
+from repro.methods import (
+    ABLATION_PREFIX,
+    ABLATIONS,
+    FOLD_LEVEL,
+    TABLE2,
+    TABLE3,
+    label,
+    sweeps_alpha,
+)
+from repro.runs import REPO, Point
 from train.metrics import peak_flops_for_name
 
 CONFIGS = REPO / "configs"

@@ -1,7 +1,7 @@
 """The FOAM paper's printed memory figures and the entries of them that are not reproducible.
 
 The values are those of ``paper/foam_paper.tex`` (Table 2's memory column, the Appendix estimate
-table, Table 3's "Memory"), by method name (``scripts/methods.py``). Units and the paper's
+table, Table 3's "Memory"), by method name (``repro/methods.py``). Units and the paper's
 conventions, found by recomputing every printed entry (``tests/test_estimate_memory.py`` checks
 each of them within ``TOLERANCE_GB``):
 

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import torch
 from hydra import compose, initialize_config_dir
-from methods import TABLE2, TABLE3_ONLY
 
+from repro.methods import TABLE2, TABLE3_ONLY
 from train.config import CONFIG_DIR, build_optimizer, options
 from train.schema import register_configs
 

@@ -2,14 +2,14 @@
 against.
 
 The values are those of ``paper/foam_paper.tex`` (``tab:validation_llama_60m-1b``: mean and the
-printed ± over 3 runs for 60M-350M, one run for 1.3B), by method name (``scripts/methods.py``) and
+printed ± over 3 runs for 60M-350M, one run for 1.3B), by method name (``repro/methods.py``) and
 in the model order of ``paper_memory.PAPER_MODELS``. ``tests/test_paper_perplexity.py`` checks each
 entry against the paper's source where it is present.
 """
 
 from __future__ import annotations
 
-from paper_memory import PAPER_MODELS
+from repro.paper_memory import PAPER_MODELS
 
 PAPER_TABLE2_PPL: dict[str, tuple[tuple[float, float], ...]] = {
     # (mean, ±) at 60M, 130M, 350M, 1.3B.

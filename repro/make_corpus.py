@@ -1,0 +1,442 @@
+"""Build a local C4-format corpus from Debian's documentation packages (no Hugging Face hub needed).
+
+The CPU reproduction (``results/repro/PROTOCOL.md``) needs several million tokens of real English
+prose that no run sees twice. Debian's ``linux-doc-6.1`` and ``python3.11-doc`` packages ship the
+reStructuredText sources of the Linux kernel's and of Python's documentation (about 3,700 documents,
+4.4M words before cleaning; the kernel's alone are too few tokens); this script turns them into the layout of
+``allenai/c4`` (``en/c4-train.*.json.gz`` and ``en/c4-validation.*.json.gz``, one JSON record per
+document with ``text``, ``timestamp`` and ``url``), so training reads them through
+``data=local data.path=OUT`` exactly as it would read a C4 mirror.
+
+Cleaning follows the spirit of C4's filters on markup: paragraphs are re-joined from wrapped lines;
+directives, literal (code) blocks, tables, heading underlines and link targets are dropped; inline
+roles and hyperlinks keep their text; a paragraph is kept only when it ends in terminal punctuation
+and has at least three words; a document needs at least three kept paragraphs. Paragraphs that
+appeared earlier in the corpus are dropped (exact dedup after whitespace normalisation), and so
+are documents whose cleaned text is empty afterwards. Translations are left out. Documents are
+assigned to validation by a hash of their path, so the split is stable across rebuilds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import hashlib
+import json
+import re
+import subprocess
+import tempfile
+import urllib.request
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+SUFFIX = ".rst.txt"
+MANIFEST = "corpus.json"  # beside en/: what the mirror was built from, and its digest
+TERMINAL = (".", "!", "?", '"', "'", ":")  # C4 keeps lines ending in terminal punctuation
+MIN_WORDS = 3
+MIN_PARAGRAPHS = 3
+MAX_NON_ASCII = 0.1
+
+_UNDERLINE = re.compile(r"^([=\-~^\"'`#*+_.:])\1{2,}\s*$")
+_EXPLICIT = re.compile(r"^\.\.(\s|$)")  # .. note::, .. _label:, .. |subst| ..., comments
+_DIRECTIVE_NAME = re.compile(r"^\.\.\s+([\w:-]+)::")
+# Directives whose indented body is prose (API descriptions, admonitions); every other explicit
+# markup block (code, includes, tables, toctrees, comments, images, ...) has its body dropped.
+PROSE_DIRECTIVES = frozenset(
+    (
+        "note",
+        "warning",
+        "attention",
+        "caution",
+        "danger",
+        "error",
+        "hint",
+        "important",
+        "tip",
+        "seealso",
+        "admonition",
+        "versionadded",
+        "versionchanged",
+        "deprecated",
+        "deprecated-removed",
+        "impl-detail",
+        "glossary",
+        "function",
+        "method",
+        "class",
+        "attribute",
+        "data",
+        "exception",
+        "decorator",
+        "decoratormethod",
+        "classmethod",
+        "staticmethod",
+        "module",
+        "describe",
+        "option",
+        "envvar",
+        "cmdoption",
+        "opcode",
+        "abstractmethod",
+        "coroutinefunction",
+        "coroutinemethod",
+        "awaitablefunction",
+        "awaitablemethod",
+        "c:function",
+        "c:member",
+        "c:macro",
+        "c:type",
+        "c:var",
+        "c:struct",
+        "c:union",
+        "c:enum",
+        "c:enumerator",
+        "c:data",
+        "c:func",
+    )
+)
+_FIELD = re.compile(r"^:[\w -]+:")  # :maxdepth: 2, :Author: ...
+_TABLE = re.compile(r"^\s*[+|]")
+_ROLE = re.compile(r":[\w:+-]+:`([^`<]*?)\s*(?:<[^`>]*>)?`")  # :ref:`text <target>` -> text
+_LINK = re.compile(r"`([^`<]*?)\s*<[^`>]*>`_{1,2}")  # `text <url>`_ -> text
+_LITERAL = re.compile(r"``([^`]+)``")
+_EMPHASIS = re.compile(r"\*{1,2}([^*]+)\*{1,2}")
+_REFERENCE = re.compile(r"`([^`]+)`_{0,2}")
+_FOOTNOTE = re.compile(r"\s*\[[#*\d\w-]*\]_")
+_SPACE = re.compile(r"\s+")
+
+
+class CorpusError(Exception):
+    """The pinned sources cannot be had or are not where they should be (a one-line reason)."""
+
+
+DEBIAN = "http://deb.debian.org/debian/pool/main/"
+DEBIAN_SECURITY = "http://deb.debian.org/debian-security/pool/updates/main/"
+
+
+@dataclass(frozen=True)
+class Package:
+    """A Debian package that ships Sphinx ``_sources``, pinned to one build of it.
+
+    The pin is what makes a rebuild on a fresh machine give the same corpus: Debian replaces a
+    package's files in its pool with each point release, and a study spread over several working
+    sessions must not train its later runs on other text than its earlier ones. The pool paths
+    are tried in order; the file must match ``sha256``.
+    """
+
+    name: str
+    version: str
+    sha256: str
+    pools: tuple[str, ...]  # directories that may hold the .deb, e.g. DEBIAN + "l/linux/"
+    sources: str  # the _sources directory inside the unpacked package
+    url_root: str
+
+    @property
+    def deb(self) -> str:
+        return f"{self.name}_{self.version}_all.deb"
+
+
+PACKAGES = (
+    Package(
+        "linux-doc-6.1",
+        "6.1.170-3",
+        "8a0e80e4f14407d0d96058b9eec7afa4ae57e6408d3f4e2bed35462d14b99342",
+        (DEBIAN + "l/linux/", DEBIAN_SECURITY + "l/linux/"),
+        "usr/share/doc/linux-doc-6.1/html/_sources",
+        "https://www.kernel.org/doc/html/v6.1/",
+    ),
+    Package(
+        "python3.11-doc",
+        "3.11.2-6+deb12u8",
+        "50eb63e7f636c4281e9ce1b8f10386f1def42159eddce34fc1f41c46261df71b",
+        (DEBIAN + "p/python3.11/", DEBIAN_SECURITY + "p/python3.11/"),
+        "usr/share/doc/python3.11/html/_sources",
+        "https://docs.python.org/3.11/",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Document:
+    package: Package
+    path: str  # relative to the package's _sources, without the .rst.txt suffix
+    text: str
+    timestamp: str
+
+    @property
+    def url(self) -> str:
+        return self.package.url_root + self.path + ".html"
+
+    def record(self) -> dict[str, str]:
+        return {"text": self.text, "timestamp": self.timestamp, "url": self.url}
+
+
+def blocks(source: str) -> Iterator[list[str]]:
+    """Blank-line separated blocks of lines, tabs expanded."""
+    block: list[str] = []
+    for line in source.expandtabs(8).splitlines():
+        if line.strip():
+            block.append(line.rstrip())
+        elif block:
+            yield block
+            block = []
+    if block:
+        yield block
+
+
+def prose_paragraphs(source: str) -> Iterator[str]:
+    """The paragraphs of an RST source that read as prose, inline markup reduced to its text."""
+    skip_indent: int | None = None  # inside a dropped body: lines indented deeper than this
+    for block in blocks(source):
+        indent = len(block[0]) - len(block[0].lstrip())
+        if skip_indent is not None:
+            if indent > skip_indent:
+                continue
+            skip_indent = None
+        first = block[0].lstrip()
+        if _EXPLICIT.match(first):
+            name = _DIRECTIVE_NAME.match(first)
+            if name is None or name.group(1).removeprefix("py:") not in PROSE_DIRECTIVES:
+                skip_indent = indent
+            continue
+        opens_literal = block[-1].endswith("::")
+        if opens_literal:
+            skip_indent = indent  # the literal block's indented lines follow
+        if _FIELD.match(first) or _TABLE.match(first):
+            continue
+        lines = [line for line in block if not _UNDERLINE.match(line.strip())]
+        if len(lines) < len(block):
+            continue  # a heading (title + underline), not a paragraph
+        text = " ".join(line.strip() for line in lines)
+        if opens_literal:
+            text = text[:-1].rstrip(":").rstrip() + ":" if text.endswith("::") else text
+        yield clean_inline(text)
+
+
+def clean_inline(text: str) -> str:
+    """Inline RST markup reduced to the words a reader sees."""
+    text = _ROLE.sub(r"\1", text)
+    text = _LINK.sub(r"\1", text)
+    text = _LITERAL.sub(r"\1", text)
+    text = _EMPHASIS.sub(r"\1", text)
+    text = _REFERENCE.sub(r"\1", text)
+    text = _FOOTNOTE.sub("", text)
+    text = text.replace("\\", "")
+    return _SPACE.sub(" ", text).strip()
+
+
+def keeps(paragraph: str) -> bool:
+    """C4's line rules, applied to re-joined paragraphs (plus English-only by character set)."""
+    if len(paragraph.split()) < MIN_WORDS or not paragraph.endswith(TERMINAL):
+        return False
+    non_ascii = sum(not c.isascii() for c in paragraph)
+    return non_ascii <= MAX_NON_ASCII * len(paragraph) and "{" not in paragraph
+
+
+def source_files(unpacked: Path) -> Iterator[tuple[Package, Path, Path]]:
+    """``(package, its _sources root, file)`` for every source file, in a stable order."""
+    for package in PACKAGES:
+        root = unpacked / package.sources
+        if not root.is_dir():
+            raise CorpusError(f"{package.name}: no {root}; unpack it with dpkg -x")
+        for file in sorted(root.rglob("*" + SUFFIX)):
+            yield package, root, file
+
+
+def documents(unpacked: Path, timestamp: str) -> Iterator[Document]:
+    """Cleaned documents of every package, paragraphs deduplicated across the whole corpus."""
+    seen: set[str] = set()
+    for package, root, file in source_files(unpacked):
+        relative = file.relative_to(root).as_posix()[: -len(SUFFIX)]
+        if relative.startswith("translations/"):
+            continue
+        kept = []
+        for paragraph in prose_paragraphs(file.read_text(encoding="utf-8", errors="replace")):
+            key = paragraph.lower()
+            if keeps(paragraph) and key not in seen:
+                seen.add(key)
+                kept.append(paragraph)
+        if len(kept) >= MIN_PARAGRAPHS:
+            yield Document(package, relative, "\n".join(kept), timestamp)
+
+
+def is_validation(key: str, percent: int) -> bool:
+    """Stable split by a hash of the document's address (its package and path)."""
+    return int(hashlib.sha256(key.encode()).hexdigest(), 16) % 100 < percent
+
+
+def shard_order(doc: Document) -> str:
+    """A fixed pseudo-random position for a document, independent of its package and path order.
+
+    C4's shards are each a random sample of the corpus, and ``datasets`` streams a split's shards
+    interleaved, reading the first records of every shard first. Shards written in source order
+    would make every training stream start with one package alone: on the pinned mirror, the
+    first ~1,000 documents of every shuffled stream were all kernel documentation.
+    """
+    return hashlib.sha256(b"shard order\n" + doc.url.encode()).hexdigest()
+
+
+def write_shards(docs: Iterable[Document], out: Path, split: str, shards: int) -> int:
+    """``out/en/c4-{split}.{i:05d}-of-{shards:05d}.json.gz``: the documents in ``shard_order``,
+    dealt round-robin, so every shard and every prefix of one mixes all packages and topics."""
+    (out / "en").mkdir(parents=True, exist_ok=True)
+    count = 0
+    with contextlib.ExitStack() as stack:
+        files = [
+            stack.enter_context(
+                gzip.open(out / "en" / f"c4-{split}.{i:05d}-of-{shards:05d}.json.gz", "wt")
+            )
+            for i in range(shards)
+        ]
+        for count, doc in enumerate(sorted(docs, key=shard_order), 1):
+            files[(count - 1) % shards].write(json.dumps(doc.record()) + "\n")
+    return count
+
+
+def download(package: Package, workdir: Path) -> Path:
+    """The pinned ``.deb`` from the first pool that has it with the pinned checksum."""
+    tried = []
+    for pool in package.pools:
+        url = pool + package.deb
+        try:
+            with urllib.request.urlopen(url, timeout=120) as response:
+                data = response.read()
+        except OSError as error:
+            tried.append(f"{url} ({error})")
+            continue
+        digest = hashlib.sha256(data).hexdigest()
+        if digest == package.sha256:
+            path = workdir / package.deb
+            path.write_bytes(data)
+            return path
+        tried.append(f"{url} (sha256 {digest})")
+    raise CorpusError(
+        f"{package.name} {package.version} with sha256 {package.sha256} is in no pool any more: "
+        + "; ".join(tried)
+    )
+
+
+def fetch_packages(workdir: Path) -> Path:
+    """Download every pinned package and unpack it into one root; return that root."""
+    for package in PACKAGES:
+        deb = download(package, workdir)
+        subprocess.run(["dpkg", "-x", str(deb), str(workdir / "root")], check=True)
+    return workdir / "root"
+
+
+def corpus_digest(out: Path) -> str:
+    """sha256 of the mirror's records: the shards' names and their uncompressed lines.
+
+    The gzip containers are left out (they carry the time they were written), so two builds
+    of the same text have the same digest.
+    """
+    digest = hashlib.sha256()
+    for shard in sorted((out / "en").glob("c4-*.json.gz")):
+        digest.update(shard.name.encode() + b"\n")
+        with gzip.open(shard, "rb") as f:
+            for line in f:
+                digest.update(line)
+    return digest.hexdigest()
+
+
+def mirror_config(out: Path, vocab_size: int) -> Any:
+    """The ``data`` config training reads this mirror with (``data=local``, project tokenizer)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create(
+        {
+            "name": "local",
+            "path": str(out),
+            "tokenizer": "none-offline",
+            "tokenizer_fallback": True,
+            "tokenizer_cache_dir": None,
+            "spm_vocab_size": vocab_size,
+            "val_fraction": 0.0,
+            "seq_len": 256,
+        }
+    )
+
+
+def count_tokens(out: Path, vocab_size: int) -> dict[str, int]:
+    """Tokens per split with the SentencePiece tokenizer training would build on this mirror."""
+    from train.corpus import open_source
+    from train.data import build_tokenizer
+
+    cfg = mirror_config(out, vocab_size)
+    tokenizer = build_tokenizer(cfg, vocab_size)
+    counts = {}
+    for split in ("train", "validation"):
+        texts = [r["text"] for r in open_source(cfg, split) if r["text"]]
+        counts[split] = sum(len(ids) for ids in tokenizer.encode_batch(texts))
+    return counts
+
+
+def tokenizer_sha256(out: Path, vocab_size: int) -> str:
+    """sha256 of the SentencePiece model training builds on this mirror (from its cache when it
+    was built before). It depends on the text and on the installed ``sentencepiece``."""
+    from train.corpus import open_sources
+    from train.tokenizer import project_sentencepiece
+
+    cfg = mirror_config(out, vocab_size)
+    proto, _, _ = project_sentencepiece(cfg, vocab_size, open_sources(cfg))
+    return hashlib.sha256(proto).hexdigest()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="mirror root (gets en/)")
+    parser.add_argument(
+        "--source-root", type=Path, help="where the packages are unpacked (default: fetch them)"
+    )
+    parser.add_argument("--validation-percent", type=int, default=5)
+    parser.add_argument("--train-shards", type=int, default=8)
+    parser.add_argument(
+        "--count-tokens",
+        type=int,
+        metavar="VOCAB",
+        default=None,
+        help="also count tokens with the project's SentencePiece tokenizer of this vocabulary "
+        "size, and record that tokenizer's sha256",
+    )
+    args = parser.parse_args(argv)
+    if args.source_root is not None and not args.source_root.is_dir():
+        parser.error(f"--source-root {args.source_root} is not a directory")
+    if (args.out / "en").exists() and any((args.out / "en").iterdir()):
+        parser.error(f"--out {args.out}/en already has files; remove them or pick another --out")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            root = args.source_root or fetch_packages(Path(tmp))
+            newest = max(file.stat().st_mtime for _, _, file in source_files(root))
+        except CorpusError as error:
+            parser.error(str(error))
+        stamp = datetime.fromtimestamp(newest, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        docs = list(documents(root, stamp))
+    val = [d for d in docs if is_validation(d.url, args.validation_percent)]
+    train = [d for d in docs if not is_validation(d.url, args.validation_percent)]
+    write_shards(train, args.out, "train", args.train_shards)
+    write_shards(val, args.out, "validation", 1)
+    manifest: dict[str, Any] = {
+        "packages": "unpacked by hand: " + str(args.source_root)
+        if args.source_root
+        else [{"name": p.name, "version": p.version, "sha256": p.sha256} for p in PACKAGES],
+        "corpus_digest": corpus_digest(args.out),
+    }
+    for name, split in (("train", train), ("validation", val)):
+        words = sum(len(d.text.split()) for d in split)
+        manifest[name] = {"documents": len(split), "words": words}
+        print(f"{name}: {len(split)} documents, {words} words")
+    if args.count_tokens:
+        for name, tokens in count_tokens(args.out, args.count_tokens).items():
+            manifest[name][f"tokens_spm{args.count_tokens}"] = tokens
+            print(f"{name}: {tokens} tokens (SentencePiece, vocabulary {args.count_tokens})")
+        manifest[f"tokenizer_spm{args.count_tokens}_sha256"] = tokenizer_sha256(
+            args.out, args.count_tokens
+        )
+    (args.out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    print(f"corpus digest: {manifest['corpus_digest']} (written to {args.out / MANIFEST})")
+    return 0

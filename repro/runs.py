@@ -1,0 +1,85 @@
+"""A sweep point's run: its directory (``ROOT/MODEL/METHOD/lr{lr}[_alpha{a}][_gap{g}]_seed{s}``),
+the name that directory's fields are read back from, and the torchrun command that trains it.
+
+``repro.sweep`` plans grids of points and launches them, ``repro.reproduce_cpu`` walks the CPU
+study's points, and the tables (``repro.study_points``) read the directories back: all through
+this module, so a point is named one way.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from train.preemption import STOP_SIGNALS
+
+REPO = Path(__file__).resolve().parents[1]
+
+# torchrun's own defaults plus the stop signals, which it then forwards to every worker.
+TORCHRUN_SIGNALS = ",".join(["SIGINT", "SIGHUP", "SIGQUIT", *(sig.name for sig in STOP_SIGNALS)])
+
+
+def hparam(value: float) -> str:
+    """An lr or alpha as a run's command and directory name write it: exactly, for every value a
+    factor-2 grid reaches from a round start (``0.25 / 2**7 = 0.001953125`` has 7 digits, which
+    ``:g`` rounds, so that doubling it again missed 0.00390625)."""
+    return f"{value:.10g}"
+
+
+RUN_DIR = re.compile(
+    r"lr(?P<lr>[^_]+)(_alpha(?P<alpha>[^_]+))?(_gap(?P<gap>\d+))?_seed(?P<seed>-?\d+)$"
+)
+"""The name of a run directory, as ``Point.run_dir`` writes it."""
+
+
+def run_dir_fields(name: str) -> tuple[float, float | None, int | None, int] | None:
+    """lr, alpha, refresh gap and seed of a run directory's name (None: not a run directory)."""
+    match = RUN_DIR.match(name)
+    if match is None:
+        return None
+    alpha = float(match["alpha"]) if match["alpha"] else None
+    gap = int(match["gap"]) if match["gap"] else None
+    return float(match["lr"]), alpha, gap, int(match["seed"])
+
+
+@dataclass(frozen=True)
+class Point:
+    model: str
+    optim: str
+    lr: float
+    alpha: float | None
+    seed: int
+    name: str  # the method directory: the optim config, or a variant's name (ablations)
+    gap: int | None = None  # GaLore/APOLLO update_proj_gap, when the study tunes it
+
+    def run_dir(self, root: Path) -> Path:
+        """``lr{lr}[_alpha{a}][_gap{g}]_seed{s}``: the layout ``run_dir_fields`` reads."""
+        alpha = "" if self.alpha is None else f"_alpha{hparam(self.alpha)}"
+        gap = "" if self.gap is None else f"_gap{self.gap}"
+        return root / self.model / self.name / f"lr{hparam(self.lr)}{alpha}{gap}_seed{self.seed}"
+
+
+def train_command(point: Point, run_dir: Path, nproc: int, overrides: list[str]) -> list[str]:
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--signals-to-handle={TORCHRUN_SIGNALS}",
+    ]
+    args = [
+        *launcher,
+        f"--nproc_per_node={nproc}",
+        str(REPO / "train" / "pretrain.py"),
+        f"+model={point.model}",
+        f"+optim={point.optim}",
+        f"optim.lr={hparam(point.lr)}",
+        f"trainer.seed={point.seed}",
+        f"hydra.run.dir={run_dir}",
+        "trainer.resume=auto",
+    ]
+    if point.alpha is not None:
+        args.append(f"optim.alpha={hparam(point.alpha)}")
+    return args + overrides

@@ -1,0 +1,66 @@
+"""Validation curves (the paper's Figure 1): each best point's mean perplexity against tokens."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from repro.study_points import CONTROL, Point, method_rows, model_order, row_label
+from repro.tables.figures import save_figure
+
+
+def plot_curves(best: dict[tuple[str, str], Point], out: Path) -> list[Path]:
+    """Validation perplexity against tokens, one figure per model (the paper's Figure 1).
+
+    Each curve is the mean over the point's seeds at each evaluation.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for model in sorted({m for m, _ in best}, key=model_order):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for row in method_rows({r for m, r in best if m == model}):
+            if row is None:
+                continue
+            point = best[(model, row)]
+            ax.plot(
+                *mean_curve(point),
+                label=f"{row_label(row)} (n={point.n})",
+                linestyle="--" if row == CONTROL else "-",
+            )
+        ax.set(title=model)
+        perplexity_axes(ax)
+        written.append(save_figure(fig, out / f"curves_{model}.png", ax))
+    return written
+
+
+def mean_curve(point: Point) -> tuple[list[float], list[float]]:
+    """Training tokens (M) and validation perplexity, each the mean over the point's seeds at
+    the evaluations every seed logged."""
+    by_step: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for run in point.runs:
+        for e in run.get("eval_history", []):
+            by_step[e["step"]].append((e["tokens"], e["val_ppl"]))
+    steps = sorted(s for s, v in by_step.items() if len(v) == len(point.runs))
+    return (
+        [statistics.fmean(t for t, _ in by_step[s]) / 1e6 for s in steps],
+        [statistics.fmean(v for _, v in by_step[s]) for s in steps],
+    )
+
+
+def perplexity_axes(ax) -> None:
+    """Validation perplexity (log scale) against training tokens."""
+    import matplotlib.ticker
+
+    ax.set(xlabel="training tokens (M)", ylabel="validation perplexity")
+    ax.set_yscale("log")
+    # Plain numbers on the log axis: a decade rarely fits, so the minor ticks carry the labels.
+    ax.yaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:.0f}"))
+    ax.yaxis.set_minor_locator(
+        matplotlib.ticker.LogLocator(subs=(1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8))
+    )
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.StrMethodFormatter("{x:.0f}"))
