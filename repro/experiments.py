@@ -204,6 +204,7 @@ config whose lr and alpha they run with."""
 OVERTRAIN_STEPS = 300_000  # 39.3B tokens on LLaMA-130M: the paper's ~39B, ~300 tokens/param
 OVERTRAIN_METHODS = ("adamw", "galore_1_4", "apollo_1_4", "foam2")
 COSINE_LEVELS = (2, 3)  # the appendix figure's panels
+NO_RESIDUAL = "_no_residual"  # a cosine variant's name suffix: the same method with rho = 0
 
 
 def seq_len_variants(model: str) -> list[Variant]:
@@ -274,7 +275,7 @@ def cosine_variants(model: str) -> list[Variant]:
         out.append(Variant(f"cosine_{optim}", optim, f"FOAM-{level}", on))
         out.append(
             Variant(
-                f"cosine_{optim}_no_residual",
+                f"cosine_{optim}{NO_RESIDUAL}",
                 optim,
                 f"FOAM-{level} without the residual",
                 (*on, "optim.residual=false"),

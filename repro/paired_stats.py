@@ -21,21 +21,22 @@ Diff = tuple[float, float | None, int]
 def paired(a: Point, b: Point) -> Diff | None:
     """Mean, sample std and n of ppl(a) - ppl(b) over the seeds both ran (None: none shared)."""
     seeds = sorted(set(a.ppl_by_seed) & set(b.ppl_by_seed))
-    diffs = [a.ppl_by_seed[s] - b.ppl_by_seed[s] for s in seeds]
-    if not diffs or not all(math.isfinite(d) for d in diffs):
+    return spread([a.ppl_by_seed[s] - b.ppl_by_seed[s] for s in seeds])
+
+
+def spread(values: list[float]) -> Diff | None:
+    """Mean, sample std and n of per-seed values (None: none, or one not finite)."""
+    if not values or not all(math.isfinite(v) for v in values):
         return None
-    return (
-        statistics.fmean(diffs),
-        (statistics.stdev(diffs) if len(diffs) > 1 else None),
-        len(diffs),
-    )
+    std = statistics.stdev(values) if len(values) > 1 else None
+    return statistics.fmean(values), std, len(values)
 
 
-def fmt_diff(diff: Diff | None) -> str:
+def fmt_diff(diff: Diff | None, digits: int = 2) -> str:
     if diff is None:
         return "-"
     mean, std, n = diff
-    return f"{mean:+.2f}" + ("" if std is None else f" ± {std:.2f}") + f" (n={n})"
+    return f"{mean:+.{digits}f}" + ("" if std is None else f" ± {std:.{digits}f}") + f" (n={n})"
 
 
 def confidence_interval(diff: Diff | None) -> tuple[float, float] | None:
@@ -49,8 +50,10 @@ def confidence_interval(diff: Diff | None) -> tuple[float, float] | None:
     return mean - half, mean + half
 
 
-def fmt_interval(interval: tuple[float, float] | None) -> str:
-    return "-" if interval is None else f"[{interval[0]:+.2f}, {interval[1]:+.2f}]"
+def fmt_interval(interval: tuple[float, float] | None, digits: int = 2) -> str:
+    if interval is None:
+        return "-"
+    return f"[{interval[0]:+.{digits}f}, {interval[1]:+.{digits}f}]"
 
 
 def fmt_p(p: float | None) -> str:

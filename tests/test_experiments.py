@@ -225,3 +225,30 @@ def test_tables_put_the_papers_numbers_beside_the_measured(tmp_path):
     assert "| FOAM-2 | 25.00 (n=1) | 24.38 |" in seq_1024
     assert "| layer_0 | 0.500 |" in tables["cosine.md"]
     assert "| FOAM-2 without the residual (rho = 0) | 105.00 | 95.00 |" in tables["residual.md"]
+
+
+def test_the_cosine_table_reads_the_residual_paired_by_seed(tmp_path):
+    """results/cosine_cpu/PROTOCOL.md's readings, on numbers worked by hand: per seed, FOAM-2's
+    last cosine minus that of FOAM-2 without the residual, per layer and over the layers."""
+    with_r = {0: (0.6, 0.5), 1: (0.7, 0.5), 2: (0.8, 0.5)}  # seed: (layer_0, layer_1)
+    without = {0: (0.4, 0.5), 1: (0.4, 0.6), 2: (0.4, 0.7)}
+    for method, cosines in (("cosine_foam2", with_r), ("cosine_foam2_no_residual", without)):
+        for seed, (layer_0, layer_1) in cosines.items():
+            early = {"step": 100, "update_cosine/layer_0": 0.0, "update_cosine/mean": 0.0}
+            last = {
+                "step": 200,
+                "update_cosine/layer_0": layer_0,
+                "update_cosine/layer_1": layer_1,
+                "update_cosine/mean": (layer_0 + layer_1) / 2,
+            }
+            directory = f"lr0.01_alpha0.25_seed{seed}"
+            fake_run(tmp_path, "llama_2m", method, directory, 80.0, [early, last])
+    table = experiment_outputs(load_points(tmp_path), tmp_path)["cosine.md"]
+    means, intervals, residual = table.split("llama_2m, ")[1:]
+    assert "| layer_0 | 0.700 | 0.400 |" in means  # the last step's, not the first's
+    # FOAM-2's layer_0: 0.7 ± 0.1 (n=3), half width t(0.975, 2) 0.1 / sqrt(3) = 0.248
+    assert "| layer_0 | [+0.452, +0.948] | [+0.400, +0.400] |" in intervals
+    assert "| FOAM-2 |" in residual.splitlines()[2]  # one column: the level run both ways
+    assert "| layer_0 | +0.300 ± 0.100 (n=3) [+0.052, +0.548] |" in residual
+    assert "| layer_1 | -0.100 ± 0.100 (n=3) [-0.348, +0.148] |" in residual
+    assert "| layers' mean | +0.100 ± 0.000 (n=3) [+0.100, +0.100] |" in residual

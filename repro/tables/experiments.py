@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import operator
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from repro.experiments import (
     EXPERIMENTS,
     INT8_METHODS,
     LLAMA_SMALL,
+    NO_RESIDUAL,
     QWEN,
     QWEN_METHODS,
     SEQ_LEN_METHODS,
@@ -36,6 +38,7 @@ from repro.experiments import (
 )
 from repro.memory_estimator import estimate, table2_gb
 from repro.methods import label
+from repro.paired_stats import confidence_interval, fmt_diff, fmt_interval, spread
 from repro.paper_perplexity import STAND_INS
 from repro.runs import run_dir_fields
 from repro.study_points import fmt_gb, fmt_ppl, load_points, model_order
@@ -127,15 +130,15 @@ class Found:
         """The points that ran, by (model, method directory)."""
         return {(r.point.model, r.point.name): p for r, p in self.runs(experiment) if p is not None}
 
-    def metrics(self, point: Any) -> list[list[dict[str, Any]]]:
-        """Each seed's ``metrics.jsonl`` records of ``point``."""
+    def metrics(self, point: Any) -> dict[int, list[dict[str, Any]]]:
+        """Each seed's ``metrics.jsonl`` records of ``point``, by seed."""
         key = point.key
         method_dir = self.root / key.model / key.method
-        out = []
+        out = {}
         for run_dir in sorted(method_dir.iterdir()):
             fields, path = run_dir_fields(run_dir.name), run_dir / "metrics.jsonl"
             if fields and fields[:2] == (key.lr, key.alpha_or_none) and path.exists():
-                out.append([json.loads(line) for line in path.read_text().splitlines()])
+                out[fields[3]] = [json.loads(line) for line in path.read_text().splitlines()]
         return out
 
 
@@ -265,21 +268,34 @@ def curve_table(found: Found, experiment: str) -> str:
     return "\n".join(parts)
 
 
-def last_cosines(found: Found, point: Any) -> dict[str, float]:
-    """The update-cosine record of the last measured step, averaged over the seeds."""
-    per_seed = []
-    for records in found.metrics(point):
+CosinesBySeed = dict[int, dict[str, float]]
+"""Each seed's update-cosine record at the last measured step (keys without ``PREFIX``)."""
+
+
+def last_cosines(found: Found, point: Any) -> CosinesBySeed:
+    """The update-cosine record of the last measured step, by seed."""
+    out = {}
+    for seed, records in found.metrics(point).items():
         logged = [r for r in records if f"{PREFIX}mean" in r]
         if logged:
-            per_seed.append(logged[-1])
-    keys = {k for record in per_seed for k in record if k.startswith(PREFIX)}
-    return {
-        k.removeprefix(PREFIX): statistics.fmean(r[k] for r in per_seed if k in r) for k in keys
-    }
+            out[seed] = {
+                k.removeprefix(PREFIX): v for k, v in logged[-1].items() if k.startswith(PREFIX)
+            }
+    return out
 
 
-def cosine_rows(found: Found) -> dict[str, list[tuple[Variant, dict[str, float]]]]:
-    out: dict[str, list[tuple[Variant, dict[str, float]]]] = defaultdict(list)
+def seed_mean(by_seed: CosinesBySeed) -> dict[str, float]:
+    keys = {k for record in by_seed.values() for k in record}
+    return {k: statistics.fmean(r[k] for r in by_seed.values() if k in r) for k in keys}
+
+
+def layers_mean(record: dict[str, float]) -> float:
+    """The mean of a record's per-layer cosines (each layer weighs the same)."""
+    return statistics.fmean(v for k, v in record.items() if k.startswith("layer_"))
+
+
+def cosine_rows(found: Found) -> dict[str, list[tuple[Variant, CosinesBySeed]]]:
+    out: dict[str, list[tuple[Variant, CosinesBySeed]]] = defaultdict(list)
     for run, point in found.runs("cosine"):
         if point is not None:
             out[run.point.model].append((run.variant, last_cosines(found, point)))
@@ -293,18 +309,62 @@ def _layer_order(key: str) -> tuple[int, int | str]:
 
 
 def cosine_table(found: Found) -> str:
-    """Cosine with Adam's step per layer (the appendix figure's axis), per module type, overall."""
+    """Cosine with Adam's step at the last measured step: the seeds' mean per layer (the appendix
+    figure's axis), per module type and overall; each layer's 95% interval over the seeds; and
+    the residual's effect paired by seed (with minus without, per layer and over the layers), the
+    readings of results/cosine_cpu/PROTOCOL.md."""
     parts = []
     for model, columns in cosine_rows(found).items():
-        keys = sorted({k for _, c in columns for k in c}, key=_layer_order)
-        body = [[key, *(f"{c[key]:.3f}" if key in c else "-" for _, c in columns)] for key in keys]
         header = ["", *(variant.label for variant, _ in columns)]
-        parts.append(f"{model}:\n\n" + markdown(header, body))
+        means = [seed_mean(by_seed) for _, by_seed in columns]
+        keys = sorted({k for m in means for k in m}, key=_layer_order)
+        body = [[key, *(f"{m[key]:.3f}" if key in m else "-" for m in means)] for key in keys]
+        parts.append(f"{model}, the seeds' mean:\n\n" + markdown(header, body))
+        layers = [k for k in keys if k.startswith("layer_")]
+        body = [
+            [layer, *(_interval([r[layer] for r in c.values() if layer in r]) for _, c in columns)]
+            for layer in layers
+        ]
+        parts.append(f"{model}, 95% t interval over the seeds:\n\n" + markdown(header, body))
+        residual = residual_table(columns, layers)
+        if residual:
+            parts.append(
+                f"{model}, with the residual minus without, paired by seed: mean ± std (n) "
+                "[95% t interval]:\n\n" + residual
+            )
     return "\n".join(parts)
 
 
+def _interval(values: list[float]) -> str:
+    return fmt_interval(confidence_interval(spread(values)), 3)
+
+
+def residual_table(columns: list[tuple[Variant, CosinesBySeed]], layers: list[str]) -> str:
+    """For each FOAM level run with and without the residual, the paired difference of their
+    cosines per layer and over the layers ("" when no level has both)."""
+    by_name = {variant.name: (variant, by_seed) for variant, by_seed in columns}
+    pairs = [
+        (by_name[name.removesuffix(NO_RESIDUAL)], (variant, by_seed))
+        for name, (variant, by_seed) in by_name.items()
+        if name.endswith(NO_RESIDUAL) and name.removesuffix(NO_RESIDUAL) in by_name
+    ]
+    if not pairs:
+        return ""
+
+    def cell(with_r: CosinesBySeed, without: CosinesBySeed, of: Callable) -> str:
+        seeds = sorted(set(with_r) & set(without))
+        diff = spread([of(with_r[s]) - of(without[s]) for s in seeds])
+        return f"{fmt_diff(diff, 3)} {fmt_interval(confidence_interval(diff), 3)}"
+
+    rows = [(layer, operator.itemgetter(layer)) for layer in layers]
+    rows.append(("layers' mean", layers_mean))
+    body = [[name, *(cell(w[1], wo[1], of) for w, wo in pairs)] for name, of in rows]
+    return markdown(["", *(w[0].label for w, _ in pairs)], body)
+
+
 def plot_cosine(found: Found, out: Path) -> list[Path]:
-    """``cosine_MODEL.png``: the cosine with Adam's step per layer, one line per variant."""
+    """``cosine_MODEL.png``: the cosine with Adam's step per layer (the seeds' mean at the last
+    measured step), one line per variant."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -313,10 +373,10 @@ def plot_cosine(found: Found, out: Path) -> list[Path]:
     paths = []
     for model, columns in cosine_rows(found).items():
         fig, ax = plt.subplots(figsize=(6, 4))
-        for variant, cosines in columns:
+        for variant, by_seed in columns:
             layers = sorted(
                 (int(k.removeprefix("layer_")), v)
-                for k, v in cosines.items()
+                for k, v in seed_mean(by_seed).items()
                 if k.startswith("layer_")
             )
             ax.plot([i for i, _ in layers], [v for _, v in layers], marker="o", label=variant.label)
