@@ -35,7 +35,6 @@ import importlib.metadata
 import itertools
 import json
 import math
-import shutil
 import subprocess
 import threading
 import time
@@ -47,8 +46,8 @@ from pathlib import Path
 
 from repro.make_corpus import corpus_digest, tokenizer_sha256
 from repro.methods import ABLATION_PREFIX, ABLATIONS, PAPER_ALPHA_GRID, Ablation, paper_alpha_range
-from repro.runs import REPO, Point, hparam, run_dir_fields, train_command
-from train.summary import DIVERGED_FILE, finished_records, uncommitted_changes
+from repro.runs import REPO, Point, collect, hparam, run_dir_fields, train_command
+from train.summary import DIVERGED_FILE, uncommitted_changes
 
 MODEL = "llama_2m"
 SEARCH_STEPS = 500
@@ -494,20 +493,6 @@ class Study:
                 time.sleep(0 if self.dry_run else LOOKUP_SECONDS)
             for future in futures:
                 future.result()
-
-
-def collect(root: Path, dest: Path) -> int:
-    """Copy each finished run's ``summary.json`` (or ``diverged.json``) and ``config.yaml`` to
-    ``dest`` (same layout), so the next session (``--finished``) and the tables see them."""
-    copied = 0
-    for done in finished_records(root):
-        target = dest / done.parent.relative_to(root)
-        target.mkdir(parents=True, exist_ok=True)
-        for name in (done.name, "config.yaml"):
-            if (done.parent / name).exists():
-                shutil.copy2(done.parent / name, target / name)
-        copied += 1
-    return copied
 
 
 def data_mismatch(data: Path) -> str | None:

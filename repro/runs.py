@@ -9,11 +9,13 @@ this module, so a point is named one way.
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from train.preemption import STOP_SIGNALS
+from train.summary import finished_records
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -83,3 +85,18 @@ def train_command(point: Point, run_dir: Path, nproc: int, overrides: list[str])
     if point.alpha is not None:
         args.append(f"optim.alpha={hparam(point.alpha)}")
     return args + overrides
+
+
+def collect(root: Path, dest: Path, files: tuple[str, ...] = ("config.yaml",)) -> int:
+    """Copy each finished run's record (``summary.json`` or ``diverged.json``) and its ``files``
+    from ``root`` to ``dest``, same layout: what a results directory commits of its runs (the
+    checkpoints and the exported model stay behind). Returns the number of runs copied."""
+    copied = 0
+    for done in finished_records(root):
+        target = dest / done.parent.relative_to(root)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in (done.name, *files):
+            if (done.parent / name).exists():
+                shutil.copy2(done.parent / name, target / name)
+        copied += 1
+    return copied

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from repro.experiments import experiment_runs, listing, plan
 from repro.methods import PAPER_SWEEP, sweeps_alpha
-from repro.runs import REPO, Point, train_command
+from repro.runs import REPO, Point, collect, train_command
 from train.preemption import install_stop_signals, received_signal
 from train.summary import DIVERGED_FILE, uncommitted_changes
 
@@ -45,6 +45,10 @@ REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 LR_ONLY = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2)
 LR_WITH_ALPHA = (1e-3, 2.5e-3, 5e-3, 1e-2)
 ALPHAS = (0.25, 0.5, 1.0)
+
+# What a results directory keeps of a run besides its summary: the resolved config, and the
+# metrics, which the update-cosine table reads (repro/tables/experiments.py).
+COLLECTED = ("config.yaml", "metrics.jsonl")
 
 
 def grid(
@@ -181,11 +185,21 @@ def main(argv: list[str] | None = None) -> int:
         help="run from a tree with uncommitted changes (summaries record a -dirty sha)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument(
+        "--collect",
+        type=Path,
+        default=None,
+        help="copy the finished runs under --root here (summary, config, metrics), run nothing",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every point (after --)")
     args = parser.parse_args(argv)
 
     if args.list:
         print(listing())
+        return 0
+    if args.collect:
+        copied = collect(args.root, args.collect, files=COLLECTED)
+        print(f"copied {copied} finished runs to {args.collect}")
         return 0
     if args.name and len(args.methods or ()) != 1:
         parser.error("--name names a variant of exactly one method")

@@ -13,7 +13,7 @@ import pytest
 
 from repro import reproduce_cpu
 from repro.reproduce_cpu import METHODS, Method, Setting, Study
-from repro.runs import Point, run_dir_fields
+from repro.runs import Point, collect, run_dir_fields
 from train.summary import write_diverged
 
 
@@ -223,7 +223,7 @@ def test_runs_committed_by_an_earlier_session_count_as_done(tmp_path):
     committed.mkdir(parents=True)
     (committed / "summary.json").write_text('{"final_val_ppl": 42.0}')
     assert study.result(run_dir) == 42.0
-    assert reproduce_cpu.collect(finished, tmp_path / "copy") == 1
+    assert collect(finished, tmp_path / "copy") == 1
 
 
 def test_the_search_starts_where_the_protocol_says():

@@ -253,6 +253,30 @@ def test_staged_study_layout(tmp_path):
     )
 
 
+def test_collect_copies_finished_runs_without_their_checkpoints(tmp_path, capsys):
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    finished = runs / "llama_2m" / "cosine_foam2" / "lr0.01_alpha0.25_seed0"
+    running = runs / "llama_2m" / "cosine_foam2" / "lr0.01_alpha0.25_seed1"
+    diverged = runs / "llama_2m" / "adamw" / "lr0.1_seed0"
+    for run_dir in (finished, running, diverged):
+        (run_dir / "checkpoints" / "step_00000100").mkdir(parents=True)
+        (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+        (run_dir / "config.yaml").write_text("optim: {}\n")
+    (finished / "summary.json").write_text("{}")
+    (diverged / "diverged.json").write_text("{}")
+    assert sweep.main(["--root", str(runs), "--collect", str(results)]) == 0
+    assert "copied 2 finished runs" in capsys.readouterr().out
+    kept = sorted(str(p.relative_to(results)) for p in results.rglob("*") if p.is_file())
+    assert kept == [
+        "llama_2m/adamw/lr0.1_seed0/config.yaml",
+        "llama_2m/adamw/lr0.1_seed0/diverged.json",
+        "llama_2m/adamw/lr0.1_seed0/metrics.jsonl",
+        "llama_2m/cosine_foam2/lr0.01_alpha0.25_seed0/config.yaml",
+        "llama_2m/cosine_foam2/lr0.01_alpha0.25_seed0/metrics.jsonl",
+        "llama_2m/cosine_foam2/lr0.01_alpha0.25_seed0/summary.json",
+    ]
+
+
 def test_a_dirty_tree_is_refused_unless_allowed(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sweep, "uncommitted_changes", lambda: " M foam/optimizer.py")
     monkeypatch.setattr(sweep, "run_local", lambda commands, jobs: 0)
