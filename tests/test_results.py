@@ -2,15 +2,24 @@
 
 from pathlib import Path
 
+import pytest
+
 from repro import make_tables
+from repro.tables import experiments
 
-ROOT = Path(__file__).resolve().parents[1]
-REPRO = ROOT / "results" / "repro"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
-def test_repro_tables_regenerate_byte_for_byte_from_the_committed_summaries(tmp_path):
-    committed = sorted(p for p in (REPRO / "tables").iterdir() if p.suffix in (".md", ".tex"))
-    assert committed, "results/repro/tables holds no tables"
-    assert make_tables.main([str(REPRO / "runs"), "--out", str(tmp_path)]) == 0
+@pytest.mark.parametrize(
+    ("directory", "make"),
+    [("repro", make_tables.main), ("cosine_cpu", experiments.main)],
+    ids=["repro", "cosine_cpu"],
+)
+def test_tables_regenerate_byte_for_byte_from_the_committed_runs(directory, make, tmp_path):
+    committed = sorted(
+        p for p in (RESULTS / directory / "tables").iterdir() if p.suffix in (".md", ".tex")
+    )
+    assert committed, f"results/{directory}/tables holds no tables"
+    assert make([str(RESULTS / directory / "runs"), "--out", str(tmp_path)]) == 0
     for path in committed:
         assert (tmp_path / path.name).read_text() == path.read_text(), path.name

@@ -380,6 +380,17 @@ def plot_cosine(found: Found, out: Path) -> list[Path]:
                 if k.startswith("layer_")
             )
             ax.plot([i for i, _ in layers], [v for _, v in layers], marker="o", label=variant.label)
+        ax.set_xticks(
+            sorted(
+                {
+                    int(k.removeprefix("layer_"))
+                    for _, c in columns
+                    for r in c.values()
+                    for k in r
+                    if k.startswith("layer_")
+                }
+            )
+        )
         ax.set_xlabel("layer")
         ax.set_ylabel("cosine with Adam's update")
         ax.set_title(f"{model}: update cosine with Adam")
