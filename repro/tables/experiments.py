@@ -373,24 +373,16 @@ def plot_cosine(found: Found, out: Path) -> list[Path]:
     paths = []
     for model, columns in cosine_rows(found).items():
         fig, ax = plt.subplots(figsize=(6, 4))
+        ticks: set[int] = set()
         for variant, by_seed in columns:
             layers = sorted(
                 (int(k.removeprefix("layer_")), v)
                 for k, v in seed_mean(by_seed).items()
                 if k.startswith("layer_")
             )
+            ticks.update(i for i, _ in layers)
             ax.plot([i for i, _ in layers], [v for _, v in layers], marker="o", label=variant.label)
-        ax.set_xticks(
-            sorted(
-                {
-                    int(k.removeprefix("layer_"))
-                    for _, c in columns
-                    for r in c.values()
-                    for k in r
-                    if k.startswith("layer_")
-                }
-            )
-        )
+        ax.set_xticks(sorted(ticks))  # whole layers
         ax.set_xlabel("layer")
         ax.set_ylabel("cosine with Adam's update")
         ax.set_title(f"{model}: update cosine with Adam")
