@@ -43,6 +43,7 @@ from repro.methods import (
 )
 from repro.runs import REPO, Point
 from train.metrics import peak_flops_for_name
+from train.schema import PAPER_SIZES, register_configs
 
 CONFIGS = REPO / "configs"
 PAPER_BATCH = 512  # sequences per step (the paper; TrainerConfig.global_batch_size)
@@ -140,7 +141,6 @@ def optim_config(optim: str, model: str) -> DictConfig:
     from hydra import compose, initialize_config_dir
 
     from train.config import CONFIG_DIR, options
-    from train.schema import register_configs
 
     if optim not in options("optim"):
         raise ValueError(f"no optim config {optim!r} (configs/optim/)")
@@ -150,7 +150,7 @@ def optim_config(optim: str, model: str) -> DictConfig:
 
 
 def paper_lr(optim: str, model: str) -> float:
-    """The lr ``optim``'s config gives ``model`` (its ``paper_lr`` lookup and fallback)."""
+    """The lr ``optim``'s config gives ``model`` (its ``paper_lr`` table, read by ``paper_value``)."""
     return float(optim_config(optim, model).lr)
 
 
@@ -165,15 +165,16 @@ def config_alpha(optim: str) -> float | None:
 
 @functools.cache
 def paper_steps(model: str) -> int:
-    """The paper's optimizer steps for ``model`` (``trainer=paper``; its fallback for others)."""
+    """The paper's optimizer steps for ``model`` (``trainer=paper``; its rule for other sizes)."""
+    register_configs()  # the table's resolver
     trainer = OmegaConf.load(CONFIGS / "trainer" / "paper.yaml")
     resolved = OmegaConf.create({"trainer": trainer, "model": {"name": model}})
     return int(resolved.trainer.max_steps)
 
 
 def is_paper_size(model: str) -> bool:
-    """Whether ``model`` is one of the paper's sizes (``trainer=paper`` has its step count)."""
-    return model in OmegaConf.load(CONFIGS / "trainer" / "paper.yaml").paper_steps
+    """Whether ``model`` is one of the paper's sizes (either family), not a debug size."""
+    return model.split("_", 1)[-1] in PAPER_SIZES
 
 
 def methods(*names: str) -> Callable[[str], list[Variant]]:

@@ -288,12 +288,15 @@ def bench(mode: Mode, budget: Budget, scratch: Path) -> str:
     return "## Optimizer step (scripts/bench_optim.py)\n\n" + body
 
 
-def predicted_bytes(model: str, method: str) -> int | None:
-    """The memory estimator's weights + optimizer state (bf16, repro/memory_estimator.py)."""
+def predicted_bytes(model: str, method: str, precision: str) -> int | None:
+    """The memory estimator's weights + optimizer state (repro/memory_estimator.py) at the width
+    ``precision`` holds them in, so a CPU run in fp32 is set against fp32 bytes."""
     from repro.memory_estimator import estimate
+    from train.config import PARAM_DTYPES
 
+    width = PARAM_DTYPES[precision].itemsize
     try:
-        return estimate(model, method).total_bytes
+        return estimate(model, method, width).total_bytes
     except (ValueError, KeyError):
         return None
 
@@ -312,7 +315,9 @@ def training_runs(mode: Mode, budget: Budget, scratch: Path) -> str:
         status, tail = run_step(cmd, budget.left(mode.run_limit_s))
         summary_file = run_dir / "summary.json"
         s = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
-        rows.append(row(method, status, s, predicted_bytes(mode.train_model, method)))
+        rows.append(
+            row(method, status, s, predicted_bytes(mode.train_model, method, mode.precision))
+        )
         if status != "ok":
             rows.append(f"|  | `{tail.strip().splitlines()[-1] if tail.strip() else ''}` |")
     head = (
@@ -321,7 +326,7 @@ def training_runs(mode: Mode, budget: Budget, scratch: Path) -> str:
         f"trainer.save_final=false data.num_workers=1 {' '.join(mode.train_args)}`. Steady = "
         "without the first logged interval (kernel builds, compilation); peak = the train "
         "phase's (CUDA max allocated; process RSS on CPU); predicted = the memory estimator's "
-        "bf16 weights + optimizer state (no gradients or activations).\n\n"
+        f"weights + optimizer state in {mode.precision} (no gradients or activations).\n\n"
         "| method | status | tokens/s steady | tokens/s overall | MFU steady | MFU overall | "
         "peak MiB | predicted MiB | state MiB | final val loss |\n"
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"

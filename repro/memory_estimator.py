@@ -45,9 +45,9 @@ class Spec:
 
     optimizer: str
     hparams: Callable[[Mapping[str, Any]], dict[str, Any]]
-    bytes_per_state: int = BF16_BYTES
-    """2 for the paper's bf16 states; 1 for 8-bit optimizers (quantisation scales not counted,
-    as the paper's 8-bit Adam entries)."""
+    bytes_per_state: int | None = None
+    """None: a state is as wide as a weight (the paper's bf16: 2 bytes); 1 for 8-bit optimizers
+    (quantisation scales not counted, as the paper's 8-bit Adam entries)."""
 
 
 def _rank(divisor: int) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
@@ -114,14 +114,15 @@ def _meta_model(model: str) -> torch.nn.Module:
 
 
 @functools.cache
-def estimate(model: str, method: str) -> Estimate:
-    """Weights and planned optimizer-state bytes of ``method`` on ``model`` (nothing allocated)."""
+def estimate(model: str, method: str, value_bytes: int = BF16_BYTES) -> Estimate:
+    """Weights and planned optimizer-state bytes of ``method`` on ``model`` (nothing allocated),
+    ``value_bytes`` per weight and state: the paper's bf16 by default, 4 for an fp32 run."""
     how = spec(method)
     net = _meta_model(model)
     hparams = how.hparams(models.load_model_config(model))
     optimizer = foam.build_optimizer(how.optimizer, net, **hparams)
-    weights = sum(p.numel() for p in net.parameters()) * BF16_BYTES
-    states = foam.planned_state_numel(optimizer) * how.bytes_per_state
+    weights = sum(p.numel() for p in net.parameters()) * value_bytes
+    states = foam.planned_state_numel(optimizer) * (how.bytes_per_state or value_bytes)
     return Estimate(model, method, weights, states)
 
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-# The lr lookup's cases: debug size (falls back to the 60M value), table sizes, the 3B/7B columns
-# some rows leave empty, a Qwen size in the table and one outside it.
+# The lr lookup's cases (train/schema.py, paper_value): a debug size (the 60M value), table sizes,
+# the 3B/7B columns some rows leave empty, Qwen sizes with and without a paper entry.
 MODELS = ("llama_tiny", "llama_60m", "llama_350m", "llama_3b", "llama_7b", "qwen_130m", "qwen_1b")
 
 

@@ -62,6 +62,19 @@ def test_the_papers_worked_example_for_foam2_60m() -> None:
     assert e.total_bytes / 1e6 == pytest.approx(272.52, abs=0.05)
 
 
+def test_an_fp32_run_doubles_weights_and_states_but_not_8bit_states() -> None:
+    """FOAM-2 on 60M in fp32 (what gpu_check's CPU runs hold): 4 bytes a value where the paper's
+    bf16 has 2; an 8-bit state stays 1 byte."""
+    bf16, fp32 = estimate("llama_60m", "foam2"), estimate("llama_60m", "foam2", 4)
+    assert (fp32.weights_bytes, fp32.optimizer_bytes) == (
+        2 * bf16.weights_bytes,
+        2 * bf16.optimizer_bytes,
+    )
+    int8, int8_fp32 = estimate("llama_60m", "adamw8bit"), estimate("llama_60m", "adamw8bit", 4)
+    assert int8_fp32.optimizer_bytes == int8.optimizer_bytes
+    assert int8_fp32.weights_bytes == 2 * int8.weights_bytes
+
+
 def test_units_are_decimal_gb_and_appendix_mixes_gib() -> None:
     e = estimate("llama_350m", "adamw")
     assert e.as_json()["weights_gb"] == pytest.approx(367_969_280 * 2 / 1e9)

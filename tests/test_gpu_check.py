@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from repro import gpu_check
 from repro.gpu_check import REQUIRED, TRAIN_METHODS, distribution_of, install, missing
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,3 +89,10 @@ def test_gpu_check_runs_its_steps_on_the_cpu_and_says_so(tmp_path):
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[1] == "ok", line
         assert float(cells[2]) > 0 and float(cells[6]) > 0 and float(cells[7]) > 0  # rates, MiB
+
+
+def test_the_predicted_memory_is_at_the_runs_precision():
+    """The CPU mode's fp32 runs are set against fp32 bytes, the GPU's bf16 runs against bf16."""
+    bf16 = gpu_check.predicted_bytes("llama_tiny", "foam2", "bf16")
+    assert gpu_check.predicted_bytes("llama_tiny", "foam2", "fp32") == 2 * bf16 > 0
+    assert gpu_check.predicted_bytes("llama_tiny", "no_such_method", "bf16") is None

@@ -24,7 +24,7 @@ from train.config import (
     optimizer_hparams,
     options,
 )
-from train.schema import DESCRIPTIVE_OPTIM_KEYS, register_configs
+from train.schema import DESCRIPTIVE_OPTIM_KEYS, paper_value, register_configs
 
 OPTIMS = options("optim")
 PAPER_OPTIMS = [
@@ -127,7 +127,9 @@ def test_optim_configs_follow_their_optimizer(optim):
 
 # Each optim config resolved on main at 6a00c51, before the configs were deduplicated (one FOAM
 # config with thin foamN files, the paper's lr rows in configs/paper_lr/), by
-# tests/optim_resolution.py.
+# tests/optim_resolution.py; amended once, by hand, for the rule of train/schema.py's paper_value
+# (the Qwen rows dropped from the tables; qwen_1b and the 3B/7B columns a row leaves empty moved
+# from the 60M lr to the LLaMA row of their size or the nearest smaller one), every other value kept.
 RECORDED = json.loads((Path(__file__).parent / "data/optim_configs_resolved.json").read_text())
 
 
@@ -300,6 +302,10 @@ def test_foam2_release_is_foam2_with_release_semantics():
         ("llama_7b", "galore_1_4", 1e-2),
         ("llama_350m", "adam_mini", 5e-4),
         ("qwen_130m", "adamw", 1e-3),
+        ("qwen_7b", "foam2", 5e-3),  # the LLaMA row of its size
+        ("llama_3b", "adam_mini", 2.5e-4),  # no 3B entry: 1B's, not 60M's 5e-3
+        ("qwen_3b", "adam_mini", 2.5e-4),
+        ("llama_7b", "gwt", 5e-3),  # no 7B entry: 3B's
         ("llama_tiny", "adamw", 5e-3),
         ("llama_tiny", "foam_mini", 1e-2),
     ],
@@ -308,6 +314,26 @@ def test_paper_lr_follows_the_model_size(model, optim, lr):
     cfg = cfg_for(f"+model={model}", f"+optim={optim}")
     assert cfg.optim.lr == pytest.approx(lr)
     assert cfg_for(f"+model={model}", f"+optim={optim}", "optim.lr=3e-4").optim.lr == 3e-4
+
+
+@pytest.mark.parametrize(
+    ("model", "steps"),
+    [("llama_130m", 20_000), ("qwen_130m", 20_000), ("qwen_1b", 100_000), ("qwen_tiny", 10_000)],
+)
+def test_paper_steps_follow_the_model_size(model, steps):
+    assert cfg_for(f"+model={model}", "+optim=foam2", "trainer=paper").trainer.max_steps == steps
+
+
+def test_paper_value_takes_the_size_or_the_nearest_smaller_one():
+    table = {"llama_60m": 1, "llama_350m": 3, "llama_1b": 4}
+    assert paper_value(table, "llama_350m") == 3
+    assert paper_value(table, "qwen_350m") == 3
+    assert paper_value(table, "llama_130m") == 1
+    assert paper_value(table, "qwen_7b") == 4
+    assert paper_value(table, "llama_2m") == paper_value(table, "qwen_tiny") == 1
+    assert paper_value({}, "llama_60m", 0.5) == 0.5
+    with pytest.raises(ValueError, match="llama_60m"):
+        paper_value({"llama_1b": 4}, "llama_60m")
 
 
 def test_trainer_presets():

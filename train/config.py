@@ -22,7 +22,9 @@ from train.parallelism import PARALLELISMS
 from train.schema import DESCRIPTIVE_OPTIM_KEYS, unknown_key_message
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-PRECISIONS = ("bf16", "bf16_mixed", "fp32")
+PARAM_DTYPES = {"bf16": torch.bfloat16, "bf16_mixed": torch.float32, "fp32": torch.float32}
+"""``trainer.precision`` -> the dtype the weights (and so the optimizer's states) are held in."""
+PRECISIONS = tuple(PARAM_DTYPES)
 LOGGERS = ("wandb", "none")
 
 

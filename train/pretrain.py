@@ -46,6 +46,7 @@ from train.checkpoint import (
 )
 from train.cli_errors import exit_config_error, run_reporting_config_errors, value_error_message
 from train.config import (
+    PARAM_DTYPES,
     ConfigError,
     accumulation_steps,
     build_optimizer,
@@ -107,7 +108,6 @@ from train.tokenizer import Tokenizer, build_tokenizer_on_ranks
 from train.update_cosine import track_update_cosine
 
 log = logging.getLogger("train.pretrain")
-PARAM_DTYPES = {"bf16": torch.bfloat16, "bf16_mixed": torch.float32, "fp32": torch.float32}
 
 
 @dataclass

@@ -97,7 +97,7 @@ class TrainerConfig:
     global batch 512, 10 % linear warmup, cosine to 10 %, no clipping, eval on 10M tokens."""
 
     max_steps: int = MISSING
-    """Optimizer steps; ``trainer=paper`` looks them up in ``paper_steps`` by model name."""
+    """Optimizer steps; ``trainer=paper`` looks them up in ``paper_steps`` (see ``paper_value``)."""
     paper_steps: dict[str, int] = field(default_factory=dict)
     global_batch_size: int = 512
     """Sequences per optimizer step = micro_batch_size * accumulation * world size."""
@@ -194,31 +194,55 @@ def _field_type(default: Any) -> Any:
     return type(default) if isinstance(default, bool | float | str) else Any
 
 
-def paper_lr_lookup(default: float) -> str:
-    """The default of ``optim.lr``: the paper's lr for the model (``optim.paper_lr``, which an optim
-    config fills from ``configs/paper_lr/<row>.yaml``; Qwen sizes are listed under their own names
-    with the LLaMA values), else the table's 60M value (debug sizes, and the sizes a row leaves
-    empty), else the optimizer's default (a schema without a table)."""
-    fallback = f"${{oc.select:optim.paper_lr.llama_60m,{default}}}"
-    return f"${{oc.select:optim.paper_lr.${{model.name}},{fallback}}}"
+PAPER_SIZES = ("60m", "130m", "350m", "1b", "3b", "7b")
+"""The paper's model sizes, smallest first (its Appendix architecture table): LLaMA has all six."""
+
+PAPER_VALUE_RESOLVER = "paper_value"
+
+
+def paper_value(table: Mapping[str, Any], model: str, default: Any = None) -> Any:
+    """``model``'s entry in a per-size table of the paper (``configs/paper_lr/``, the step counts
+    of ``trainer=paper``), keyed by LLaMA model name. A Qwen size takes the LLaMA row of its size
+    (the paper trains Qwen "following the same experimental setup in LLaMA experiments"); a size
+    the row leaves empty takes the nearest smaller size the row has (Adam-mini at 3B: 1B's lr,
+    where the 60M lr would be 20 times larger); debug sizes take the smallest. ``default`` serves an
+    empty table (an optimizer the paper gives no lr)."""
+    if not table:
+        return default
+    if model in table:
+        return table[model]
+    size = model.split("_", 1)[-1]
+    ladder = PAPER_SIZES[: PAPER_SIZES.index(size) + 1] if size in PAPER_SIZES else PAPER_SIZES[:1]
+    listed = [f"llama_{s}" for s in reversed(ladder) if f"llama_{s}" in table]
+    if not listed:
+        raise ValueError(f"no entry for {model!r} at or below its size in {sorted(table)}")
+    return table[listed[0]]
+
+
+def paper_value_lookup(table: str, default: Any) -> str:
+    """The interpolation that reads ``table`` (a config key) for the composed model: see
+    ``paper_value``; the resolver is registered by ``register_configs``."""
+    return f"${{{PAPER_VALUE_RESOLVER}:${{{table}}},${{model.name}},{default}}}"
 
 
 def optim_schema(name: str, keywords: Mapping[str, Any]) -> type:
     """A dataclass for optimizer ``name``: its keywords with the registry's defaults (lr: the paper
-    table's lookup, see ``paper_lr_lookup``), plus the descriptive ``name`` (fixed to ``name``) and
+    table's entry for the model, see ``paper_value``), plus the descriptive ``name`` (fixed to ``name``) and
     ``paper_lr`` (the paper's lr by model name)."""
     fields: list[tuple[str, Any, Any]] = [("name", str, field(default=name))]
     for key, default in keywords.items():
         value = list(default) if isinstance(default, tuple) else default
         if key == "lr":
-            value = paper_lr_lookup(default)
+            value = paper_value_lookup("optim.paper_lr", default)
         fields.append((key, _field_type(default), field(default_factory=lambda v=value: v)))
     fields.append(("paper_lr", dict[str, float], field(default_factory=dict)))
     return dataclasses.make_dataclass(f"{name}_schema", fields)
 
 
 def register_configs() -> None:
-    """Put the schemas into Hydra's ConfigStore (call before composing ``configs/config.yaml``)."""
+    """Put the schemas into Hydra's ConfigStore and the ``paper_value`` resolver into OmegaConf
+    (call before composing ``configs/config.yaml``)."""
+    OmegaConf.register_new_resolver(PAPER_VALUE_RESOLVER, paper_value, replace=True)
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
     for name, keywords in foam.available_optimizers().items():
