@@ -141,6 +141,14 @@ def test_missing_model_or_optim_fails_with_a_message(tmp_path, optim, flag):
     assert flag in proc.stderr
 
 
+@pytest.mark.parametrize("args", [[], ["+optim=foam2"]])
+def test_the_bare_command_names_the_flag_to_add(args):
+    """What a new user types first, without a run directory of their own: the default directory's
+    name reads the model choice, which must not turn a missing ``+model=`` into a traceback."""
+    proc = run([sys.executable, "train/pretrain.py", *args], expect_rc=2)
+    assert "+model=" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_batch_that_does_not_divide_fails_before_compute(tmp_path):
     proc = run(command(tmp_path / "run", "trainer.micro_batch_size=3"), expect_rc=2)
     assert (
