@@ -60,6 +60,12 @@ def fmt_p(p: float | None) -> str:
     return "-" if p is None else f"{p:.3f}"
 
 
+def comparison_cells(diff: Diff | None, p: float | None) -> str:
+    """The cells every paired table gives a comparison: the difference (mean ± std, n), its 95%
+    interval and its Holm-adjusted p."""
+    return f"{fmt_diff(diff)} | {fmt_interval(confidence_interval(diff))} | {fmt_p(p)}"
+
+
 def holm_family(diffs: list[Diff | None]) -> list[float | None]:
     """Holm-adjusted paired p of each difference, over those with the seeds an order needs."""
     return holm([paired_p(d) if d is not None and d[2] >= ORDER_SEEDS else None for d in diffs])

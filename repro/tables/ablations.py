@@ -6,15 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from repro.methods import ABLATION_PREFIX, ABLATIONS, FOLD_LEVEL, RESIDUAL, Ablation, label
-from repro.paired_stats import (
-    REFERENCE,
-    confidence_interval,
-    fmt_diff,
-    fmt_interval,
-    fmt_p,
-    holm_family,
-    paired,
-)
+from repro.paired_stats import REFERENCE, comparison_cells, holm_family, paired
 from repro.study_points import Point, fmt_ppl, model_order, table_stage
 from repro.tables.curves import mean_curve, perplexity_axes
 from repro.tables.figures import save_figure
@@ -64,7 +56,7 @@ def ablation_table(best: dict[tuple[str, str], Point], points: list[Point]) -> s
             lines.append(
                 f"| {model} | {variant_label(ablation)} | {point.key.lr:g} | "
                 f"{'-' if alpha is None else f'{alpha:g}'} | {fmt_ppl(point, latex=False)} | "
-                f"{fmt_diff(diff)} | {fmt_interval(confidence_interval(diff))} | {fmt_p(p)} |"
+                f"{comparison_cells(diff, p)} |"
             )
     return "\n".join(lines) + "\n"
 

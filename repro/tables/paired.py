@@ -7,10 +7,8 @@ from repro.paired_stats import (
     ORDER_SEEDS,
     REFERENCE,
     TIER_COMPARISONS,
+    comparison_cells,
     confidence_interval,
-    fmt_diff,
-    fmt_interval,
-    fmt_p,
     holm_family,
     paired,
 )
@@ -58,8 +56,7 @@ def paired_table(best: dict[tuple[str, str], Point]) -> str:
             theirs = paper_ppl(model, a), paper_ppl(model, b)
             paper_diff = None if None in theirs else theirs[0] - theirs[1]
             lines.append(
-                f"| {model} | {row_label(a)} − {row_label(b)} | {fmt_diff(diff)} | "
-                f"{fmt_interval(interval)} | {fmt_p(p)} | "
+                f"| {model} | {row_label(a)} − {row_label(b)} | {comparison_cells(diff, p)} | "
                 f"{'-' if paper_diff is None else f'{paper_diff:+.2f}'} | "
                 f"{agreement(interval, paper_diff, 0 if diff is None else diff[2])} |"
             )

@@ -28,10 +28,8 @@ from repro.paired_stats import (
     REFERENCE,
     TIER_COMPARISONS,
     Diff,
+    comparison_cells,
     confidence_interval,
-    fmt_diff,
-    fmt_interval,
-    fmt_p,
     holm_family,
     paired,
 )
@@ -204,8 +202,8 @@ def paired_lines(best: dict[tuple[str, str], Point], model: str, rows: list[str]
     ]
     for (a, b), diff, p in zip(pairs, diffs, holm_family(diffs), strict=True):
         lines.append(
-            f"| {row_label(a)} − {row_label(b)} | {fmt_diff(diff)} | "
-            f"{fmt_interval(confidence_interval(diff))} | {fmt_p(p)} | {order_read(a, b, diff, p)} |"
+            f"| {row_label(a)} − {row_label(b)} | {comparison_cells(diff, p)} | "
+            f"{order_read(a, b, diff, p)} |"
         )
     return lines
 
