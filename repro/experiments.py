@@ -38,6 +38,7 @@ from repro.methods import (
     FOLD_LEVEL,
     TABLE2,
     TABLE3,
+    Variant,
     label,
     sweeps_alpha,
 )
@@ -55,17 +56,6 @@ GPUS = ("H100", "A100")
 
 THREE_SEEDS = (42, 43, 44)
 ONE_SEED = (42,)  # the paper's data seed ("All experiments use a random seed of 42")
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One row or curve of an experiment: an optim config with overrides, in its own directory."""
-
-    name: str
-    """The method directory; the optim config's name when the run is that config as it is."""
-    optim: str
-    label: str
-    overrides: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -224,9 +214,8 @@ def seq_len_variants(model: str) -> list[Variant]:
 
 
 def ablation(name: str) -> Variant:
-    """One of ``methods.ABLATIONS`` (FOAM-2's variants) in its ``ablation_NAME`` directory."""
-    found = next(a for a in ABLATIONS if a.name == name)
-    return Variant(ABLATION_PREFIX + found.name, found.optim, found.label, found.overrides)
+    """The one of ``methods.ABLATIONS`` (FOAM-2's variants) in the directory ``ablation_NAME``."""
+    return next(a for a in ABLATIONS if a.name == ABLATION_PREFIX + name)
 
 
 def fold_levels() -> list[tuple[int | str, Variant]]:
@@ -236,7 +225,7 @@ def fold_levels() -> list[tuple[int | str, Variant]]:
     for a in ABLATIONS:
         if a.figure == FOLD_LEVEL:
             level = "mini" if a.optim == "foam_mini" else int(a.optim.removeprefix("foam"))
-            levels.append((level, ablation(a.name)))
+            levels.append((level, a))
     return sorted(levels, key=lambda item: (isinstance(item[0], str), str(item[0])))
 
 

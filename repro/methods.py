@@ -87,14 +87,20 @@ PAPER_SWEEP: tuple[str, ...] = (
 
 
 @dataclass(frozen=True)
-class Ablation:
-    """One of FOAM-2's variants: run as ``+optim=OPTIM`` plus ``overrides``."""
+class Variant:
+    """One row or curve of an experiment: an optim config with overrides, in its own directory."""
 
     name: str
-    """Its method directory is ``ablation_NAME``."""
-    label: str
+    """The method directory; the optim config's name when the run is that config as it is."""
     optim: str
+    label: str
     overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Ablation(Variant):
+    """One of FOAM-2's variants, in a method directory ``ablation_...``."""
+
     figure: str | None = None
     """The paper's ablation figure it belongs to (``FOLD_LEVEL`` or ``RESIDUAL``), if any."""
 
@@ -103,45 +109,45 @@ FOLD_LEVEL = "fold level"  # the paper's figure "FOAM with varying level l"
 RESIDUAL = "residual"  # the paper's figure "Validation PPL with or without residual"
 
 ABLATIONS: tuple[Ablation, ...] = (
-    Ablation("foam1", "FOAM-1", "foam1", figure=FOLD_LEVEL),
-    Ablation("foam3", "FOAM-3", "foam3", figure=FOLD_LEVEL),
-    Ablation("foam4", "FOAM-4", "foam4", figure=FOLD_LEVEL),
-    Ablation("foam5", "FOAM-5", "foam5", figure=FOLD_LEVEL),
-    Ablation("foam_mini", "FOAM-Mini", "foam_mini", figure=FOLD_LEVEL),
+    Ablation("ablation_foam1", "foam1", "FOAM-1", figure=FOLD_LEVEL),
+    Ablation("ablation_foam3", "foam3", "FOAM-3", figure=FOLD_LEVEL),
+    Ablation("ablation_foam4", "foam4", "FOAM-4", figure=FOLD_LEVEL),
+    Ablation("ablation_foam5", "foam5", "FOAM-5", figure=FOLD_LEVEL),
+    Ablation("ablation_foam_mini", "foam_mini", "FOAM-Mini", figure=FOLD_LEVEL),
     Ablation(
-        "foam2_no_residual",
-        "FOAM-2 without the residual (rho = 0)",
+        "ablation_foam2_no_residual",
         "foam2",
+        "FOAM-2 without the residual (rho = 0)",
         ("optim.residual=false",),
         figure=RESIDUAL,
     ),
     Ablation(
-        "foam2_no_residual_in_v",
-        "FOAM-2 without R^2 in the second moment",
+        "ablation_foam2_no_residual_in_v",
         "foam2",
+        "FOAM-2 without R^2 in the second moment",
         ("optim.residual_in_second_moment=false",),
         figure=RESIDUAL,
     ),
     Ablation(
-        "foam2_mean_of_squares",
-        "FOAM-2, second moment from the mean of squares",
+        "ablation_foam2_mean_of_squares",
         "foam2",
+        "FOAM-2, second moment from the mean of squares",
         ("optim.second_moment=mean_of_squares",),
     ),
     Ablation(
-        "foam2_fold_last",
-        "FOAM-2 folding the last dim (the release's axis)",
+        "ablation_foam2_fold_last",
         "foam2",
+        "FOAM-2 folding the last dim (the release's axis)",
         ("optim.fold_axis=last",),
     ),
     Ablation(
+        "ablation_foam2_release",
         "foam2_release",
         "FOAM-2 with the authors' release semantics",
-        "foam2_release",
     ),
 )
 """FOAM-2's variants (the paper's fold-level and residual figures, the release's choices), each run
-at FOAM-2's best lr and alpha in the method directory ``ablation_NAME``."""
+at FOAM-2's best lr and alpha."""
 ABLATION_PREFIX = "ablation_"
 
 CONTROL_LABEL = "AdamW, matrices at lr x alpha (module-wise lr)"

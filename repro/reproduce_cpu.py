@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from repro.make_corpus import corpus_digest, tokenizer_sha256
-from repro.methods import ABLATION_PREFIX, ABLATIONS, PAPER_ALPHA_GRID, Ablation, paper_alpha_range
+from repro.methods import ABLATIONS, PAPER_ALPHA_GRID, Ablation, paper_alpha_range
 from repro.runs import REPO, Point, collect, hparam, run_dir_fields, train_command
 from train.summary import DIVERGED_FILE, uncommitted_changes
 
@@ -469,7 +469,7 @@ class Study:
                     return
                 if twin_best == best:  # the twin's finals are this variant's runs
                     return
-            self.finals(ABLATION_PREFIX + ablation.name, ablation.optim, best, ablation.overrides)
+            self.finals(ablation.name, ablation.optim, best, ablation.overrides)
 
         with ThreadPoolExecutor(max_workers=len(ABLATIONS)) as pool:
             list(pool.map(one, ABLATIONS))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from repro.methods import ABLATION_PREFIX, ABLATIONS, FOLD_LEVEL, RESIDUAL, Ablation, label
+from repro.methods import ABLATIONS, FOLD_LEVEL, RESIDUAL, Ablation, label
 from repro.paired_stats import REFERENCE, comparison_cells, holm_family, paired
 from repro.study_points import Point, fmt_ppl, model_order, table_stage
 from repro.tables.curves import mean_curve, perplexity_axes
@@ -31,10 +31,11 @@ def ablation_rows(
         }
         k = reference.key
         for ablation in ABLATIONS:
-            # A variant that is itself a Table 2 method (FOAM-3, FOAM-Mini) whose walk ended at
-            # FOAM-2's point has no ablation_ runs: its finals are the same runs.
-            point = at_reference.get((ABLATION_PREFIX + ablation.name, k.lr, k.alpha))
-            point = point or at_reference.get((ablation.name, k.lr, k.alpha))
+            # A variant that is itself a Table 2 method (FOAM-3, FOAM-Mini: its optim config as it
+            # is) whose walk ended at FOAM-2's point has no ablation_ runs: its finals are the same.
+            point = at_reference.get((ablation.name, k.lr, k.alpha))
+            if point is None and not ablation.overrides:
+                point = at_reference.get((ablation.optim, k.lr, k.alpha))
             if point is not None:
                 rows[model].append((ablation, point))
     return rows

@@ -32,12 +32,11 @@ from repro.experiments import (
     SEQ_LEN_METHODS,
     SEQ_LENS,
     Run,
-    Variant,
     fold_levels,
     is_paper_size,
 )
 from repro.memory_estimator import estimate, table2_gb
-from repro.methods import label
+from repro.methods import Variant, label
 from repro.paired_stats import confidence_interval, fmt_diff, fmt_interval, spread
 from repro.paper_perplexity import STAND_INS
 from repro.runs import run_dir_fields
