@@ -140,7 +140,8 @@ def optim_config(optim: str, model: str) -> DictConfig:
 
 
 def paper_lr(optim: str, model: str) -> float:
-    """The lr ``optim``'s config gives ``model`` (its ``paper_lr`` table, read by ``paper_value``)."""
+    """The lr ``optim``'s config gives ``model`` (its ``paper_lr`` table, read by
+    ``train.schema.paper_value``)."""
     return float(optim_config(optim, model).lr)
 
 

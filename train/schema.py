@@ -227,8 +227,8 @@ def paper_value_lookup(table: str, default: Any) -> str:
 
 def optim_schema(name: str, keywords: Mapping[str, Any]) -> type:
     """A dataclass for optimizer ``name``: its keywords with the registry's defaults (lr: the paper
-    table's entry for the model, see ``paper_value``), plus the descriptive ``name`` (fixed to ``name``) and
-    ``paper_lr`` (the paper's lr by model name)."""
+    table's entry for the model, see ``paper_value``), plus the descriptive ``name`` (fixed to
+    ``name``) and ``paper_lr`` (the paper's lr by LLaMA model name)."""
     fields: list[tuple[str, Any, Any]] = [("name", str, field(default=name))]
     for key, default in keywords.items():
         value = list(default) if isinstance(default, tuple) else default
