@@ -44,7 +44,7 @@ from repro.methods import (
 )
 from repro.runs import REPO, Point
 from train.metrics import peak_flops_for_name
-from train.schema import PAPER_SIZES, register_configs
+from train.schema import paper_size, register_configs
 
 CONFIGS = REPO / "configs"
 PAPER_BATCH = 512  # sequences per step (the paper; TrainerConfig.global_batch_size)
@@ -165,7 +165,7 @@ def paper_steps(model: str) -> int:
 
 def is_paper_size(model: str) -> bool:
     """Whether ``model`` is one of the paper's sizes (either family), not a debug size."""
-    return model.split("_", 1)[-1] in PAPER_SIZES
+    return paper_size(model) is not None
 
 
 def methods(*names: str) -> Callable[[str], list[Variant]]:

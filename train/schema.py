@@ -200,6 +200,12 @@ PAPER_SIZES = ("60m", "130m", "350m", "1b", "3b", "7b")
 PAPER_VALUE_RESOLVER = "paper_value"
 
 
+def paper_size(model: str) -> str | None:
+    """The paper's size a model name stands for (``qwen_1b`` -> ``"1b"``); None for debug sizes."""
+    size = model.split("_", 1)[-1]
+    return size if size in PAPER_SIZES else None
+
+
 def paper_value(table: Mapping[str, Any], model: str, default: Any = None) -> Any:
     """``model``'s entry in a per-size table of the paper (``configs/paper_lr/``, the step counts
     of ``trainer=paper``), keyed by LLaMA model name. A Qwen size takes the LLaMA row of its size
@@ -211,8 +217,8 @@ def paper_value(table: Mapping[str, Any], model: str, default: Any = None) -> An
         return default
     if model in table:
         return table[model]
-    size = model.split("_", 1)[-1]
-    ladder = PAPER_SIZES[: PAPER_SIZES.index(size) + 1] if size in PAPER_SIZES else PAPER_SIZES[:1]
+    size = paper_size(model)
+    ladder = PAPER_SIZES[: PAPER_SIZES.index(size) + 1] if size else PAPER_SIZES[:1]
     listed = [f"llama_{s}" for s in reversed(ladder) if f"llama_{s}" in table]
     if not listed:
         raise ValueError(f"no entry for {model!r} at or below its size in {sorted(table)}")
