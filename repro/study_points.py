@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro.methods import CONTROL_LABEL, TABLE2_BLOCKS, label
+from repro.methods import CONTROL_LABEL, MODULEWISE, TABLE2_BLOCKS, label
 from repro.runs import run_dir_fields
 from train.summary import DIVERGED_FILE, finished_records
 
@@ -201,11 +201,15 @@ def method_rows(rows_seen: set[str]) -> list[str | None]:
 
 
 def ordered(keys: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    """(model, row) keys by model size, then in Table 2's order."""
+    """(model, row) keys by model size, then in Table 2's order, with the study's module-wise
+    Muon and Adam-mini (not Table 2's rows) after its first block, beside the control."""
     keys = set(keys)
-    return [
-        (model, row)
-        for model in sorted({m for m, _ in keys}, key=model_order)
-        for row in method_rows({r for m, r in keys if m == model})
-        if row is not None
-    ]
+    result = []
+    for model in sorted({m for m, _ in keys}, key=model_order):
+        rows = {r for m, r in keys if m == model}
+        table = method_rows(rows)
+        first_block = table.index(None) if None in table else len(table)
+        modulewise = [m.name for m in MODULEWISE if m.name in rows]
+        in_order = [*table[:first_block], *modulewise, *table[first_block:]]
+        result += [(model, row) for row in in_order if row is not None]
+    return result

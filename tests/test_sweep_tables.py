@@ -350,6 +350,10 @@ def test_alpha_table_reads_each_stage_at_each_methods_best_lr(tmp_path):
     # the control's line at its best lr runs through AdamW itself (alpha 1)
     write_runs(search, "adamw", "llama_2m", [(2e-3, 0.25, 0, 58.0), (2e-3, 0.5, 0, 56.0)])
     write_runs(search, "adamw", "llama_2m", [(2e-3, 1.0, 0, 57.0), (4e-3, 1.0, 0, 59.0)])
+    # the module-wise Muon is no row of Table 2: its line comes beside the control's
+    write_runs(
+        search, "muon_modulewise", "llama_2m", [(8e-2, 0.0625, 0, 51.0), (8e-2, 0.125, 0, 53.0)]
+    )
     write_runs(final, "foam2", "llama_2m", [(5e-3, 0.25, s, 40.0) for s in range(3)])
     write_runs(final, "foam2", "llama_2m", [(5e-3, 0.5, 0, 39.0), (1e-2, 0.125, 0, 38.0)])
     write_runs(final, "adamw", "llama_2m", [(2e-3, 1.0, s, 45.0) for s in range(3)])  # no line
@@ -361,6 +365,8 @@ def test_alpha_table_reads_each_stage_at_each_methods_best_lr(tmp_path):
         f"| search | llama_2m | {control} | 0.002 | - | 0.25 | 58.00 |",
         f"| search | llama_2m | {control} | 0.002 | - | 0.5 (best) | 56.00 |",
         f"| search | llama_2m | {control} | 0.002 | - | 1 | 57.00 |",
+        "| search | llama_2m | Muon, module-wise lr | 0.08 | - | 0.0625 (best) | 51.00 |",
+        "| search | llama_2m | Muon, module-wise lr | 0.08 | - | 0.125 | 53.00 |",
         "| search | llama_2m | FOAM-2 | 0.005 | - | 0.125 | 52.00 |",
         "| search | llama_2m | FOAM-2 | 0.005 | - | 0.25 (best) | 50.00 |",
         "| search | llama_2m | FOAM-2 | 0.005 | - | 0.5 | 55.00 |",
