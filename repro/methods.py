@@ -49,7 +49,7 @@ TABLE3_ONLY: tuple[Method, ...] = (Method("adamw8bit", "8-bit Adam"),)
 
 MODULEWISE: tuple[Method, ...] = (
     Method("muon_modulewise", "Muon, module-wise lr"),
-    Method("adam_mini_modulewise", "Adam-mini, module-wise lr"),
+    Method("adam_mini_modulewise", "Adam-Mini, module-wise lr"),
 )
 """The CPU study's Muon and Adam-mini with the two lrs the control gives AdamW (lr for the
 embeddings, head and norms, lr x alpha for the matrices): ``results/repro/PROTOCOL.md``, v3."""

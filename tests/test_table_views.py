@@ -77,5 +77,10 @@ def test_each_view_takes_its_rows_and_the_paper_grid(tmp_path):
     assert paper[("llama_2m", "foam2")].key.alpha == 0.25
     text = views_table(points)
     assert text.count("Kendall's tau with the paper's order over the 3 rows") == 3
+    # a view's rows with no final run yet are named, not silently left out of its family
+    equal_missing = (
+        "Adam-Mini, module-wise lr; GaLore-1/4; APOLLO-1/4; FOAM-3; APOLLO-Mini; FOAM-Mini"
+    )
+    assert f"Not in this view yet (no final run it allows): {equal_missing}." in text
     # FOAM-2 (79 + noise) against module-wise Muon (80 + 2 noise): -1, -1.5, -0.5
     assert "| FOAM-2 − Muon, module-wise lr | -1.00 ± 0.50 (n=3) |" in text

@@ -187,6 +187,9 @@ def view_section(points: list[Point], view: View) -> str:
                 f"{fmt_ppl(point, latex=False)} | {seeds} | {fmt_point(point)} | "
                 f"{'-' if paper is None else f'{paper:.2f}'} |"
             )
+        missing = [row_label(row) for row, _ in view.rows if (model, row) not in best]
+        if missing:  # a study in progress: the view's comparisons and tau leave these out
+            lines += ["", f"Not in this view yet (no final run it allows): {'; '.join(missing)}."]
         lines += ["", *paired_lines(best, model, [r for r, _ in present]), ""]
         lines += [tau_line(best, model, present), ""]
     return "\n".join(lines)
