@@ -188,13 +188,14 @@ def fmt_gb(gb: float | None) -> str:
     return f"{gb:.2f}G" if gb >= 0.1 else f"{gb * 1e3:.2f}M"
 
 
-def method_rows(rows_seen: set[str]) -> list[str | None]:
-    """Table 2's rows present in the data, in the paper's order (None: a block separator)."""
+def method_rows(rows_seen: set[str], beside_control: Iterable[str] = ()) -> list[str | None]:
+    """Table 2's rows present in the data, in the paper's order (None: a block separator); the
+    control and any of ``beside_control`` present close the first block."""
     rows: list[str | None] = []
     for index, block in enumerate(TABLE2_BLOCKS):
         present = [m.name for m in block if m.name in rows_seen]
-        if index == 0 and CONTROL in rows_seen:
-            present.append(CONTROL)
+        if index == 0:
+            present += [row for row in (CONTROL, *beside_control) if row in rows_seen]
         if present:
             rows += [None, *present] if rows else present
     return rows
@@ -202,14 +203,12 @@ def method_rows(rows_seen: set[str]) -> list[str | None]:
 
 def ordered(keys: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     """(model, row) keys by model size, then in Table 2's order, with the study's module-wise
-    Muon and Adam-mini (not Table 2's rows) after its first block, beside the control."""
+    Muon and Adam-mini (not Table 2's rows) beside the control."""
     keys = set(keys)
-    result = []
-    for model in sorted({m for m, _ in keys}, key=model_order):
-        rows = {r for m, r in keys if m == model}
-        table = method_rows(rows)
-        first_block = table.index(None) if None in table else len(table)
-        modulewise = [m.name for m in MODULEWISE if m.name in rows]
-        in_order = [*table[:first_block], *modulewise, *table[first_block:]]
-        result += [(model, row) for row in in_order if row is not None]
-    return result
+    modulewise = [m.name for m in MODULEWISE]
+    return [
+        (model, row)
+        for model in sorted({m for m, _ in keys}, key=model_order)
+        for row in method_rows({r for m, r in keys if m == model}, beside_control=modulewise)
+        if row is not None
+    ]
