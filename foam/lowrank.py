@@ -21,7 +21,7 @@ from foam.errors import OptionError, require_choice
 from foam.hparams import validate_adam_hparams
 from foam.numerics import compute_dtype, ema_, resolve_dtype
 from foam.param_groups import ParamSplit
-from foam.state import DtypeFaithfulOptimizer, run_closure
+from foam.state import DtypeFaithfulOptimizer, count_step, run_closure
 
 PROJ_TYPES = ("std", "reverse_std", "left", "right")
 
@@ -259,8 +259,7 @@ class CompressedAdamW(DtypeFaithfulOptimizer):
         state = self.state[p]
         if not state:
             self._init_state(p, group, index)
-        state["step"] += 1
-        return state, int(state["step"].item())
+        return state, count_step(state)
 
     def _update(self, p: torch.Tensor, group: dict[str, Any], index: int) -> None:
         state, t = self._next_step(p, group, index)

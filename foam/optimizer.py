@@ -21,7 +21,7 @@ from foam.folding import FoldPlan, folded_numel
 from foam.hparams import group_defaults, signature_defaults
 from foam.settings import DEFAULT_SEMANTICS, SEMANTICS, FoamSettings
 from foam.sharding import ShardFold, fold_shard, is_sharded, local, shard_fold, zeros_state
-from foam.state import DtypeFaithfulOptimizer, run_closure
+from foam.state import DtypeFaithfulOptimizer, count_step, run_closure
 from foam.update import StepScalars, bias_corrections, eager_step_
 
 __all__ = ["FOAM", "SEMANTICS", "fused_adamw_applies", "steps_run"]
@@ -285,8 +285,7 @@ class FOAM(DtypeFaithfulOptimizer):
     @staticmethod
     def _advance_step(state: dict[str, Any], group: dict[str, Any]) -> tuple[float, float, float]:
         """Count one more step; return ``bias_corrections`` at it: ``(bc1, bc2, step_scale)``."""
-        state["step"] += 1
-        return bias_corrections(group["bias_correction"], group["betas"], int(state["step"].item()))
+        return bias_corrections(group["bias_correction"], group["betas"], count_step(state))
 
     def _uses_fused_adamw(self, p: torch.Tensor, group: dict[str, Any]) -> bool:
         """Whether ``p`` takes plain AdamW through torch's fused multi-tensor kernel.

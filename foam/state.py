@@ -34,6 +34,16 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
         yield from _tensors(getattr(value, "__dict__", {}))
 
 
+def count_step(state: dict[str, Any]) -> int:
+    """Count one more step in ``state["step"]`` (a scalar tensor, as torch's optimizers keep it,
+    so checkpoints load into either) and return its number. Read, then written in place: a CPU
+    scalar tensor's ``+= 1`` costs several times as much, and a step of many small matrices on a
+    GPU is bound by such host work."""
+    step = int(state["step"].item()) + 1
+    state["step"].fill_(step)
+    return step
+
+
 def run_closure(closure: Callable[[], float] | None) -> float | None:
     """The loss ``closure`` returns, computed with gradients on (``optimizer.step(closure)``'s
     contract); ``None`` without a closure."""

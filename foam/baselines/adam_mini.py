@@ -38,7 +38,7 @@ from foam.hparams import group_defaults, signature_defaults, validate_adam_hpara
 from foam.numerics import compute_dtype, ema_
 from foam.param_groups import ParamSplit
 from foam.registry import kept_by_method, register, with_adamw_for_others
-from foam.state import DtypeFaithfulOptimizer
+from foam.state import DtypeFaithfulOptimizer, count_step
 
 # adam-mini 1.1.1's name rules (case-insensitive substrings), in priority order.
 ELEMENT_NAMES = ("bias",)
@@ -172,8 +172,7 @@ class AdamMini(DtypeFaithfulOptimizer):
             m_shape = plan.folded_shape if folded else p.shape
             state["exp_avg"] = torch.zeros(m_shape, dtype=p.dtype, device=p.device)
             state["exp_avg_sq"] = torch.zeros((blocks, 1), dtype=p.dtype, device=p.device)
-        state["step"] += 1
-        t = int(state["step"].item())
+        t = count_step(state)
         beta1, beta2 = group["betas"]
         bc1, bc2 = 1 - beta1**t, 1 - beta2**t
         lr = group["lr"]
