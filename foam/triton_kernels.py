@@ -248,11 +248,17 @@ class Tiles:
         return cls(along_cols, fold, other, kp, fold_tiles * triton.cdiv(width, other))
 
 
-def _alignment(tensors: Sequence[torch.Tensor]) -> int:
-    """Elements every address of ``tensors`` is a multiple of, as far as it matters: a 128-bit
-    vector's worth when all are 16-byte aligned (the caching allocator's blocks are), else 1."""
-    aligned = all(t.data_ptr() % VECTOR_BYTES == 0 for t in tensors)
-    return VECTOR_BYTES // tensors[0].element_size() if aligned else 1
+def _addressing(tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, ...], int]:
+    """Each of ``tensors``' element offset from the first's, and the elements every address is a
+    multiple of, as far as it matters: a 128-bit vector's worth when all are 16-byte aligned (the
+    caching allocator's blocks are), else 1. Each address is read once: a step of many small
+    matrices is bound by such host work."""
+    size = tensors[0].element_size()
+    addresses = [t.data_ptr() for t in tensors]
+    aligned = all(a % VECTOR_BYTES == 0 for a in addresses)
+    return tuple((a - addresses[0]) // size for a in addresses), (
+        VECTOR_BYTES // size if aligned else 1
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -287,14 +293,15 @@ def launches(
         groups.setdefault((plan, p.dtype, g.dtype, m.dtype, corrections), []).append(k)
     for (plan, *_, (bc1, bc2)), members in groups.items():
         tensors = [[ts[k] for k in members] for ts in (params, grads, exp_avgs, exp_avg_sqs)]
-        offsets = tuple(
-            tuple((ts[j].data_ptr() - ts[0].data_ptr()) // ts[0].element_size() for ts in tensors)
-            for j in range(len(members))
+        (p_at, p_align), (g_at, g_align), (m_at, m_align), (v_at, v_align) = map(
+            _addressing, tensors
         )
         tiles = Tiles.of(plan)
         args = [
             *(ts[0] for ts in tensors),
-            _offset_table(offsets, params[members[0]].device),
+            _offset_table(
+                tuple(zip(p_at, g_at, m_at, v_at, strict=True)), params[members[0]].device
+            ),
             plan.rows,
             plan.cols,
             plan.block,
@@ -315,9 +322,9 @@ def launches(
             "FOLD": tiles.fold,
             "OTHER": tiles.other,
             "KP": tiles.kp,
-            "P_ALIGN": _alignment(tensors[0]),
-            "G_ALIGN": _alignment(tensors[1]),
-            "S_ALIGN": min(_alignment(tensors[2]), _alignment(tensors[3])),
+            "P_ALIGN": p_align,
+            "G_ALIGN": g_align,
+            "S_ALIGN": min(m_align, v_align),
             "num_warps": NUM_WARPS,
         }
         yield (tiles.programs, len(members)), args, constants

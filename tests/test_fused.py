@@ -216,6 +216,32 @@ def test_like_matrices_share_one_launch():
     assert [grid[1] for grid, _, _ in launches] == [1, 3, 2, 1]
 
 
+def test_a_launch_addresses_each_matrix_from_the_first_and_vectorises_only_aligned_ones():
+    """The offsets table holds each matrix's (parameter, gradient, m, v) element offsets from the
+    launch's first tensors, and a tensor list gets a 128-bit vector hint only when every address
+    in it is 16-byte aligned (here: views into one buffer, at hand-picked element offsets)."""
+    triton_kernels = pytest.importorskip("foam.triton_kernels")
+    plan = make_plan((4, 8), 2, "larger")
+    buffer = torch.zeros(256)  # the caching allocators' blocks are 16-byte aligned
+    params = [buffer[0:32].view(4, 8), buffer[32:64].view(4, 8)]
+    grads = [buffer[100:132].view(4, 8), buffer[65:97].view(4, 8)]  # offset -35
+    m = [buffer[136:144].view(plan.folded_shape), buffer[149:157].view(plan.folded_shape)]
+    v = [buffer[160:168].view(plan.folded_shape), buffer[168:176].view(plan.folded_shape)]
+    scalars = fused.StepScalars.of_group(FOAM(params).param_groups[0])
+    [(grid, args, constants)] = triton_kernels.launches(
+        params, grads, m, v, [plan, plan], [(1.0, 1.0)] * 2, scalars
+    )
+    assert grid[1] == 2
+    assert args[4].tolist() == [[0, 0, 0, 0], [32, -35, 13, 8]]
+    # float32: 4 elements to a 16-byte vector; the second gradient and m start off it
+    assert (constants["P_ALIGN"], constants["G_ALIGN"], constants["S_ALIGN"]) == (4, 1, 1)
+    bf16 = [t.to(torch.bfloat16) for t in params]  # fresh, aligned storages
+    [(_, _, constants)] = triton_kernels.launches(
+        bf16, bf16, v, m, [plan, plan], [(1.0, 1.0)] * 2, scalars
+    )  # both moments decide the states' hint: here the second one is misaligned
+    assert (constants["P_ALIGN"], constants["G_ALIGN"], constants["S_ALIGN"]) == (8, 8, 1)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 def test_triton_kernel_matches_eager_in_the_interpreter():
     code = "import test_fused; test_fused.check_triton_kernel()"
