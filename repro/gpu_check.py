@@ -350,6 +350,8 @@ def row(method: str, status: str, s: dict, predicted: int | None) -> str:
 def header(mode: Mode, device_name: str) -> str:
     import torch
 
+    from train.summary import git_sha  # with "-dirty": a device may hold an older .git
+
     versions = {n: pinned(n) or f"{n} absent" for n in ("transformers", "triton")}
     where = (
         f"**GPU**: {device_name}, CUDA {torch.version.cuda}"
@@ -363,16 +365,6 @@ def header(mode: Mode, device_name: str) -> str:
         f"{where}. Python {sys.version.split()[0]}, torch {torch.__version__}, "
         f"{', '.join(versions.values())}.\n\n"
     )
-
-
-def git_sha() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        )
-    except OSError:
-        return "unknown"
-    return out.stdout.strip() or "unknown"
 
 
 def device_slug(name: str) -> str:
