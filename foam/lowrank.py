@@ -21,7 +21,7 @@ from foam.errors import OptionError, require_choice
 from foam.hparams import validate_adam_hparams
 from foam.numerics import compute_dtype, ema_, resolve_dtype
 from foam.param_groups import ParamSplit
-from foam.state import DtypeFaithfulOptimizer, count_step, run_closure
+from foam.state import DtypeFaithfulOptimizer, count_step, new_step_counter, run_closure
 
 PROJ_TYPES = ("std", "reverse_std", "left", "right")
 
@@ -242,7 +242,7 @@ class CompressedAdamW(DtypeFaithfulOptimizer):
         state = self.state[p]
         shape = self.compressed_shape(p, group)
         dtype = resolve_dtype(group["state_dtype"], p.dtype)
-        state["step"] = torch.tensor(0.0)
+        state["step"] = new_step_counter()
         for key in ("exp_avg", "exp_avg_sq"):
             state[key] = torch.zeros(
                 p.shape if shape is None else shape, dtype=dtype, device=p.device

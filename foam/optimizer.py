@@ -21,7 +21,7 @@ from foam.folding import FoldPlan, folded_numel
 from foam.hparams import group_defaults, signature_defaults
 from foam.settings import DEFAULT_SEMANTICS, SEMANTICS, FoamSettings
 from foam.sharding import ShardFold, fold_shard, is_sharded, local, shard_fold, zeros_state
-from foam.state import DtypeFaithfulOptimizer, count_step, run_closure
+from foam.state import DtypeFaithfulOptimizer, count_step, new_step_counter, run_closure
 from foam.update import StepScalars, bias_corrections, eager_step_
 
 __all__ = ["FOAM", "SEMANTICS", "fused_adamw_applies", "steps_run"]
@@ -342,9 +342,8 @@ class FOAM(DtypeFaithfulOptimizer):
     ) -> None:
         state = self.state[p]
         dtype = self.settings_of(group).state_dtype_for(p)
-        # The fused kernel reads its step counter on the parameter's device; other paths on the CPU.
         fused = self._uses_fused_adamw(p, group)
-        state["step"] = torch.tensor(0.0, device=p.device if fused else "cpu")
+        state["step"] = new_step_counter(p.device if fused else "cpu")
         state["exp_avg"] = zeros_state(p, fold_of, dtype)
         state["exp_avg_sq"] = zeros_state(p, fold_of, dtype)
 

@@ -34,9 +34,16 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
         yield from _tensors(getattr(value, "__dict__", {}))
 
 
+def new_step_counter(device: torch.device | str = "cpu") -> torch.Tensor:
+    """A parameter's step counter before its first step: a float32 scalar tensor, as torch's
+    optimizers keep it, so checkpoints load into either. On the CPU unless a kernel reads it on
+    the parameter's device (torch's fused AdamW does)."""
+    return torch.tensor(0.0, device=device)
+
+
 def count_step(state: dict[str, Any]) -> int:
-    """Count one more step in ``state["step"]`` (a scalar tensor, as torch's optimizers keep it,
-    so checkpoints load into either) and return its number. Read, then written in place: a CPU
+    """Count one more step in ``state["step"]`` (made by :func:`new_step_counter`) and return
+    its number. Read, then written in place: a CPU
     scalar tensor's ``+= 1`` costs several times as much, and a step of many small matrices on a
     GPU is bound by such host work."""
     step = int(state["step"].item()) + 1

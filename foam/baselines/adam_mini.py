@@ -38,7 +38,7 @@ from foam.hparams import group_defaults, signature_defaults, validate_adam_hpara
 from foam.numerics import compute_dtype, ema_
 from foam.param_groups import ParamSplit
 from foam.registry import kept_by_method, register, with_adamw_for_others
-from foam.state import DtypeFaithfulOptimizer, count_step
+from foam.state import DtypeFaithfulOptimizer, count_step, new_step_counter
 
 # adam-mini 1.1.1's name rules (case-insensitive substrings), in priority order.
 ELEMENT_NAMES = ("bias",)
@@ -168,7 +168,7 @@ class AdamMini(DtypeFaithfulOptimizer):
         folded = plan is not None and plan.block > 1  # level 0 folds nothing: plain Adam-mini
         state = self.state[p]
         if not state:
-            state["step"] = torch.tensor(0.0)
+            state["step"] = new_step_counter()
             m_shape = plan.folded_shape if folded else p.shape
             state["exp_avg"] = torch.zeros(m_shape, dtype=p.dtype, device=p.device)
             state["exp_avg_sq"] = torch.zeros((blocks, 1), dtype=p.dtype, device=p.device)
