@@ -14,7 +14,7 @@ from optim_resolution import resolve_for_models
 import foam
 import models
 from repro.methods import ABLATIONS
-from train.cli_errors import composition_error_message
+from train.cli_errors import composition_error_message, discard_refused_run_dir
 from train.config import (
     CONFIG_DIR,
     ConfigError,
@@ -513,3 +513,40 @@ def test_under_fsdp_only_rank_0_builds_the_whole_model(monkeypatch, rank, resumi
     assert [w is not None for w in filled] == ([] if resuming else [rank == 0])
     if resuming:  # allocated for the checkpoint instead, on every rank
         assert not any(t.is_meta for t in model.state_dict().values())
+
+
+def refused_run_dir(path: Path) -> Path:
+    """What a command refused at its config leaves: Hydra's files, its log, the resolved config."""
+    (path / ".hydra").mkdir(parents=True)
+    for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+        (path / ".hydra" / name).write_text("x: 1\n")
+    (path / "pretrain.log").write_text("")
+    (path / "config.yaml").write_text("x: 1\n")
+    return path
+
+
+def test_a_refused_run_takes_its_run_directory_back(tmp_path):
+    run_dir = refused_run_dir(tmp_path / "run")
+    discard_refused_run_dir(run_dir, "pretrain.log")
+    assert not run_dir.exists() and tmp_path.exists()
+
+
+@pytest.mark.parametrize(
+    "extra", ["checkpoints/step_00000010/model.pt", "metrics.jsonl", ".hydra/multirun.yaml"]
+)
+def test_a_run_directory_with_anything_else_is_left_as_it_was(tmp_path, extra):
+    """Resuming a run with a bad override, or a directory of the user's: nothing is deleted."""
+    run_dir = refused_run_dir(tmp_path / "run")
+    (run_dir / extra).parent.mkdir(parents=True, exist_ok=True)
+    (run_dir / extra).write_text("keep")
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+    discard_refused_run_dir(run_dir, "pretrain.log")
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
+
+
+def test_the_working_directory_is_never_taken_back(tmp_path, monkeypatch):
+    """``hydra.run.dir=.``: the files are the user's working directory's too."""
+    run_dir = refused_run_dir(tmp_path / "run")
+    monkeypatch.chdir(run_dir)
+    discard_refused_run_dir(Path("."), "pretrain.log")
+    assert (run_dir / "config.yaml").exists()

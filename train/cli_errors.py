@@ -17,6 +17,7 @@ import difflib
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
@@ -31,6 +32,33 @@ def exit_config_error(message: str) -> NoReturn:
     """Print ``error: message`` as the run's one line on stderr and exit with status 2."""
     print(f"error: {message}", file=sys.stderr)
     sys.exit(CONFIG_ERROR_STATUS)
+
+
+def discard_refused_run_dir(run_dir: Path, log_name: str) -> None:
+    """Take back the run directory a refused command made, so that mistyped commands leave no
+    ``runs/<time>_None_foam2`` behind: Hydra creates the directory (its ``.hydra/`` and the log
+    ``log_name``) before the run reads its config, and the run writes ``config.yaml``. Only when
+    that is all it holds: a directory with anything else (a checkpoint, metrics, a file of the
+    user's) is left as it was, so resuming with a bad override loses nothing."""
+    started = {".hydra": {"config.yaml", "hydra.yaml", "overrides.yaml"}}
+    files = {log_name, "config.yaml"}
+    if not run_dir.is_dir() or run_dir.resolve() == Path.cwd().resolve():
+        return
+    entries = list(run_dir.iterdir())
+    for entry in entries:
+        if entry.name in started and entry.is_dir() and not entry.is_symlink():
+            if not {f.name for f in entry.iterdir()} <= started[entry.name]:
+                return
+        elif not (entry.name in files and entry.is_file()):
+            return
+    for entry in entries:
+        if entry.is_dir():
+            for inner in entry.iterdir():
+                inner.unlink()
+            entry.rmdir()
+        else:
+            entry.unlink()
+    run_dir.rmdir()
 
 
 def unknown_choice_message(group: str, name: str, choices: list[str]) -> str:

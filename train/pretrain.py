@@ -24,6 +24,7 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python train/pretrain.py` anywhere
 
@@ -44,7 +45,12 @@ from train.checkpoint import (
     restore_training_state,
     save_training_state,
 )
-from train.cli_errors import exit_config_error, run_reporting_config_errors, value_error_message
+from train.cli_errors import (
+    discard_refused_run_dir,
+    exit_config_error,
+    run_reporting_config_errors,
+    value_error_message,
+)
 from train.config import (
     PARAM_DTYPES,
     ConfigError,
@@ -533,6 +539,15 @@ def optim_choice(cfg: DictConfig) -> str:
     return HydraConfig.get().runtime.choices.get("optim", cfg.optim.name)
 
 
+def refuse(message: str) -> NoReturn:
+    """A config error met once the run has its directory: rank 0 (the others have none) takes
+    the directory back, then the one line and exit status 2."""
+    if dist.env_dist_info().rank == 0:
+        hydra_cfg = HydraConfig.get()
+        discard_refused_run_dir(Path(hydra_cfg.runtime.output_dir), f"{hydra_cfg.job.name}.log")
+    exit_config_error(message)
+
+
 register_configs()
 
 
@@ -542,9 +557,9 @@ def main(cfg: DictConfig) -> None:
     try:
         train(cfg)
     except ConfigError as err:
-        exit_config_error(str(err))
+        refuse(str(err))
     except InterpolationResolutionError as err:  # a `${...}` the run resolves (optim.lr=${typo})
-        exit_config_error(value_error_message(err))
+        refuse(value_error_message(err))
     except TrainingDiverged as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(3)
