@@ -2,7 +2,8 @@
 
 Public API: :func:`load_model_config`, :func:`build_model`, :func:`count_params`
 (:class:`ParamCounts`), :func:`flops_per_token`, :func:`available_models`,
-:func:`enable_gradient_checkpointing`, :func:`materialize`, :func:`allocate_for_loading`.
+:func:`enable_gradient_checkpointing`, :func:`materialize`, :func:`allocate_for_loading`,
+:func:`validate_model_config`.
 """
 
 from .build import (
@@ -12,7 +13,13 @@ from .build import (
     hf_config,
     materialize,
 )
-from .config import CONFIG_DIR, available_models, head_dim, load_model_config
+from .config import (
+    CONFIG_DIR,
+    available_models,
+    head_dim,
+    load_model_config,
+    validate_model_config,
+)
 from .counting import ParamCounts, count_params, flops_per_token, matmul_params
 
 __all__ = [
@@ -29,4 +36,5 @@ __all__ = [
     "load_model_config",
     "materialize",
     "matmul_params",
+    "validate_model_config",
 ]

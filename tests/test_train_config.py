@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -403,10 +404,22 @@ def test_unknown_model_size_is_refused_by_hydra():
         ("data.seq_len=4096", "data.seq_len"),
         ("trainer.grad_clip=-1", "trainer.grad_clip"),
         ("trainer.save_every_minutes=-5", "trainer.save_every_minutes"),
+        ("trainer.device=gpu", "trainer.device=gpu: Expected one of cpu, cuda"),
+        ("model.hidden_size=63", "model=llama_tiny: hidden_size 63 is not divisible by"),
+        ("model.num_key_value_heads=3", "model=llama_tiny: num_attention_heads 4 is not a"),
     ],
 )
 def test_bad_values_name_their_key(override, key):
     expect_error(cfg_for("+model=llama_tiny", "+optim=foam2", override), key)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_a_gpu_on_a_machine_without_one_is_refused_before_compute(monkeypatch, device):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = cfg_for("+model=llama_tiny", "+optim=foam2", f"trainer.device={device}")
+    message = expect_error(cfg, f"trainer.device={device}: torch sees no CUDA GPU here")
+    assert "trainer.device=auto" in message
+    check_config(cfg_for("+model=llama_tiny", "+optim=foam2", "trainer.device=cpu"), 1)
 
 
 def test_batch_sizes_must_divide():

@@ -16,6 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import foam
+import models
 from foam.errors import OptionError
 from foam.sharding import ShardingNotSupported
 from train.parallelism import PARALLELISMS
@@ -92,11 +93,16 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
         f"(available: {', '.join(registry)})",
     )
     _check_schema_keys(cfg)
+    try:
+        models.validate_model_config(cfg.model)
+    except ValueError as err:
+        raise ConfigError(f"model={cfg.model.name}: {err}") from None
     try:  # the model is sharded for the optimizer's fold axis before the optimizer is built
         foam.fold_axis_of(cfg.optim)
     except OptionError as err:
         raise _config_error(err, cfg.optim) from None
     t = cfg.trainer
+    _check_device(t.device)
     _require(t.max_steps > 0, f"trainer.max_steps must be positive, got {t.max_steps}")
     accumulation_steps(t.global_batch_size, t.micro_batch_size, world_size)
     _require(
@@ -129,6 +135,21 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
     )
     _require(
         cfg.logger.name in LOGGERS, f"logger must be one of {LOGGERS}, got {cfg.logger.name!r}"
+    )
+
+
+def _check_device(spec: str) -> None:
+    """A device this machine has: ``auto`` always; ``cuda`` only where torch sees a GPU."""
+    if spec == "auto":
+        return
+    try:
+        device = torch.device(spec)
+    except RuntimeError as err:
+        raise ConfigError(f"trainer.device={spec}: {str(err).splitlines()[0]}") from None
+    _require(
+        device.type != "cuda" or torch.cuda.is_available(),
+        f"trainer.device={spec}: torch sees no CUDA GPU here; "
+        "use trainer.device=auto (the GPU where there is one) or cpu",
     )
 
 
