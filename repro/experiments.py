@@ -22,6 +22,7 @@ forward per eval, about 3 % more at the paper's sizes) and checkpoints are not c
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import shlex
 from collections.abc import Callable, Sequence
@@ -125,24 +126,35 @@ class Experiment:
 
 
 @functools.cache
-def optim_config(optim: str, model: str) -> DictConfig:
-    """``optim``'s config for ``model``, composed as the trainer composes it (its lr looked up in
-    the paper's table, ``configs/paper_lr/``, through its defaults list)."""
+def composed_config(optim: str) -> DictConfig:
+    """The trainer's config with ``optim``, composed as the trainer composes it (its lr an
+    interpolation into the paper's table, ``configs/paper_lr/``, through its defaults list). It is
+    composed once, on one model: the model's name is all the table's lookup reads, so
+    :func:`paper_lr` gives any model its lr by renaming it."""
     from hydra import compose, initialize_config_dir
 
     from train.config import CONFIG_DIR, options
 
     if optim not in options("optim"):
         raise ValueError(f"no optim config {optim!r} (configs/optim/)")
-    register_configs()
+    _register_configs_once()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose("config", overrides=[f"+model={model}", f"+optim={optim}"]).optim
+        return compose("config", overrides=["+model=llama_60m", f"+optim={optim}"])
+
+
+@functools.cache
+def _register_configs_once() -> None:
+    """The schemas and the table's resolver, registered once per process (each registration
+    rebuilds every optimizer's schema)."""
+    register_configs()
 
 
 def paper_lr(optim: str, model: str) -> float:
     """The lr ``optim``'s config gives ``model`` (its ``paper_lr`` table, read by
     ``train.schema.paper_value``)."""
-    return float(optim_config(optim, model).lr)
+    cfg = copy.deepcopy(composed_config(optim))
+    cfg.model.name = model
+    return float(cfg.optim.lr)
 
 
 def config_alpha(optim: str) -> float | None:
@@ -150,14 +162,14 @@ def config_alpha(optim: str) -> float | None:
     sweep's grid does, so the run shares the grid point's directory); ``None`` for the others."""
     if not sweeps_alpha(optim):
         return None
-    alpha = optim_config(optim, "llama_60m").get("alpha")
+    alpha = composed_config(optim).optim.get("alpha")
     return None if alpha is None else float(alpha)
 
 
 @functools.cache
 def paper_steps(model: str) -> int:
     """The paper's optimizer steps for ``model`` (``trainer=paper``; its rule for other sizes)."""
-    register_configs()  # the table's resolver
+    _register_configs_once()  # the table's resolver
     trainer = OmegaConf.load(CONFIGS / "trainer" / "paper.yaml")
     resolved = OmegaConf.create({"trainer": trainer, "model": {"name": model}})
     return int(resolved.trainer.max_steps)

@@ -118,6 +118,9 @@ def test_user_choices_and_finished_runs(capsys, tmp_path):
         (["--experiment", "int8", "--methods", "adamw"], "not in int8"),
         ([], "give --model"),
         (["--experiment", "int8", "--mfu", "35"], "--mfu is a fraction"),
+        (["--experiment", "int8", "--model", "llama_999m"], "model=llama_999m: no such model"),
+        (["--model", "lama_60m"], "model=lama_60m: no such model config; did you mean llama_60m?"),
+        (["--model", "llama_60m", "--methods", "foam9"], "optim=foam9: no such optim config"),
     ],
 )
 def test_bad_choices_are_one_line(capsys, argv, message):
