@@ -14,7 +14,8 @@ import textwrap
 import warnings
 from collections.abc import Callable, Sequence
 
-from repro.memory_estimator import GB, appendix_pair, estimate, spec, table2_gb
+import models
+from repro.memory_estimator import GB, SPECS, appendix_pair, estimate, table2_gb
 from repro.methods import TABLE2, TABLE3, label
 from repro.paper_memory import (
     MODEL_LABELS,
@@ -26,6 +27,7 @@ from repro.paper_memory import (
     TOLERANCE_GB,
     erratum,
 )
+from train.cli_errors import unknown_choice_message
 
 ALL_MODELS = (
     *PAPER_MODELS,
@@ -161,15 +163,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print a JSON list (decimal GB)")
     parser.add_argument("--compare", action="store_true", help="add the paper's values, errata")
     parser.add_argument("--all-sizes", action="store_true", help="markdown for 3B, 7B and Qwen too")
-    parser.add_argument("--models", nargs="+", default=None, help=f"default: {ALL_MODELS}")
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=None,
+        help=f"the models of --json and of the every-size table (implies --all-sizes); "
+        f"default: {ALL_MODELS}",
+    )
     parser.add_argument("--methods", nargs="+", default=TABLE2_METHODS, help="default: Table 2's")
     args = parser.parse_args(argv)
     # 8-bit Adam is sized on the meta device: whatever bitsandbytes says about its GPU libraries
     # when it loads is beside the point here, and would open the report.
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", module="bitsandbytes")
-    for method in args.methods:
-        spec(method)  # unknown names fail here, before any output
+    for method in args.methods:  # unknown names fail here, before any output
+        if method not in SPECS:
+            parser.error(unknown_choice_message("optim", method, sorted(SPECS)))
+    for model in args.models or ():
+        if model not in models.available_models():
+            parser.error(unknown_choice_message("model", model, models.available_models()))
     if args.json:
         rows = [
             estimate(model, method).as_json()
@@ -179,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(rows, indent=1))
         return 0
     print(markdown(args.methods, args.compare))
-    if args.all_sizes:
+    if args.all_sizes or args.models:
         print("\n### Every size (decimal GB)\n")
         print(all_sizes_markdown(args.methods, args.models or ALL_MODELS))
     return 0

@@ -128,13 +128,37 @@ def test_json_lists_table2s_methods(capsys: pytest.CaptureFixture[str]) -> None:
     )  # every row of the paper's Table 2, in its order
 
 
-def test_markdown_and_unknown_method(capsys: pytest.CaptureFixture[str]) -> None:
+def test_markdown(capsys: pytest.CaptureFixture[str]) -> None:
     assert estimate_memory.main(["--compare"]) == 0
     out = capsys.readouterr().out
     assert "| Full-Adam | 0.35G (0.34) | 0.80G (0.80) | 2.21G (2.20) | 8.03G (8.03) |" in out
     assert "UNEXPLAINED" not in out
-    with pytest.raises(ValueError, match="unknown method"):
-        estimate_memory.main(["--methods", "sgd"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (
+            ["--methods", "foam_mni"],
+            "optim=foam_mni: no such optim config; did you mean foam_mini?",
+        ),
+        (["--models", "lama_7b"], "model=lama_7b: no such model config; did you mean llama_7b?"),
+    ],
+)
+def test_an_unknown_name_is_one_line_before_any_output(
+    capsys: pytest.CaptureFixture[str], argv: list[str], line: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        estimate_memory.main(argv)
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and out == "" and f"error: {line}" in err
+
+
+def test_the_models_asked_for_get_the_every_size_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert estimate_memory.main(["--models", "qwen_7b", "--methods", "foam2"]) == 0
+    every_size = capsys.readouterr().out.split("### Every size (decimal GB)")[1]
+    rows = [line for line in every_size.splitlines() if line.startswith("| qwen")]
+    assert [row.split(" | ")[:2] for row in rows] == [["| qwen_7b", "foam2"]]
 
 
 def test_the_comparison_opens_with_the_report_and_fits_a_terminal():
