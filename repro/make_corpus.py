@@ -407,6 +407,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--source-root {args.source_root} is not a directory")
     if (args.out / "en").exists() and any((args.out / "en").iterdir()):
         parser.error(f"--out {args.out}/en already has files; remove them or pick another --out")
+    try:  # before the packages are fetched: an --out that cannot be written fails in a second
+        (args.out / "en").mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        parser.error(f"--out {args.out}: {error.strerror}")
 
     with tempfile.TemporaryDirectory() as tmp:
         try:

@@ -20,7 +20,9 @@ from train.summary import finished_records
 REPO = Path(__file__).resolve().parents[1]
 
 # torchrun's own defaults plus the stop signals, which it then forwards to every worker.
-TORCHRUN_SIGNALS = ",".join(["SIGINT", "SIGHUP", "SIGQUIT", *(sig.name for sig in STOP_SIGNALS)])
+TORCHRUN_SIGNALS = ",".join(
+    dict.fromkeys(["SIGINT", "SIGHUP", "SIGQUIT", *(sig.name for sig in STOP_SIGNALS)])
+)
 
 
 def hparam(value: float) -> str:

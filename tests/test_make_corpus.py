@@ -150,6 +150,14 @@ def test_refuses_to_overwrite_and_a_missing_package(packages, tmp_path, capsys):
     assert "linux-doc-6.1: no " in capsys.readouterr().err
 
 
+def test_an_out_that_cannot_be_written_fails_before_any_package_is_read(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as exit_:
+        make_corpus.main(["--out", str(tmp_path / "file" / "mirror")])  # would fetch: it must not
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("/file/mirror: Not a directory")
+
+
 def test_mirror_digest_depends_on_the_text_only(packages, tmp_path):
     """Two builds of the same sources have one digest (the gzip headers' times are left out),
     recorded in the manifest; changing one record changes it."""
