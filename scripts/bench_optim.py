@@ -30,8 +30,8 @@ import torch
 
 import foam
 from foam.profiling import peak_transient_bytes
-from models import build_model, load_model_config
-from repro.bench_methods import DEFAULT_LABELS, builder
+from models import available_models, build_model, load_model_config
+from repro.bench_methods import DEFAULT_LABELS, available_labels, builder
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 BASELINE = "adamw_fused"
@@ -143,12 +143,21 @@ def format_load(load: tuple[float, float, float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["llama_60m", "llama_130m"])
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=["llama_60m", "llama_130m"],
+        choices=available_models(),
+        metavar="MODEL",
+        help="configs/model names; default: llama_60m llama_130m",
+    )
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=sorted(DTYPES))
     parser.add_argument(
         "--methods",
         nargs="+",
         default=list(DEFAULT_LABELS),
+        choices=available_labels(),
+        metavar="LABEL",
         help="optim config names (configs/optim), NAME_eager for a FOAM one's eager step, "
         "adamw_fused, adamw_foreach; default: every method of the paper's tables",
     )

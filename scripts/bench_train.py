@@ -31,7 +31,7 @@ import torch
 
 import foam
 from foam.profiling import peak_transient_bytes
-from models import build_model, load_model_config
+from models import available_models, build_model, load_model_config
 from repro.bench_methods import DEFAULT_LABELS, available_labels, builder
 from train.metrics import peak_memory, reset_peak_memory
 from train.parallelism import compile_decoder_layers
@@ -179,7 +179,13 @@ def compile_table(eager: list[Result], compiled: list[Result]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="llama_1m")
+    parser.add_argument(
+        "--model",
+        default="llama_1m",
+        choices=available_models(),
+        metavar="MODEL",
+        help="a configs/model name; default: llama_1m",
+    )
     parser.add_argument("--precision", default="fp32", choices=sorted(DTYPES))
     parser.add_argument(
         "--optimizers",
