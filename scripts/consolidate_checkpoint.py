@@ -4,7 +4,7 @@ any world size, ddp or fsdp, as one ``.safetensors`` file (or ``.pt`` for ``torc
     python scripts/consolidate_checkpoint.py runs/<run>/checkpoints/step_00001000 model.safetensors
 
 The model is rebuilt from the run's resolved ``config.yaml`` (two levels above the checkpoint) and
-its weights are read with ``train.checkpoint.load_model_weights``, in one process. For a
+its weights are read from the shards (``train.export.checkpoint_model``), in one process. For a
 transformers checkpoint (``from_pretrained``) use ``scripts/export_hf.py`` on the same directory.
 """
 
@@ -15,21 +15,14 @@ import sys
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
-import models
-from train.checkpoint import load_model_weights, saved_model_dtype
+from train.export import checkpoint_model
 
 
 def consolidate(checkpoint: Path, out: Path) -> Path:
     """Write the checkpoint's model weights, in the dtype they were trained in, to ``out``."""
-    config = Path(checkpoint).parent.parent / "config.yaml"
-    if not config.is_file():
-        raise FileNotFoundError(f"no run config at {config} (the run directory of {checkpoint})")
-    cfg = OmegaConf.load(config)
-    model = models.build_model(cfg.model, dtype=saved_model_dtype(checkpoint))
-    load_model_weights(checkpoint, model)
+    model, _ = checkpoint_model(checkpoint)
     weights = {k: v.contiguous() for k, v in model.state_dict().items()}
     if out.suffix == ".safetensors":
         # tied embeddings share storage; safetensors stores each tensor once, by its first name

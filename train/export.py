@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, T5Tokenizer
 
 import models
@@ -98,23 +98,29 @@ def unsharded_model(model: PreTrainedModel, model_cfg: Any) -> PreTrainedModel |
     return whole
 
 
-def export_checkpoint(checkpoint: Path, out_dir: Path, dtype: str | None = None) -> Path:
-    """Export a checkpoint directory (``<run_dir>/checkpoints/step_N``) of a run.
-
-    The model and tokenizer are rebuilt from the run's resolved ``config.yaml``; ``dtype``
-    (``bf16`` / ``fp32``) converts the weights, None keeps the dtype they were trained in.
-    """
+def checkpoint_model(checkpoint: Path) -> tuple[torch.nn.Module, DictConfig]:
+    """The model of a checkpoint directory (``<run_dir>/checkpoints/step_N``) in the dtype it was
+    trained in, read from the shards of any world size, with its run's resolved ``config.yaml``
+    (two levels above) that it was rebuilt from."""
     checkpoint = Path(checkpoint)
     config = checkpoint.parent.parent / "config.yaml"
     if not is_complete(checkpoint):
         raise FileNotFoundError(f"{checkpoint} is not a checkpoint directory (none complete there)")
     if not config.is_file():
         raise FileNotFoundError(f"no run config at {config} (the run directory of {checkpoint})")
-    if dtype is not None and dtype not in EXPORT_DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(EXPORT_DTYPES)}, got {dtype!r}")
     cfg = OmegaConf.load(config)
     model = models.build_model(cfg.model, dtype=saved_model_dtype(checkpoint))
-    load_model_weights(checkpoint, model)  # from the shards of any world size
+    load_model_weights(checkpoint, model)
+    return model, cfg
+
+
+def export_checkpoint(checkpoint: Path, out_dir: Path, dtype: str | None = None) -> Path:
+    """Export a checkpoint directory (``<run_dir>/checkpoints/step_N``) of a run, with the
+    tokenizer its config names; ``dtype`` (``bf16`` / ``fp32``) converts the weights, None keeps
+    the dtype they were trained in."""
+    if dtype is not None and dtype not in EXPORT_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(EXPORT_DTYPES)}, got {dtype!r}")
+    model, cfg = checkpoint_model(checkpoint)
     if dtype is not None:
         model.to(dtype=EXPORT_DTYPES[dtype])
     tokenizer = build_tokenizer(cfg.data, cfg.model.vocab_size)
