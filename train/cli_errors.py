@@ -26,6 +26,8 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from train.schema import unknown_key_message
 
 CONFIG_ERROR_STATUS = 2
+HYDRA_SUBDIR = ".hydra"  # what Hydra writes into a run directory before the run starts
+HYDRA_SUBDIR_FILES = {"config.yaml", "hydra.yaml", "overrides.yaml"}
 
 
 def exit_config_error(message: str) -> NoReturn:
@@ -40,16 +42,15 @@ def discard_refused_run_dir(run_dir: Path, log_name: str) -> None:
     ``log_name``) before the run reads its config, and the run writes ``config.yaml``. Only when
     that is all it holds: a directory with anything else (a checkpoint, metrics, a file of the
     user's) is left as it was, so resuming with a bad override loses nothing."""
-    started = {".hydra": {"config.yaml", "hydra.yaml", "overrides.yaml"}}
-    files = {log_name, "config.yaml"}
+    started = {log_name, "config.yaml"}
     if not run_dir.is_dir() or run_dir.resolve() == Path.cwd().resolve():
         return
     entries = list(run_dir.iterdir())
     for entry in entries:
-        if entry.name in started and entry.is_dir() and not entry.is_symlink():
-            if not {f.name for f in entry.iterdir()} <= started[entry.name]:
+        if entry.name == HYDRA_SUBDIR and entry.is_dir() and not entry.is_symlink():
+            if not {f.name for f in entry.iterdir()} <= HYDRA_SUBDIR_FILES:
                 return
-        elif not (entry.name in files and entry.is_file()):
+        elif not (entry.name in started and entry.is_file()):
             return
     for entry in entries:
         if entry.is_dir():
