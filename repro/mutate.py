@@ -63,7 +63,7 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("foam/optimizer.py", 'state["step"].device != p.device', "negate condition"): CPU_ONLY,
     (
         "foam/optimizer.py",
-        'state["step"] = torch.tensor(0.0, device=p.device if fused else "cpu")',
+        'state["step"] = new_step_counter(p.device if fused else "cpu")',
         "negate condition",
     ): CPU_ONLY,
     (
