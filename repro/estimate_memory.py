@@ -27,7 +27,7 @@ from repro.paper_memory import (
     TOLERANCE_GB,
     erratum,
 )
-from train.cli_errors import unknown_choice_message
+from train.cli_errors import check_choices
 
 ALL_MODELS = (
     *PAPER_MODELS,
@@ -176,12 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # when it loads is beside the point here, and would open the report.
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", module="bitsandbytes")
-    for method in args.methods:  # unknown names fail here, before any output
-        if method not in SPECS:
-            parser.error(unknown_choice_message("optim", method, sorted(SPECS)))
-    for model in args.models or ():
-        if model not in models.available_models():
-            parser.error(unknown_choice_message("model", model, models.available_models()))
+    # unknown names fail here, before any output
+    check_choices(parser, "optim", args.methods, sorted(SPECS))
+    check_choices(parser, "model", args.models or (), models.available_models())
     if args.json:
         rows = [
             estimate(model, method).as_json()

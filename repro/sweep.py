@@ -35,7 +35,7 @@ import models
 from repro.experiments import experiment_runs, listing, plan
 from repro.methods import PAPER_SWEEP, sweeps_alpha
 from repro.runs import REPO, Point, collect, train_command
-from train.cli_errors import unknown_choice_message
+from train.cli_errors import check_choices
 from train.config import options
 from train.preemption import install_stop_signals, received_signal
 from train.summary import DIVERGED_FILE, uncommitted_changes
@@ -208,16 +208,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--name names a variant of exactly one method")
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
-    if args.model and args.model not in models.available_models():
-        parser.error(unknown_choice_message("model", args.model, models.available_models()))
+    check_choices(parser, "model", [args.model] if args.model else [], models.available_models())
     if args.experiment:
         runs = experiment_runs(parser, args)
         planned = [(run.point, run.overrides) for run in runs]
     elif args.model:
         alphas = [] if args.config_alpha else args.alphas
         methods = args.methods or list(PAPER_SWEEP)
-        for optim in set(methods) - set(options("optim")):
-            parser.error(unknown_choice_message("optim", optim, options("optim")))
+        check_choices(parser, "optim", methods, options("optim"))
         points = grid(args.model, methods, args.lrs, alphas, args.seeds or [42], args.name)
         planned = [(point, ()) for point in points]
     else:

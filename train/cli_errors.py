@@ -13,10 +13,11 @@ whole traceback (exit status 1), as it would without Hydra.
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NoReturn
 
@@ -67,6 +68,16 @@ def unknown_choice_message(group: str, name: str, choices: list[str]) -> str:
     close = difflib.get_close_matches(name, choices, n=1)
     hint = f"; did you mean {close[0]}?" if close else ""
     return f"{group}={name}: no such {group} config{hint} (options: {', '.join(choices)})"
+
+
+def check_choices(
+    parser: argparse.ArgumentParser, group: str, names: Iterable[str], choices: list[str]
+) -> None:
+    """A script's names of configs (``--model``, ``--methods``): the first one ``choices`` lacks
+    ends the script as ``parser.error`` does, with :func:`unknown_choice_message`'s line."""
+    for name in names:
+        if name not in choices:
+            parser.error(unknown_choice_message(group, name, choices))
 
 
 def value_error_message(err: OmegaConfBaseException) -> str:
