@@ -6,7 +6,8 @@ What CPU runs cannot reach: every optimizer (fused AdamW, Triton/CUDA kernels, b
 stepping bf16 weights on the GPU, the Triton probe passing and the fused FOAM step matching the
 eager one at LLaMA-350M's matrix shapes, a warm optimizer step and a training step that never
 wait for the GPU, bf16 autocast, the weights being those of a CPU build, peak memory per phase,
-and NCCL DDP with bucket-view gradients when two GPUs are present.
+compiled decoder layers (trainer.compile's default there), and NCCL DDP with bucket-view
+gradients when two GPUs are present.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import models
 from foam import fused
 from train.distributed import wrap_ddp
 from train.metrics import PhasePeaks
+from train.parallelism import compile_decoder_layers
 from train.step import accumulate_gradients, forward_loss_sum, grad_norm_and_clip
 from train.step_stats import StepStats
 
@@ -175,6 +177,22 @@ def test_the_training_step_never_waits_for_the_gpu(max_norm: float) -> None:
         torch.cuda.set_sync_debug_mode("default")
     interval = stats.read()
     assert interval.steps == 2 and interval.grad_norm > 0 and interval.tokens == 2 * 2 * 2 * 16
+
+
+def test_compiled_decoder_layers_give_the_eager_loss_and_gradients() -> None:
+    """``trainer.compile``'s default on a GPU: inductor's kernels for each decoder layer compute
+    the eager layers' loss and gradients (fp32, so only the order of sums differs)."""
+    eager, compiled = tiny_llama().to(CUDA), tiny_llama().to(CUDA)
+    compile_decoder_layers(compiled)
+    losses = [
+        accumulate_gradients(
+            m, micro_batches(), device=CUDA, world_size=1, autocast=contextlib.nullcontext
+        ).loss
+        for m in (eager, compiled)
+    ]
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=0)
+    for p, q in zip(eager.parameters(), compiled.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-5)
 
 
 def test_build_on_the_gpu_gives_the_cpu_weights() -> None:

@@ -68,6 +68,7 @@ def test_defaults_and_keys_other_tools_rely_on():
     assert (t.max_steps, t.global_batch_size, cfg.data.seq_len) == (60_000, 512, 256)
     assert (t.warmup_ratio, t.min_lr_ratio, t.grad_clip, t.precision) == (0.1, 0.1, 0.0, "bf16")
     assert (t.eval_tokens, t.seed, t.resume, t.device) == (10_000_000, 42, "auto", "auto")
+    assert t.compile is None  # on a CUDA GPU only (train/parallelism.py compiles_layers)
     for key in (
         "micro_batch_size",
         "grad_checkpointing",

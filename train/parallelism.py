@@ -25,10 +25,11 @@ timeout sized for it), not in the broadcast that follows, which NCCL's 10-minute
 end. A resumed run's checkpoint holds every weight, so there no rank builds the whole model: the
 shards are allocated for it (``models.allocate_for_loading``).
 
-``trainer.compile=true`` compiles each decoder layer in place (``nn.Module.compile``: parameter
-and checkpoint names stay the same), after activation checkpointing and before ``fully_shard``,
-as torchtitan orders them (``apply_compile`` in its ``parallelize``): one block's graph is built
-once and reused by every layer, and FSDP2's all-gathers stay outside it.
+``trainer.compile`` (by default on a CUDA GPU only: ``compiles_layers``) compiles each decoder
+layer in place (``nn.Module.compile``: parameter and checkpoint names stay the same), after
+activation checkpointing and before ``fully_shard``, as torchtitan orders them (``apply_compile``
+in its ``parallelize``): one block's graph is built once and reused by every layer, and FSDP2's
+all-gathers stay outside it.
 """
 
 from __future__ import annotations
@@ -70,6 +71,12 @@ def compile_decoder_layers(model: nn.Module) -> None:
     """``trainer.compile``: ``torch.compile`` each decoder layer in place (names unchanged)."""
     for layer in decoder_layers(model):
         layer.compile()
+
+
+def compiles_layers(setting: bool | None, device: torch.device) -> bool:
+    """``trainer.compile`` resolved: null compiles on a CUDA GPU, the only device where it pays
+    (see the key's docstring in ``train/schema.py``)."""
+    return device.type == "cuda" if setting is None else setting
 
 
 def shards_parameters(parallelism: str, world_size: int) -> bool:

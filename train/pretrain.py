@@ -83,6 +83,7 @@ from train.metrics import (
     planned_state_bytes,
 )
 from train.parallelism import (
+    compiles_layers,
     fill_from_rank0,
     is_sharded,
     parallelize,
@@ -280,6 +281,12 @@ def build_model_and_optimizer(
     if t.grad_checkpointing:
         models.enable_gradient_checkpointing(model)
     model.config.use_cache = False
+    compiled = compiles_layers(t.compile, device)
+    if compiled:
+        log.info(
+            "torch.compile of each decoder layer (trainer.compile=%s): the first steps build it",
+            "true" if t.compile else "null, on a GPU",
+        )
     replica = parallelize(
         model,
         parallelism=t.parallelism,
@@ -287,7 +294,7 @@ def build_model_and_optimizer(
         device=device,
         world_size=info.world_size,
         fold_axis=foam.fold_axis_of(cfg.optim),
-        compile_layers=t.compile,
+        compile_layers=compiled,
     )
     if sharded and not initialise:  # the checkpoint about to be loaded holds every weight
         models.allocate_for_loading(model, device=device)

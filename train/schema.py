@@ -117,9 +117,12 @@ class TrainerConfig:
     parallelism: str = "ddp"
     """ddp (replicate the model on every rank) | fsdp (FSDP2: shard parameters, gradients and
     optimizer states; see train/parallelism.py)."""
-    compile: bool = False
+    compile: bool | None = None
     """torch.compile each decoder layer (``nn.Module.compile``: parameter and checkpoint names
-    unchanged), before FSDP2 shards it (``train/parallelism.py``)."""
+    unchanged), before FSDP2 shards it (``train/parallelism.py``). Null: on a CUDA GPU only, where
+    it gave 1.4-1.8x the tokens/s with 10-20% less peak memory (``results/bench/
+    train_compile_h100_*.md``); on a CPU it gains 1-2% (``train_compile_cpu.md``) for a compile
+    at every start."""
     eval_every: int = 1000
     """Optimizer steps between evaluations; 0 = only at the end."""
     eval_tokens: int = 10_000_000
