@@ -8,11 +8,13 @@ with Python and the project's SentencePiece tokenizer is trained on it in under 
 The run reads its training data once: the embedded corpus holds about 98K training tokens with
 this tokenizer, and the run packs 360 x 256 = 92K of them into full rows (no padding), so the
 validation loss measures what the model learnt, not what it memorised. Extra arguments are passed
-on as Hydra overrides, e.g. `scripts/demo.py optim=...`.
+on as Hydra overrides, e.g. `scripts/demo.py optim=adamw trainer.max_steps=20`; a
+`hydra.run.dir=...` among them moves the run (and the summary the demo reads) there.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -42,19 +44,41 @@ OVERRIDES = [
 ]
 
 
+def shown(path: Path) -> str:
+    """A path as the user would type it from the repository."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def run_dir_of(overrides: list[str]) -> Path:
+    """Where the run writes: the last ``hydra.run.dir=`` given (Hydra's rule), relative to the
+    repository, the trainer's working directory."""
+    given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
+    return REPO / given[-1]
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="OVERRIDE",
+        help="Hydra overrides for train/pretrain.py after the demo's own, e.g. optim=adamw",
+    )
+    overrides = [*OVERRIDES, *parser.parse_args().overrides]  # a --flag ends here, not in Hydra
+    run_dir = run_dir_of(overrides)
+    (run_dir / "summary.json").unlink(missing_ok=True)  # never an earlier run's result
     start = time.perf_counter()
-    cmd = [sys.executable, str(REPO / "train" / "pretrain.py"), *OVERRIDES, *sys.argv[1:]]
+    cmd = [sys.executable, str(REPO / "train" / "pretrain.py"), *overrides]
     print("$", " ".join(cmd[1:]), flush=True)
     code = subprocess.call(cmd, cwd=REPO)
     if code:
         return code
-    summary = json.loads((RUN_DIR / "summary.json").read_text())
-    curves = RUN_DIR / "curves.png"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    curves = run_dir / "curves.png"
     plot = [
         sys.executable,
         str(REPO / "scripts" / "plot_runs.py"),
-        str(RUN_DIR),
+        str(run_dir),
         "--out",
         str(curves),
     ]
@@ -65,9 +89,7 @@ def main() -> int:
         f"final validation perplexity {summary['final_val_ppl']:.2f} "
         f"(loss {summary['final_val_loss']:.4f}) after {summary['steps']} steps / "
         f"{summary['tokens']:,} tokens of {summary['model']} with {summary['optim']}; "
-        f"wall time {time.perf_counter() - start:.0f} s; run directory {RUN_DIR.relative_to(REPO)}"
+        f"wall time {time.perf_counter() - start:.0f} s; run directory {shown(run_dir)}"
     )
-    print(
-        f"curves: {curves.relative_to(REPO)}; transformers checkpoint: {RUN_DIR.relative_to(REPO)}/hf"
-    )
+    print(f"curves: {shown(curves)}; transformers checkpoint: {shown(run_dir / 'hf')}")
     return 0
