@@ -69,6 +69,21 @@ class Point:
     def mean(self, key: str) -> float:
         return statistics.fmean(r[key] for r in self.runs)
 
+    def evaluations(self) -> dict[int, list[dict]]:
+        """The seeds' validation records (``eval_history``: step, tokens, val_ppl) by step, for
+        the steps every seed logged, in order: a mean over seeds is over all of them or none."""
+        by_step: dict[int, list[dict]] = defaultdict(list)
+        for run in self.runs:
+            for record in run.get("eval_history", []):
+                by_step[record["step"]].append(record)
+        return {s: by_step[s] for s in sorted(by_step) if len(by_step[s]) == len(self.runs)}
+
+    def ppl_at(self, step: int) -> float | None:
+        """Mean over seeds of the validation perplexity logged at ``step`` (None unless every
+        seed logged it)."""
+        records = self.evaluations().get(step)
+        return statistics.fmean(e["val_ppl"] for e in records) if records else None
+
 
 def _key(root: Path, run_dir: Path) -> tuple[Key, int] | None:
     fields = run_dir_fields(run_dir.name)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from repro import make_tables, paired_stats, sweep
-from repro.study_points import CONTROL
+from repro.study_points import CONTROL, Key, Point
 from repro.tables.paired import agreement, comparisons
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,6 +141,22 @@ def test_tables_take_the_best_point_with_sample_std(tmp_path):
     # 7 runs of summary()'s 3600 s each
     assert "| abc123 | spm:a.model | 7 | 7.0 |" in (out / "provenance.md").read_text()
     assert "Warning" not in (out / "provenance.md").read_text()
+
+
+def test_a_curve_is_averaged_only_at_the_steps_every_seed_logged():
+    """Table 3, the curve figures and the experiments' curve tables all read ``Point.ppl_at``."""
+    history = [{"step": s, "tokens": 100 * s, "val_ppl": p} for s, p in ((10, 40.0), (20, 30.0))]
+    point = Point(
+        Key("final", "llama_2m", "foam2", 1e-2, 0.25, 0),
+        {0: 30.0, 1: 36.0},
+        [
+            {"eval_history": history},
+            {"eval_history": [{"step": 10, "tokens": 1000, "val_ppl": 50.0}]},
+        ],
+    )
+    assert list(point.evaluations()) == [10]  # seed 1 never logged step 20
+    assert point.ppl_at(10) == 45.0 and point.ppl_at(20) is None
+    assert Point(point.key, {0: 30.0}, [{}]).evaluations() == {}  # a summary without a history
 
 
 def test_a_point_with_a_diverged_seed_is_shown_diverged_not_left_out(tmp_path):

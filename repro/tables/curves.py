@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
 from pathlib import Path
 
 from repro.study_points import CONTROL, Point, method_rows, model_order, row_label
@@ -41,14 +40,10 @@ def plot_curves(best: dict[tuple[str, str], Point], out: Path) -> list[Path]:
 def mean_curve(point: Point) -> tuple[list[float], list[float]]:
     """Training tokens (M) and validation perplexity, each the mean over the point's seeds at
     the evaluations every seed logged."""
-    by_step: dict[int, list[tuple[int, float]]] = defaultdict(list)
-    for run in point.runs:
-        for e in run.get("eval_history", []):
-            by_step[e["step"]].append((e["tokens"], e["val_ppl"]))
-    steps = sorted(s for s, v in by_step.items() if len(v) == len(point.runs))
+    records = point.evaluations().values()
     return (
-        [statistics.fmean(t for t, _ in by_step[s]) / 1e6 for s in steps],
-        [statistics.fmean(v for _, v in by_step[s]) for s in steps],
+        [statistics.fmean(e["tokens"] for e in at) / 1e6 for at in records],
+        [statistics.fmean(e["val_ppl"] for e in at) for at in records],
     )
 
 

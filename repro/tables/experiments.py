@@ -251,16 +251,14 @@ def curve_table(found: Found, experiment: str) -> str:
         if point is not None:
             by_model[run.point.model].append((run.variant, point))
     for model, curves in by_model.items():
-        steps = sorted({e["step"] for _, p in curves for r in p.runs for e in r["eval_history"]})
+        steps = sorted({step for _, p in curves for step in p.evaluations()})
         shown = steps[:: max(1, -(-len(steps) // CURVE_COLUMNS))][: CURVE_COLUMNS - 1] + steps[-1:]
         body = []
         for variant, point in curves:
             row = [variant.label]
             for step in shown:
-                values = [
-                    e["val_ppl"] for r in point.runs for e in r["eval_history"] if e["step"] == step
-                ]
-                row.append(f"{statistics.fmean(values):.2f}" if values else "-")
+                ppl = point.ppl_at(step)
+                row.append("-" if ppl is None else f"{ppl:.2f}")
             body.append(row)
         header = ["method", *(f"step {s}" for s in shown)]
         parts.append(f"{model}:\n\n" + markdown(header, body))

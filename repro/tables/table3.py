@@ -3,17 +3,7 @@ throughput."""
 
 from __future__ import annotations
 
-import statistics
-
 from repro.study_points import Point, method_rows, model_order, row_label
-
-
-def ppl_at(point: Point, step: int) -> float | None:
-    """Mean over seeds of the validation perplexity logged at ``step`` (None if not logged)."""
-    values = [
-        e["val_ppl"] for r in point.runs for e in r.get("eval_history", []) if e["step"] == step
-    ]
-    return statistics.fmean(values) if values and len(values) == len(point.runs) else None
 
 
 def table3(best: dict[tuple[str, str], Point], steps: list[int], latex: bool) -> str:
@@ -27,7 +17,7 @@ def table3(best: dict[tuple[str, str], Point], steps: list[int], latex: bool) ->
     order = [m for m in method_rows({m for _, m in best}) if m is not None]
     for model, row in sorted(best, key=lambda k: (model_order(k[0]), order.index(k[1]))):
         point = best[(model, row)]
-        at = [ppl_at(point, s) for s in steps]
+        at = [point.ppl_at(s) for s in steps]
         cells = [
             model,
             row_label(row),
