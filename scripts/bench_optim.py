@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import statistics
 import sys
 import time
@@ -32,6 +31,7 @@ import foam
 from foam.profiling import peak_transient_bytes
 from models import available_models, build_model, load_model_config
 from repro.bench_methods import DEFAULT_LABELS, available_labels, builder
+from repro.bench_report import Machine, command_line, publish, synchronize
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 BASELINE = "adamw_fused"
@@ -45,11 +45,6 @@ class Result:
     step_ms: float
     state_bytes: int
     transient_bytes: int
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def time_steps(optimizer: torch.optim.Optimizer, steps: int, device: torch.device) -> list[float]:
@@ -137,10 +132,6 @@ def headline_lines(model_name: str, dtype: str, results: list[Result]) -> list[s
     ]
 
 
-def format_load(load: tuple[float, float, float]) -> str:
-    return "/".join(f"{x:.2f}" for x in load)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -174,8 +165,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="also write the tables here")
     args = parser.parse_args()
 
-    command = "python scripts/bench_optim.py " + " ".join(sys.argv[1:])
-    load_before = os.getloadavg()
+    machine = Machine(args.device)
     sections, headline = [], []
     for model_name in args.models:
         for dtype in args.dtypes:
@@ -183,10 +173,8 @@ def main() -> None:
             sections.append(markdown(model_name, dtype, results))
             headline += headline_lines(model_name, dtype, results)
     header = (
-        f"# Optimizer step benchmark\n\nCommand: `{command}`\n\n"
-        f"Device: {args.device} ({torch.get_num_threads()} threads), torch {torch.__version__}; "
-        f"load average (1/5/15 min) {format_load(load_before)} at the start, "
-        f"{format_load(os.getloadavg())} at the end. Median over {args.rounds} interleaved rounds "
+        f"# Optimizer step benchmark\n\nCommand: `{command_line()}`\n\n{machine.describe()} "
+        f"Median over {args.rounds} interleaved rounds "
         f"x {args.steps} steps (after {args.warmup} warm-up step(s) per round); transient = peak "
         "memory allocated during one step beyond the persistent state (foam.profiling)."
         + (
@@ -198,11 +186,7 @@ def main() -> None:
         + "\n".join(headline)
         + "\n\n"
     )
-    report = header + "\n".join(sections)
-    print(report)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report)
+    publish(header + "\n".join(sections), args.out)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import os
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ import foam
 from foam.profiling import peak_transient_bytes
 from models import available_models, build_model, load_model_config
 from repro.bench_methods import DEFAULT_LABELS, available_labels, builder
+from repro.bench_report import Machine, command_line, publish, synchronize
 from train.metrics import peak_memory, reset_peak_memory
 from train.parallelism import compile_decoder_layers
 from train.step import Batch, accumulate_gradients
@@ -87,11 +87,6 @@ def train_step(runner: Runner, batch: Batch, device: torch.device) -> None:
     )
     runner.optimizer.step()
     runner.optimizer.zero_grad(set_to_none=True)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def persistent_bytes(runner: Runner) -> int:
@@ -207,7 +202,7 @@ def main() -> None:
     args = parser.parse_args()
     labels = [BASELINE] + [label for label in args.optimizers if label != BASELINE]
 
-    load_before = os.getloadavg()
+    machine = Machine(args.device)
     eager = measure(labels, args, compiled=False)
     sections = [table(f"{args.model}, {args.precision}, eager model", eager)]
     if args.compile:
@@ -216,20 +211,12 @@ def main() -> None:
             table(f"{args.model}, {args.precision}, compiled model", compiled),
             compile_table(eager, compiled),
         ]
-    load = "/".join(f"{x:.2f}" for x in load_before), "/".join(f"{x:.2f}" for x in os.getloadavg())
-    command = "python scripts/bench_train.py " + " ".join(sys.argv[1:])
     header = (
-        f"# Training throughput benchmark\n\nCommand: `{command}`\n\n"
-        f"Device: {args.device} ({torch.get_num_threads()} threads), torch {torch.__version__}; "
-        f"load average (1/5/15 min) {load[0]} at the start, {load[1]} at the end. "
+        f"# Training throughput benchmark\n\nCommand: `{command_line()}`\n\n{machine.describe()} "
         f"Batch {args.batch_size} x {args.seq_len} tokens; median over {args.rounds} interleaved "
         f"rounds x {args.steps} steps after {args.warmup} warm-up steps.\n\n"
     )
-    report = header + "\n".join(sections)
-    print(report)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report)
+    publish(header + "\n".join(sections), args.out)
 
 
 if __name__ == "__main__":

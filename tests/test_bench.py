@@ -89,6 +89,10 @@ def test_bench_optim_end_to_end(tmp_path):
         *("--methods", "adamw_fused", "adamw_foreach", "foam2", "foam2_eager", "galore_1_4"),
         out=tmp_path / "optim.md",
     )
+    assert report.startswith(
+        "# Optimizer step benchmark\n\nCommand: `python scripts/bench_optim.py --models llama_tiny "
+    )
+    assert "\n\nDevice: cpu (1 threads), torch " in report  # repro/bench_report.py
     assert "* llama_tiny fp32: foam2 / fused AdamW = " in report
     rows = table_rows(report)
     assert set(rows) == {"adamw_fused", "adamw_foreach", "foam2", "foam2_eager", "galore_1_4"}
@@ -105,6 +109,8 @@ def test_bench_train_end_to_end(tmp_path):
         *("--batch-size", "2", "--seq-len", "32", "--optimizers", "adamw_fused", "foam2"),
         out=tmp_path / "train.md",
     )
+    assert "Command: `python scripts/bench_train.py --model llama_tiny " in report
+    assert "\n\nDevice: cpu (1 threads), torch " in report
     rows = table_rows(report)
     assert set(rows) == {"adamw", "adamw_fused", "foam2"}  # AdamW, the baseline, always runs
     assert rows["adamw"][2] == "1.000" and rows["adamw_fused"][3] == "1.000"
