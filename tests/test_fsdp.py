@@ -5,6 +5,7 @@ refused before any compute."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -335,6 +336,19 @@ def test_bf16_mixed_autocasts_wherever_fsdp2_does_not_cast(
     assert uses_autocast(parallelism, precision, world_size) is expected
 
 
+def pretend_gpu(monkeypatch, capability: tuple[int, int], triton: bool) -> None:
+    """What ``compiles_layers`` asks of a CUDA machine, answered without one."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *rest: (
+            (object() if triton else None) if name == "triton" else find_spec(name, *rest)
+        ),
+    )
+
+
 @pytest.mark.parametrize(
     ("setting", "device", "expected"),
     [
@@ -344,8 +358,19 @@ def test_bf16_mixed_autocasts_wherever_fsdp2_does_not_cast(
         (False, "cuda", False),
     ],
 )
-def test_trainer_compile_null_compiles_on_a_gpu_only(setting, device, expected):
+def test_trainer_compile_null_compiles_on_a_gpu_only(setting, device, expected, monkeypatch):
+    pretend_gpu(monkeypatch, (9, 0), triton=True)
     assert compiles_layers(setting, torch.device(device)) is expected
+
+
+@pytest.mark.parametrize(("capability", "triton"), [((6, 1), True), ((9, 0), False)])
+def test_trainer_compile_null_stays_eager_where_inductor_cannot_build(
+    capability, triton, monkeypatch
+):
+    """A Pascal card, or no Triton: the default must not fail at the first forward."""
+    pretend_gpu(monkeypatch, capability, triton)
+    assert compiles_layers(None, torch.device("cuda")) is False
+    assert compiles_layers(True, torch.device("cuda")) is True  # asked for: it tries
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,7 @@ all-gathers stay outside it.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from collections.abc import Callable, Iterator
 
 import torch
@@ -74,9 +75,20 @@ def compile_decoder_layers(model: nn.Module) -> None:
 
 
 def compiles_layers(setting: bool | None, device: torch.device) -> bool:
-    """``trainer.compile`` resolved: null compiles on a CUDA GPU, the only device where it pays
-    (see the key's docstring in ``train/schema.py``)."""
-    return device.type == "cuda" if setting is None else setting
+    """``trainer.compile`` resolved: null compiles on a CUDA GPU that inductor can build for, the
+    only device where it pays (see the key's docstring in ``train/schema.py``)."""
+    if setting is not None:
+        return setting
+    return device.type == "cuda" and inductor_builds_for(device)
+
+
+def inductor_builds_for(device: torch.device) -> bool:
+    """Inductor's GPU kernels are Triton's, which need Triton installed and a GPU of compute
+    capability 7.0 or newer: on an older card the default stays eager rather than fail at the
+    first forward."""
+    return importlib.util.find_spec("triton") is not None and torch.cuda.get_device_capability(
+        device
+    ) >= (7, 0)
 
 
 def shards_parameters(parallelism: str, world_size: int) -> bool:
