@@ -38,11 +38,16 @@ $(STAMP): pyproject.toml
 demo: install
 	$(PY) scripts/demo.py
 
+# The suite's files are shared among PYTEST_WORKERS processes (pytest-xdist; CI has 2 cores), all
+# of a file's tests in one of them, so that its module fixtures are built once.
+PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist loadfile
+
 test: install
-	$(PY) -m pytest -q -m "not slow and not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not gpu" $(PYTEST_ARGS)
 
 test-all: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 test-gpu: gpu-deps
 	$(GPU_ENV) $(GPU_PYTHON) -m pytest -q -m gpu tests/test_gpu.py $(PYTEST_ARGS)
