@@ -86,9 +86,9 @@ def inductor_builds_for(device: torch.device) -> bool:
     """Inductor's GPU kernels are Triton's, which need Triton installed and a GPU of compute
     capability 7.0 or newer: on an older card the default stays eager rather than fail at the
     first forward."""
-    return importlib.util.find_spec("triton") is not None and torch.cuda.get_device_capability(
-        device
-    ) >= (7, 0)
+    if importlib.util.find_spec("triton") is None:
+        return False
+    return torch.cuda.get_device_capability(device) >= (7, 0)
 
 
 def shards_parameters(parallelism: str, world_size: int) -> bool:
