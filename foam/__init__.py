@@ -15,7 +15,7 @@ from foam import baselines, combinations, recipes  # noqa: F401
 from foam.errors import OptionError
 from foam.optimizer import FOAM, steps_run
 from foam.param_groups import ParamSplit, split_params
-from foam.registry import available_optimizers, build_optimizer
+from foam.registry import available_optimizers, build_optimizer, check_hparams
 from foam.settings import fold_axis_of
 from foam.state import planned_state_numel, projections_computed, state_bytes
 
@@ -25,6 +25,7 @@ __all__ = [
     "ParamSplit",
     "available_optimizers",
     "build_optimizer",
+    "check_hparams",
     "fold_axis_of",
     "planned_state_numel",
     "projections_computed",

@@ -38,9 +38,11 @@ def validate_adam_hparams(group: Mapping[str, Any]) -> None:
     """The rules of the Adam keywords, for every optimizer that takes them.
 
     ``lr >= 0`` as in torch (``lr=0`` is a valid frozen step), ``eps >= 0``, ``weight_decay >= 0``,
-    betas in ``[0, 1)``, and a floating ``state_dtype`` where the optimizer has one.
+    betas in ``[0, 1)``, and a floating ``state_dtype`` where the optimizer has one; ``alpha >= 0``
+    where the method has one (the paper's scale of the matrices' step or lr: a negative one would
+    train them uphill without a word).
     """
-    for key in ("lr", "eps", "weight_decay"):
+    for key in ("lr", "eps", "weight_decay", *(("alpha",) if "alpha" in group else ())):
         if not group[key] >= 0:
             raise OptionError(key, f"{key} must be >= 0, got {group[key]!r}")
     betas = group["betas"]

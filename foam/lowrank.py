@@ -136,7 +136,7 @@ def svd_basis(g: torch.Tensor, plan: Projection) -> torch.Tensor:
 
 
 def validate_projection_group(group: dict[str, Any]) -> None:
-    """The rules of the projection keywords (GaLore, APOLLO; LDAdamW has no gap nor alpha)."""
+    """The rules of the projection keywords (GaLore, APOLLO; LDAdamW has no gap)."""
     rank = group["rank"]
     if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 1):
         raise OptionError("rank", f"rank must be an int >= 1 or None, got {rank!r}")
@@ -144,8 +144,6 @@ def validate_projection_group(group: dict[str, Any]) -> None:
     if not isinstance(gap, int) or isinstance(gap, bool) or gap < 1:
         raise OptionError("update_proj_gap", f"update_proj_gap must be an int >= 1, got {gap!r}")
     require_choice("proj_type", group["proj_type"], PROJ_TYPES)
-    if not group.get("alpha", 1.0) >= 0:
-        raise OptionError("alpha", f"alpha must be >= 0, got {group['alpha']!r}")
 
 
 @dataclass(frozen=True)

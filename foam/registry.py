@@ -67,13 +67,11 @@ def available_optimizers() -> dict[str, dict[str, Any]]:
     return {name: dict(m.defaults) for name, m in sorted(_METHODS.items())}
 
 
-def build_optimizer(
-    name: str, model: nn.Module, *, target_modules: TargetModules | None = None, **hparams: Any
-) -> torch.optim.Optimizer:
-    """The optimizer ``name`` over ``model``: the method on attention/MLP matrices, AdamW elsewhere.
-
-    ``target_modules`` chooses the method's matrices by module name instead of by structure
-    (``foam.param_groups.split_params``)."""
+def check_hparams(name: str, **hparams: Any) -> dict[str, Any]:
+    """``name``'s keywords (its defaults, then ``hparams``), checked as far as they can be without
+    a model: a registered name, keywords it accepts, and the values of the Adam keywords and alpha
+    (:func:`foam.hparams.validate_adam_hparams`). A trainer calls it before reading any data; the
+    rules that need the model (a fold level that fits its matrices) are the optimizer class's."""
     method = _METHODS.get(name)
     if method is None:
         raise ValueError(f"unknown optimizer {name!r}; available: {', '.join(sorted(_METHODS))}")
@@ -83,13 +81,25 @@ def build_optimizer(
             f"optimizer {name!r} got unknown keyword(s) {unknown}; "
             f"it accepts {sorted(method.defaults)}"
         )
-    check_supported(name, model.parameters())  # before any state exists
     settings = {**method.defaults, **hparams}
+    settings["betas"] = tuple(settings["betas"])
+    validate_adam_hparams(settings)
+    return settings
+
+
+def build_optimizer(
+    name: str, model: nn.Module, *, target_modules: TargetModules | None = None, **hparams: Any
+) -> torch.optim.Optimizer:
+    """The optimizer ``name`` over ``model``: the method on attention/MLP matrices, AdamW elsewhere.
+
+    ``target_modules`` chooses the method's matrices by module name instead of by structure
+    (``foam.param_groups.split_params``)."""
+    settings = check_hparams(name, **hparams)
+    method = _METHODS[name]
+    check_supported(name, model.parameters())  # before any state exists
     for key, value in method.from_model(model).items():
         if settings[key] is None:
             settings[key] = value
-    settings["betas"] = tuple(settings["betas"])
-    validate_adam_hparams(settings)
     optimizer = method.build(split_params(model, target_modules), settings)
     check_covers(model, optimizer.param_groups)
     return optimizer

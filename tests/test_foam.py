@@ -285,6 +285,7 @@ def test_converges_on_least_squares():
         ({"fold_axis": "first"}, "fold_axis"),
         ({"second_moment": "max"}, "second_moment"),
         ({"lr": -1.0}, "lr"),
+        ({"alpha": -1.0}, "alpha must be >= 0"),
         ({"betas": (0.9, 1.0)}, "betas"),
         ({"state_dtype": "int8"}, "state_dtype"),
     ],

@@ -26,6 +26,16 @@ def test_unknown_keywords_raise_listing_the_accepted_ones(name):
         build(name, tiny_llama(), no_such_option=1)
 
 
+@pytest.mark.parametrize("name", [n for n in NAMES if "alpha" in foam.available_optimizers()[n]])
+def test_a_negative_alpha_is_refused_naming_it(name):
+    """Every method's alpha scales the matrices' step or lr: below 0 it would train them uphill,
+    so it is refused like a negative lr; 0 (frozen matrices) is a valid setting, as lr=0 is."""
+    with pytest.raises(foam.OptionError, match=r"alpha must be >= 0, got -0.5") as err:
+        build(name, tiny_llama(), alpha=-0.5)
+    assert err.value.key == "alpha"
+    build(name, tiny_llama(), alpha=0.0)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_bf16_training_under_a_scheduler_and_a_closure(name):
     model = tiny_llama(torch.bfloat16)

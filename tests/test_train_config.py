@@ -3,6 +3,7 @@ fail with the key: at compose time (Hydra and the schema) or before any compute 
 
 import functools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -444,11 +445,22 @@ def test_missing_required_value_names_its_key():
     )
 
 
-def test_the_optimizer_rules_on_values_name_the_key(tiny_model):
-    """lr is the optimizer's rule (torch's: lr >= 0), translated into a config error."""
-    cfg = cfg_for("+model=llama_tiny", "+optim=adamw", "optim.lr=-1e-3")
-    check_config(cfg, world_size=1)
-    with pytest.raises(ConfigError, match=r"optim\.lr=-0\.001"):
+@pytest.mark.parametrize(
+    ("optim", "override", "line"),
+    [
+        ("adamw", "optim.lr=-1e-3", "optim.lr=-0.001: lr must be >= 0"),
+        ("foam2", "optim.alpha=-0.25", "optim.alpha=-0.25: alpha must be >= 0"),
+        ("muon", "optim.betas=[0.9,1.0]", "optim.betas=[0.9, 1.0]: betas must be two numbers"),
+    ],
+)
+def test_the_optimizer_rules_on_values_name_the_key_before_any_model(
+    tiny_model, optim, override, line
+):
+    """The optimizer's rules on values (``foam.check_hparams``) are checked with the config, before
+    data or model; building the optimizer applies the same rules, from the same home."""
+    cfg = cfg_for("+model=llama_tiny", f"+optim={optim}", override)
+    assert expect_error(cfg, line).startswith(line)
+    with pytest.raises(ConfigError, match=re.escape(line)):
         build_optimizer(cfg.optim, tiny_model)
 
 

@@ -2,13 +2,16 @@
 
 Types and key names are the schema's job (``train/schema.py``, enforced by Hydra at compose time);
 what is left here are the rules that relate values to each other or to the run. The optimizer's own
-rules stay in the optimizer: ``build_optimizer`` turns what it refuses into a config error. Every
-message names the offending key, so a bad launch of a thousand-GPU-hour run costs seconds.
+rules stay in the optimizer: ``check_config`` applies those that need no model
+(``foam.check_hparams``), ``build_optimizer`` the rest, and both turn a refusal into a config error.
+Every message names the offending key, so a bad launch of a thousand-GPU-hour run costs seconds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,21 +89,14 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
         )
     missing = sorted(OmegaConf.missing_keys(cfg))
     _require(not missing, f"{missing[0] if missing else ''}: required, set it on the command line")
-    registry = foam.available_optimizers()
-    _require(
-        cfg.optim.name in registry,
-        f"optim.name={cfg.optim.name!r} is not a registered optimizer "
-        f"(available: {', '.join(registry)})",
-    )
     _check_schema_keys(cfg)
     try:
         models.validate_model_config(cfg.model)
     except ValueError as err:
         raise ConfigError(f"model={cfg.model.name}: {err}") from None
-    try:  # the model is sharded for the optimizer's fold axis before the optimizer is built
-        foam.fold_axis_of(cfg.optim)
-    except OptionError as err:
-        raise _config_error(err, cfg.optim) from None
+    with _optimizer_errors(cfg.optim):  # its rules that need no model, before any data is read
+        foam.check_hparams(cfg.optim.name, **optimizer_hparams(cfg.optim))
+        foam.fold_axis_of(cfg.optim)  # the model is sharded for it before the optimizer exists
     t = cfg.trainer
     _check_device(t.device)
     _require(t.max_steps > 0, f"trainer.max_steps must be positive, got {t.max_steps}")
@@ -157,10 +153,16 @@ def build_optimizer(optim: DictConfig, model: torch.nn.Module) -> torch.optim.Op
     """The run's optimizer. What the optimizer itself rejects at construction (a fold level
     beyond the model's matrices, a negative lr) becomes a config error before any compute,
     naming ``optim.<key>`` from the key its ``OptionError`` carries: the optimizer is the one
-    place those rules live."""
-    hparams = optimizer_hparams(optim)
+    place those rules live (``check_config`` applied those that need no model already)."""
+    with _optimizer_errors(optim):
+        return foam.build_optimizer(optim.name, model, **optimizer_hparams(optim))
+
+
+@contextlib.contextmanager
+def _optimizer_errors(optim: DictConfig) -> Iterator[None]:
+    """What the optimizer refuses, as a config error naming the key to fix."""
     try:
-        return foam.build_optimizer(optim.name, model, **hparams)
+        yield
     except ShardingNotSupported as err:
         raise ConfigError(f"trainer.parallelism=fsdp: {err}") from None
     except OptionError as err:

@@ -126,8 +126,6 @@ class GWT(CompressedAdamW):
             raise OptionError(
                 "norm_growth_limit", f"norm_growth_limit must be >= 1 or None, got {limit!r}"
             )
-        if not group["alpha"] >= 0:
-            raise OptionError("alpha", f"alpha must be >= 0, got {group['alpha']!r}")
         for p in group["params"]:
             self.level_for(p, group)  # raises for a level beyond the matrix
 
