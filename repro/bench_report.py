@@ -14,12 +14,6 @@ from pathlib import Path
 import torch
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for ``device``'s queued work, so that a timer read after it measures that work."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def command_line() -> str:
     """The command as typed from the repository: ``python scripts/NAME.py ARGS``."""
     return f"python scripts/{Path(sys.argv[0]).name} {' '.join(sys.argv[1:])}".rstrip()

@@ -31,7 +31,8 @@ import foam
 from foam.profiling import peak_transient_bytes
 from models import available_models, build_model, load_model_config
 from repro.bench_methods import DEFAULT_LABELS, available_labels, builder
-from repro.bench_report import Machine, command_line, publish, synchronize
+from repro.bench_report import Machine, command_line, publish
+from train.metrics import synchronize
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 BASELINE = "adamw_fused"

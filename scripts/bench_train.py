@@ -32,8 +32,8 @@ import foam
 from foam.profiling import peak_transient_bytes
 from models import available_models, build_model, load_model_config
 from repro.bench_methods import DEFAULT_LABELS, available_labels, builder
-from repro.bench_report import Machine, command_line, publish, synchronize
-from train.metrics import peak_memory, reset_peak_memory
+from repro.bench_report import Machine, command_line, publish
+from train.metrics import peak_memory, reset_peak_memory, synchronize
 from train.parallelism import compile_decoder_layers
 from train.step import Batch, accumulate_gradients
 

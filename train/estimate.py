@@ -9,8 +9,13 @@ magnitude (the demo's said 0.011 s a step; it trained at 0.13-0.17 s). So a step
 under ``TRIAL_BELOW_S``, in a run of at least ``TRIAL_MIN_STEPS`` (where the trial costs a few
 percent at most), is measured instead: the run's own step function (``train/step.py``) on a
 throwaway copy of the model and optimizer with a random batch, under ``torch.random.fork_rng``, so
-the run's weights, optimizer state and random stream are untouched. The trial is a collective
-(the step all-reduces its token counts): every rank runs it, as rank 0 decides.
+the run's weights, optimizer state and random stream are untouched. A run that compiles its
+decoder layers (``trainer.compile``, on by default on a GPU) has the copy's compiled too: the
+uncompiled step is 1.4-1.8x the compiled one at LLaMA-60M/350M on an H100
+(``results/bench/train_compile_h100_*.md``), and the compiled code is not thrown away with the
+copy, since same-shaped layers share it (the run's own layers start without compiling again). The
+trial is a collective (the step all-reduces its token counts): every rank runs it, as rank 0
+decides.
 
 After the first interval that does not hold step 1 (its warm-up is not a steady step) the log
 gives the measured time per step beside the estimate (``StepTimeEstimate.compare``).
@@ -33,7 +38,8 @@ from omegaconf import DictConfig
 import models
 from train import distributed as dist
 from train.config import build_optimizer
-from train.metrics import matmul_kind, peak_flops
+from train.metrics import matmul_kind, peak_flops, synchronize
+from train.parallelism import compile_decoder_layers
 from train.schedule import build_scheduler
 from train.step import train_step
 
@@ -60,8 +66,7 @@ def measured_matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 512
     for _ in range(4):  # the first is warm-up
         start = time.perf_counter()
         a @ a
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best
 
@@ -104,11 +109,14 @@ class StepSetup:
     accumulation: int
     world_size: int
     autocast: Callable[[], contextlib.AbstractContextManager]
+    compiled: bool
+    """Whether the run compiles each decoder layer (``train.parallelism.compiles_layers``)."""
 
 
 def trial_step_seconds(setup: StepSetup) -> float:
     """The median time of ``TRIAL_STEPS`` steps of ``train_step`` after one warm-up, on a fresh
-    copy of the run's model and optimizer (same dtype, device, checkpointing and micro-batch)."""
+    copy of the run's model and optimizer (same dtype, device, checkpointing, compilation and
+    micro-batch)."""
     cfg, device = setup.cfg, setup.device
     t = cfg.trainer
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -116,6 +124,8 @@ def trial_step_seconds(setup: StepSetup) -> float:
         model.train()
         if t.grad_checkpointing:
             models.enable_gradient_checkpointing(model)
+        if setup.compiled:  # after checkpointing, as the run orders them (train/parallelism.py)
+            compile_decoder_layers(model)
         model.config.use_cache = False
         optimizer = build_optimizer(cfg.optim, model)
         scheduler = build_scheduler(optimizer, max_steps=TRIAL_STEPS + 1)
@@ -136,8 +146,7 @@ def trial_step_seconds(setup: StepSetup) -> float:
                 autocast=setup.autocast,
                 grad_clip=t.grad_clip,
             )
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            synchronize(device)
             times.append(time.perf_counter() - start)
     return statistics.median(times[1:])
 

@@ -1,5 +1,5 @@
-"""Measurements: memory peaks, MFU and the dtype/byte breakdown logged at start-up (the estimated
-time per step is ``train/estimate.py``'s)."""
+"""Measurements: memory peaks, MFU, the dtype/byte breakdown logged at start-up, and the device
+synchronisation a timer needs (the estimated time per step is ``train/estimate.py``'s)."""
 
 from __future__ import annotations
 
@@ -100,6 +100,13 @@ def mfu(
     if peak is None:
         return None
     return flops_per_token * token_slots_per_s_per_device / peak
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work, so that a timer read after it measures that work (a CPU's
+    work is done when its call returns)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -361,6 +361,7 @@ def train_loop(run: Run, state: TrainState, sink: MetricSink) -> None:
             run.accumulation,
             run.info.world_size,
             run.autocast,
+            compiles_layers(t.compile, run.device),
         ),
         steps=t.max_steps - state.step,
         is_main=run.info.is_main,
