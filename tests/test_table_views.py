@@ -84,3 +84,21 @@ def test_each_view_takes_its_rows_and_the_paper_grid(tmp_path):
     assert f"Not in this view yet (no final run it allows): {equal_missing}." in text
     # FOAM-2 (79 + noise) against module-wise Muon (80 + 2 noise): -1, -1.5, -0.5
     assert "| FOAM-2 − Muon, module-wise lr | -1.00 ± 0.50 (n=3) |" in text
+
+
+def test_tau_has_no_interval_while_a_row_has_fewer_than_three_seeds(tmp_path):
+    """A row's single seed never moves under resampling, so its bootstrap interval would be
+    narrower than the data allow (it read [0.17, 0.17] in the paper view with three 1-seed rows)."""
+    for seed, noise in enumerate((0.0, 0.5, -0.5)):
+        write_run(tmp_path, "foam2", "lr0.005_alpha0.25", seed, 86 + noise)
+        write_run(tmp_path, "muon", "lr0.005", seed, 85 - noise)
+    write_run(tmp_path, "adamw", "lr0.0025_alpha1", 0, 110.0)
+    paper_view = views_table(load_points(tmp_path)).split("## As the paper tunes")[1]
+    assert (
+        "**" in paper_view
+        and "no bootstrap interval while 1 of them have fewer than 3 seeds" in paper_view
+    )
+    for seed in (1, 2):
+        write_run(tmp_path, "adamw", "lr0.0025_alpha1", seed, 110.0 + seed)
+    paper_view = views_table(load_points(tmp_path)).split("## As the paper tunes")[1]
+    assert "95% bootstrap over seeds [" in paper_view and "no bootstrap interval" not in paper_view

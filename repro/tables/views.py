@@ -25,6 +25,7 @@ import numpy as np
 
 from repro.methods import paper_alpha_range
 from repro.paired_stats import (
+    ORDER_SEEDS,
     REFERENCE,
     TIER_COMPARISONS,
     Diff,
@@ -158,7 +159,7 @@ def order_read(a: str, b: str, diff: Diff | None, p: float | None) -> str:
     """The amendment's rule: an order where Holm resolves it; per comparison only, said so."""
     interval = confidence_interval(diff)
     if diff is None or interval is None or p is None:
-        return "not read (n < 3)"
+        return f"not read (n < {ORDER_SEEDS})"
     better = f"{row_label(a)} better" if diff[0] < 0 else f"{row_label(b)} better"
     if p < FAMILY_WISE:
         return better
@@ -225,13 +226,21 @@ def tau_line(
     ours = [p.mean_ppl for p, _ in shared]
     theirs = [t for _, t in shared]
     tau = float(kendall_tau(np.asarray(ours), np.asarray(theirs)))
-    low, high = bootstrap_tau([list(p.ppl_by_seed.values()) for p, _ in shared], theirs)
     flipped, pairs = reversed_pairs(ours, theirs)
+    short = sum(p.n < ORDER_SEEDS for p, _ in shared)
+    if short:  # a resampled single seed never moves: the interval would look surer than it is
+        interval = (
+            f"no bootstrap interval while {short} of them have fewer than {ORDER_SEEDS} seeds"
+        )
+    else:
+        low, high = bootstrap_tau([list(p.ppl_by_seed.values()) for p, _ in shared], theirs)
+        interval = (
+            f"95% bootstrap over seeds [{low:.2f}, {high:.2f}], {BOOTSTRAP_RESAMPLES} resamples"
+        )
     seeds = statistics.median(p.n for p, _ in shared)
     return (
         f"Kendall's tau with the paper's order over the {len(shared)} rows it shares: "
-        f"**{tau:.2f}** (95% bootstrap over seeds [{low:.2f}, {high:.2f}], "
-        f"{BOOTSTRAP_RESAMPLES} resamples; {flipped} of {pairs} pairs the other way; median "
+        f"**{tau:.2f}** ({interval}; {flipped} of {pairs} pairs the other way; median "
         f"{seeds:g} seeds a row)."
     )
 
