@@ -207,6 +207,8 @@ MATCHED_BASELINES = {"galore": "galore_1_4", "apollo": "apollo_1_4", "gwt": "gwt
 config whose lr and alpha they run with."""
 OVERTRAIN_STEPS = 300_000  # 39.3B tokens on LLaMA-130M: the paper's ~39B, ~300 tokens/param
 OVERTRAIN_METHODS = ("adamw", "galore_1_4", "apollo_1_4", "foam2")
+COMBINATION_METHODS = ("adam_mini", "foam_adam_mini", "muon", "foam_muon")
+"""The figure "FOAM with Adam-Mini and Muon": each base method and FOAM folded into it."""
 COSINE_LEVELS = (2, 3)  # the appendix figure's panels
 NO_RESIDUAL = "_no_residual"  # a cosine variant's name suffix: the same method with rho = 0
 
@@ -345,6 +347,12 @@ EXPERIMENTS: dict[str, Experiment] = {
             ("llama_130m",),
             overtrain_variants,
             overrides=lambda model: (f"trainer.max_steps={OVERTRAIN_STEPS}",),
+        ),
+        Experiment(
+            "combinations",
+            "Figure: FOAM inside Adam-mini and Muon against the two as they are, LLaMA-130M",
+            ("llama_130m",),
+            methods(*COMBINATION_METHODS),
         ),
         Experiment(
             "cosine",

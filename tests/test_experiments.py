@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from test_train_cli import ENV, TINY
 
+import foam
 import models
 from repro import experiments, sweep
 from repro.memory_estimator import memory_matched, planned_numel
@@ -28,6 +29,7 @@ NAMES = [
     "fold_level",
     "residual",
     "overtrain",
+    "combinations",
     "cosine",
 ]
 
@@ -46,7 +48,7 @@ def settings(command: list[str]) -> dict[str, str]:
     return {key: value for key, value in pairs}
 
 
-def test_list_names_the_nine_experiments(capsys):
+def test_list_names_the_ten_experiments(capsys):
     assert sweep.main(["--list"]) == 0
     listed = [line.split()[0] for line in capsys.readouterr().out.strip().splitlines()]
     assert listed == NAMES == list(experiments.EXPERIMENTS)
@@ -73,7 +75,7 @@ def test_gpu_hours_are_the_flop_count_at_the_stated_mfu(capsys):
     assert comments[-1].startswith("# int8: 9 runs") and "50% MFU" in comments[-1]
 
 
-def test_table3_qwen_int8_residual_overtrain_cosine(capsys):
+def test_table3_qwen_int8_residual_overtrain_combinations_cosine(capsys):
     table3 = [settings(c) for c in dry_run(capsys, "--experiment", "table3")[0]]
     assert len(table3) == 10 and all(s["trainer.grad_checkpointing"] == "true" for s in table3)
     qwen = [settings(c) for c in dry_run(capsys, "--experiment", "qwen")[0]]
@@ -85,6 +87,16 @@ def test_table3_qwen_int8_residual_overtrain_cosine(capsys):
     commands, comments = dry_run(capsys, "--experiment", "overtrain")
     assert all(settings(c)["trainer.max_steps"] == "300000" for c in commands)
     assert "39.32B tokens" in comments[0]  # the paper's ~39B, ~300 tokens per parameter
+    combinations = [settings(c) for c in dry_run(capsys, "--experiment", "combinations")[0]]
+    assert {(s["+model"], s["+optim"]) for s in combinations} == {
+        ("llama_130m", m) for m in ("adam_mini", "foam_adam_mini", "muon", "foam_muon")
+    }
+    by_optim = {s["+optim"]: s for s in combinations}
+    for base in ("adam_mini", "muon"):  # FOAM inside a method runs at that method's lr and alpha
+        folded = by_optim[f"foam_{base}"]
+        assert folded["optim.lr"] == by_optim[base]["optim.lr"]
+        assert float(folded["optim.alpha"]) == float(by_optim[base].get("optim.alpha", 1.0))
+        assert foam.available_optimizers()[base]["alpha"] == 1.0  # what an absent alpha means
     cosine = [settings(c) for c in dry_run(capsys, "--experiment", "cosine")[0]]
     assert len(cosine) == 5 and all(s["trainer.log_update_cosine"] == "true" for s in cosine)
 
@@ -163,6 +175,7 @@ SMOKE = {
     "fold_level": ("llama_tiny", "gwt_matched_foam3"),
     "residual": ("llama_tiny", "ablation_foam2_no_residual"),
     "overtrain": ("llama_tiny", "apollo_1_4_overtrain"),
+    "combinations": ("llama_tiny", "foam_muon"),
     "cosine": ("llama_tiny", "cosine_foam2_no_residual"),
 }
 TABLE_OF = {

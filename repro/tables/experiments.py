@@ -401,6 +401,7 @@ def experiment_outputs(
         "fold_level": lambda: fold_level_table(found),
         "residual": lambda: curve_table(found, "residual"),
         "overtrain": lambda: curve_table(found, "overtrain"),
+        "combinations": lambda: curve_table(found, "combinations"),
         "cosine": lambda: cosine_table(found),
     }
     if figures is not None:
