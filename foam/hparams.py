@@ -8,6 +8,7 @@ defaults it offers off the signatures (:func:`signature_defaults`), so no value 
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,14 +38,15 @@ def signature_defaults(cls: type, *names: str) -> dict[str, Any]:
 def validate_adam_hparams(group: Mapping[str, Any]) -> None:
     """The rules of the Adam keywords, for every optimizer that takes them.
 
-    ``lr >= 0`` as in torch (``lr=0`` is a valid frozen step), ``eps >= 0``, ``weight_decay >= 0``,
+    ``lr >= 0`` as in torch (``lr=0`` is a valid frozen step), ``eps >= 0``, ``weight_decay >= 0``
+    (each finite: an infinite one turns the first step into NaNs),
     betas in ``[0, 1)``, and a floating ``state_dtype`` where the optimizer has one; ``alpha >= 0``
     where the method has one (the paper's scale of the matrices' step or lr: a negative one would
     train them uphill without a word).
     """
     for key in ("lr", "eps", "weight_decay", *(("alpha",) if "alpha" in group else ())):
-        if not group[key] >= 0:
-            raise OptionError(key, f"{key} must be >= 0, got {group[key]!r}")
+        if not 0 <= group[key] < math.inf:
+            raise OptionError(key, f"{key} must be >= 0 and finite, got {group[key]!r}")
     betas = group["betas"]
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise OptionError("betas", f"betas must be two numbers in [0, 1), got {betas!r}")

@@ -573,6 +573,17 @@ def test_a_tokenizer_far_smaller_than_the_vocabulary_is_refused_unless_allowed(c
     assert build_tokenizer(dict(c, allow_small_tokenizer=True), 32000).vocab_size < 16000
 
 
+@pytest.mark.parametrize(("pieces", "reason"), [(16, "smaller than required_chars"), (0, "> (0)")])
+def test_a_piece_count_sentencepiece_cannot_train_is_a_config_error(cache_dir, pieces, reason):
+    """Fewer pieces than the text has characters (or none) is one line naming the key, not
+    SentencePiece's RuntimeError."""
+    c = cfg(name="embedded", tokenizer_cache_dir=str(cache_dir), spm_vocab_size=pieces)
+    with pytest.raises(
+        corpus.DataSourceError, match=rf"data\.spm_vocab_size={pieces}: .*{re.escape(reason)}"
+    ):
+        build_tokenizer(c, 4096)
+
+
 def test_spm_round_trips_shakespeare(shakespeare, cache_dir):
     tok = build_tokenizer(cfg(path=str(shakespeare), tokenizer_cache_dir=str(cache_dir)), 32000)
     text = shakespeare.read_text(encoding="utf-8")[:2000]
@@ -805,7 +816,12 @@ def _sets_up_the_data(rank: int, store: str, over: list[dict], out: dict) -> Non
         ("rank 1 lacks a validation file", "its rows", "its rows"),  # rank 0 reads the set
         ("rank 1 has no data", r"rank 1 failed: .*node_1", r"DataSourceError: .*node_1"),
         ("rank 1 has no tokenizer", "rank 1 failed: cannot load tokenizer", "cannot load token"),
-        ("rank 0 has no usable validation text", "no usable validation", "rank 0 failed: .*no us"),
+        # the source's proof on opening it (train/corpus.py) finds the unreadable shards first
+        (
+            "rank 0 has no usable validation text",
+            "0 of the first .* hold usable",
+            "rank 0 failed: .*usable",
+        ),
     ],
 )
 def test_two_ranks_score_one_validation_set_or_both_stop(

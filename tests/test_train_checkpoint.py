@@ -164,7 +164,7 @@ def test_resume_modes(tmp_path):
     assert ckpt.find_resume_checkpoint("auto", tmp_path) is None
     assert ckpt.find_resume_checkpoint("none", tmp_path) is None
     assert ckpt.find_resume_checkpoint(None, tmp_path) is None
-    with pytest.raises(FileNotFoundError, match=r"trainer\.resume"):
+    with pytest.raises(ConfigError, match=r"trainer\.resume=.*nowhere: no complete checkpoint"):
         ckpt.find_resume_checkpoint(str(tmp_path / "nowhere"), tmp_path)
     path = save(tmp_path, live(), 5, keep_last=0)
     assert ckpt.find_resume_checkpoint(str(tmp_path), tmp_path / "other") == path

@@ -411,6 +411,13 @@ def test_unknown_model_size_is_refused_by_hydra():
         ("trainer.device=gpu", "trainer.device=gpu: Expected one of cpu, cuda"),
         ("model.hidden_size=63", "model=llama_tiny: hidden_size 63 is not divisible by"),
         ("model.num_key_value_heads=3", "model=llama_tiny: num_attention_heads 4 is not a"),
+        ("trainer.seed=-1", "trainer.seed must be in [0, 2**32)"),
+        ("trainer.eval_micro_batch_size=0", "trainer.eval_micro_batch_size must be positive"),
+        ("data.num_workers=-1", "data.num_workers must be >= 0"),
+        ("data.shuffle_buffer=-1", "data.shuffle_buffer must be >= 0"),
+        ("data.tokenizer=", "data.tokenizer is empty"),
+        ("logger.mode=loud", "logger.mode must be one of"),
+        ("optim.lr=inf", "optim.lr=inf: lr must be >= 0 and finite"),
     ],
 )
 def test_bad_values_name_their_key(override, key):

@@ -120,7 +120,10 @@ def find_resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
         found = list_checkpoints(root)
         if found:
             return found[-1][1]
-    raise FileNotFoundError(f"trainer.resume={resume!r}: no checkpoint found there")
+    raise ConfigError(
+        f"trainer.resume={resume}: no complete checkpoint there; give a checkpoint or run "
+        "directory, auto (this run's newest, else a fresh start) or null (always fresh)"
+    )
 
 
 class Positions(Protocol):

@@ -22,6 +22,7 @@ import foam
 import models
 from foam.errors import OptionError
 from foam.sharding import ShardingNotSupported
+from train.loggers import WANDB_MODES
 from train.parallelism import PARALLELISMS
 from train.schema import DESCRIPTIVE_OPTIM_KEYS, unknown_key_message
 
@@ -131,6 +132,25 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
     )
     _require(
         cfg.logger.name in LOGGERS, f"logger must be one of {LOGGERS}, got {cfg.logger.name!r}"
+    )
+    _require(
+        cfg.logger.mode in WANDB_MODES,
+        f"logger.mode must be one of {WANDB_MODES}, got {cfg.logger.mode!r}",
+    )
+    _require(
+        0 <= t.seed < 2**32, f"trainer.seed must be in [0, 2**32) (numpy's range), got {t.seed}"
+    )
+    _require(
+        t.eval_micro_batch_size is None or t.eval_micro_batch_size > 0,
+        "trainer.eval_micro_batch_size must be positive, or null for trainer.micro_batch_size, "
+        f"got {t.eval_micro_batch_size}",
+    )
+    for key in ("num_workers", "shuffle_buffer"):
+        _require(cfg.data[key] >= 0, f"data.{key} must be >= 0 (0 = off), got {cfg.data[key]}")
+    _require(
+        cfg.data.tokenizer.strip() != "",
+        "data.tokenizer is empty: name one (t5-base, spm for the project's SentencePiece, or a "
+        "path to a tokenizer directory or SentencePiece model)",
     )
 
 

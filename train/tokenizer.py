@@ -225,7 +225,14 @@ def project_sentencepiece(
     path = cache_dir / "tokenizers" / f"spm-unigram{pieces}-{digest.hexdigest()[:16]}.model"
     if path.is_file():
         return path.read_bytes(), path, False
-    proto = train_sentencepiece(lines, pieces)
+    try:
+        proto = train_sentencepiece(lines, pieces)
+    except RuntimeError as err:  # e.g. fewer pieces than the text has distinct characters
+        reason = str(err).split("] ", 1)[-1].strip() or str(err).strip()
+        raise DataSourceError(
+            f"data.spm_vocab_size={cfg.spm_vocab_size}: SentencePiece cannot train {pieces} "
+            f"pieces on this text ({reason})"
+        ) from None
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_bytes(proto)
