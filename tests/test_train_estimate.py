@@ -77,6 +77,17 @@ def test_the_trial_compiles_its_copy_as_the_run_compiles_its_layers(monkeypatch,
     assert all(isinstance(m, torch.nn.Module) for m in compiled_models)
 
 
+@pytest.mark.parametrize("pack", [False, True])
+def test_the_trial_batch_pads_a_token_unless_the_data_is_packed(pack):
+    """Unpacked batches carry padding, hence an attention mask transformers keeps (another kernel
+    and compiled graph than none); packed ones never do."""
+    cfg = run_config("+model=llama_tiny", "data.seq_len=32", f"data.pack={str(pack).lower()}")
+    batch = estimate.trial_batch(cfg)
+    assert batch["input_ids"].shape == (cfg.trainer.micro_batch_size, 32)
+    assert int((batch["attention_mask"] == 0).sum()) == (0 if pack else 1)
+    assert torch.equal(batch["labels"] == -100, batch["attention_mask"] == 0)
+
+
 def test_the_measured_time_is_logged_once_beside_the_estimate_after_step_one(caplog):
     result = estimate.StepTimeEstimate(0.1, "the FLOP bound")
     with caplog.at_level(logging.INFO, logger="train.estimate"):

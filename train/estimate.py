@@ -38,6 +38,7 @@ from omegaconf import DictConfig
 import models
 from train import distributed as dist
 from train.config import build_optimizer
+from train.data import IGNORE_INDEX
 from train.metrics import matmul_kind, peak_flops, synchronize
 from train.parallelism import compile_decoder_layers
 from train.schedule import build_scheduler
@@ -129,9 +130,7 @@ def trial_step_seconds(setup: StepSetup) -> float:
         model.config.use_cache = False
         optimizer = build_optimizer(cfg.optim, model)
         scheduler = build_scheduler(optimizer, max_steps=TRIAL_STEPS + 1)
-        shape = (t.micro_batch_size, cfg.data.seq_len)
-        ids = torch.randint(cfg.model.vocab_size, shape)
-        batch = {"input_ids": ids, "labels": ids, "attention_mask": torch.ones_like(ids)}
+        batch = trial_batch(cfg)
         times = []
         for _ in range(TRIAL_STEPS + 1):
             start = time.perf_counter()
@@ -149,6 +148,22 @@ def trial_step_seconds(setup: StepSetup) -> float:
             synchronize(device)
             times.append(time.perf_counter() - start)
     return statistics.median(times[1:])
+
+
+def trial_batch(cfg: DictConfig) -> dict[str, torch.Tensor]:
+    """A random micro-batch shaped as the run's: unpacked data pads its short documents, so one
+    token of the last row is padding. A batch with padding keeps its attention mask (transformers
+    drops an all-ones one), which is another attention kernel and, compiled, another graph: the
+    trial times, and compiles, the variant the run's batches take."""
+    ids = torch.randint(cfg.model.vocab_size, (cfg.trainer.micro_batch_size, cfg.data.seq_len))
+    mask = torch.ones_like(ids)
+    if not cfg.data.pack:
+        mask[-1, -1] = 0
+    return {
+        "input_ids": ids,
+        "labels": ids.masked_fill(mask == 0, IGNORE_INDEX),
+        "attention_mask": mask,
+    }
 
 
 @dataclass
