@@ -327,10 +327,12 @@ def training_runs(mode: Mode, budget: Budget, scratch: Path) -> str:
         "without the first logged interval (kernel builds, compilation: `trainer.compile` is at "
         "its default, on for a GPU); peak = the train phase's (CUDA max allocated; process RSS "
         "on CPU); predicted = the memory estimator's "
-        f"weights + optimizer state in {mode.precision} (no gradients or activations).\n\n"
+        f"weights + optimizer state in {mode.precision} (no gradients or activations); step s = "
+        "the time per step the run estimated at start-up (`train/estimate.py`) and the one it "
+        "measured over its first logged interval past step 1.\n\n"
         "| method | status | tokens/s steady | tokens/s overall | MFU steady | MFU overall | "
-        "peak MiB | predicted MiB | state MiB | final val loss |\n"
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "peak MiB | predicted MiB | state MiB | final val loss | step s estimated / measured |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     return "## Training runs (train/pretrain.py)\n\n" + head + "\n".join(rows) + "\n"
 
@@ -344,7 +346,8 @@ def row(method: str, status: str, s: dict, predicted: int | None) -> str:
         f"{num(s.get('tokens_per_s'), '.0f')} | {num(s.get('mfu_steady'), '.1%')} | "
         f"{num(s.get('mfu'), '.1%')} | {num(s.get('peak_memory_bytes'), '.0f', 2**20)} | "
         f"{num(predicted, '.0f', 2**20)} | {num(s.get('optimizer_state_bytes'), '.1f', 2**20)} | "
-        f"{num(s.get('final_val_loss'), '.3f')} |"
+        f"{num(s.get('final_val_loss'), '.3f')} | "
+        f"{num(s.get('step_s_estimated'), '.3g')} / {num(s.get('step_s_measured'), '.3g')} |"
     )
 
 

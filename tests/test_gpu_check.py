@@ -89,6 +89,8 @@ def test_gpu_check_runs_its_steps_on_the_cpu_and_says_so(tmp_path):
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[1] == "ok", line
         assert float(cells[2]) > 0 and float(cells[6]) > 0 and float(cells[7]) > 0  # rates, MiB
+        estimated, measured = (float(x) for x in cells[10].split(" / "))
+        assert estimated > 0 and measured > 0  # the start-up estimate beside the measured step
 
 
 def test_the_predicted_memory_is_at_the_runs_precision():

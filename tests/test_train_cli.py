@@ -41,6 +41,8 @@ SUMMARY_KEYS = {
     "optimizer_state_bytes",
     "peak_memory_bytes",
     "wall_time_s",
+    "step_s_estimated",
+    "step_s_measured",
     "git_sha",
     "model",
     "optim",

@@ -99,6 +99,7 @@ def test_the_measured_time_is_logged_once_beside_the_estimate_after_step_one(cap
         "time per optimizer step: 0.2 s measured over steps 2-10, 0.1 s estimated "
         "(the FLOP bound; x2.00)"
     )
+    assert result.measured == pytest.approx(0.2)  # summary.json's step_s_measured
 
 
 def test_measured_matmul_rate_is_plausible():

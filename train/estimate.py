@@ -172,22 +172,24 @@ class StepTimeEstimate:
 
     seconds: float
     how: str
-    compared: bool = field(default=False, init=False)
+    measured: float | None = field(default=None, init=False)
+    """Seconds per step over the first interval ``compare`` was given (``summary.json``'s
+    ``step_s_measured`` beside ``step_s_estimated``)."""
 
     def compare(self, step: int, steps: int, seconds: float) -> None:
         """Log, once, the time per step measured over the interval of ``steps`` steps ending at
         ``step``, beside the estimate; an interval holding step 1 (warm-up) is not steady."""
-        if self.compared or step - steps < 1:
+        if self.measured is not None or step - steps < 1:
             return
-        self.compared = True
+        self.measured = seconds / steps
         log.info(
             "time per optimizer step: %s measured over steps %d-%d, %s estimated (%s; x%.2f)",
-            format_duration(seconds / steps),
+            format_duration(self.measured),
             step - steps + 1,
             step,
             format_duration(self.seconds),
             self.how,
-            seconds / steps / self.seconds,
+            self.measured / self.seconds,
         )
 
 

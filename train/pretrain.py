@@ -67,7 +67,7 @@ from train.data import (
     build_val_batches,
     prove_data,
 )
-from train.estimate import StepSetup, estimate_step_time
+from train.estimate import StepSetup, StepTimeEstimate, estimate_step_time
 from train.evaluate import evaluate
 from train.export import HF_DIR, export_hf, unsharded_model
 from train.loggers import MetricSink
@@ -184,7 +184,7 @@ def train(cfg: DictConfig) -> dict:
     )
     track_update_cosine(run, state, sink)  # trainer.log_update_cosine: hooks on the optimizer
     try:
-        train_loop(run, state, sink)
+        step_time = train_loop(run, state, sink)
     except TrainingDiverged as err:
         if info.is_main:
             write_diverged(run.run_dir, state.step, str(err))
@@ -209,6 +209,8 @@ def train(cfg: DictConfig) -> dict:
         projections=foam.projections_computed(run.optimizer),
         foam_steps=foam.steps_run(run.optimizer),
         tokenizer=run.tokenizer.name,
+        step_s_estimated=step_time.seconds,
+        step_s_measured=step_time.measured,
     )
     exported = unsharded_model(run.model, cfg.model)  # all ranks: a collective under FSDP2
     if info.is_main:
@@ -344,9 +346,10 @@ def build_data(cfg: DictConfig, info: dist.DistInfo) -> tuple[Tokenizer, TrainLo
     return tokenizer, train_loader, val_batches
 
 
-def train_loop(run: Run, state: TrainState, sink: MetricSink) -> None:
+def train_loop(run: Run, state: TrainState, sink: MetricSink) -> StepTimeEstimate:
     """Exactly ``max_steps`` optimizer steps (lr is a function of the optimizer step), with
-    metrics, evaluations and checkpoints on their schedules.
+    metrics, evaluations and checkpoints on their schedules; returns the step-time estimate said
+    before the first step, with the time measured beside it.
 
     Each step's numbers stay on the device until the next log, evaluation or save reads them with
     one host sync (which also stops a diverged run; ``train/step_stats.py``). There, too, the
@@ -401,6 +404,7 @@ def train_loop(run: Run, state: TrainState, sink: MetricSink) -> None:
     run.train_loader.close()  # stop its read-ahead thread
     if stop_signal:
         stop_preempted(state, sink, stop_signal)
+    return estimate
 
 
 @dataclass(frozen=True)

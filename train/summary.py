@@ -24,6 +24,10 @@ mfu_steady                  the same over the steady intervals (as ``tokens_per_
 matmul_kind                 bf16, tf32 or fp32: which of the device's peaks ``mfu`` is scored against
 peak_flops                  that peak in FLOP/s (null where ``mfu`` is)
 wall_time_s                 wall-clock time of the run, summed over resumed segments
+step_s_estimated            seconds per optimizer step said before the first step (this segment's;
+                            ``train/estimate.py``)
+step_s_measured             seconds per step over its first logged interval past step 1 (null
+                            when the segment logged none)
 git_sha                     commit of the code (suffixed ``-dirty`` with uncommitted changes)
 model                       model config name (e.g. llama_350m)
 optim                       optim config name (e.g. foam2)
@@ -106,6 +110,8 @@ def build_summary(
     projections: int | None,
     foam_steps: dict[str, str],
     tokenizer: str,
+    step_s_estimated: float,
+    step_s_measured: float | None,
 ) -> dict[str, Any]:
     """The summary of a finished run (the schema above); ``throughput`` is ``throughput()``'s."""
     return {
@@ -117,6 +123,8 @@ def build_summary(
         **{"peak_memory_reserved_bytes": None, **peak_memory},
         **throughput,
         "wall_time_s": state.wall_time(),
+        "step_s_estimated": step_s_estimated,
+        "step_s_measured": step_s_measured,
         "git_sha": git_sha(),
         "model": cfg.model.name,
         "optim": optim_choice,
