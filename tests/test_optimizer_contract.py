@@ -30,7 +30,7 @@ def test_unknown_keywords_raise_listing_the_accepted_ones(name):
 def test_a_negative_alpha_is_refused_naming_it(name):
     """Every method's alpha scales the matrices' step or lr: below 0 it would train them uphill,
     so it is refused like a negative lr; 0 (frozen matrices) is a valid setting, as lr=0 is."""
-    with pytest.raises(foam.OptionError, match=r"alpha must be >= 0, got -0.5") as err:
+    with pytest.raises(foam.OptionError, match=r"alpha must be >= 0 and finite, got -0.5") as err:
         build(name, tiny_llama(), alpha=-0.5)
     assert err.value.key == "alpha"
     build(name, tiny_llama(), alpha=0.0)
