@@ -51,3 +51,15 @@ def validate_adam_hparams(group: Mapping[str, Any]) -> None:
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise OptionError("betas", f"betas must be two numbers in [0, 1), got {betas!r}")
     resolve_dtype(group.get("state_dtype"), torch.float32)
+
+
+def validate_muon_hparams(group: Mapping[str, Any]) -> None:
+    """Muon's keywords, which torch's Muon does not check: ``momentum`` in ``[0, 1)`` (an EMA's
+    decay, as Adam's betas) and ``ns_steps`` an int >= 1 (with none the update is not
+    orthogonalised, and the step's scale assumes it is)."""
+    momentum = group["momentum"]
+    if not 0.0 <= momentum < 1.0:
+        raise OptionError("momentum", f"momentum must be in [0, 1), got {momentum!r}")
+    steps = group["ns_steps"]
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise OptionError("ns_steps", f"ns_steps must be an int >= 1, got {steps!r}")

@@ -103,6 +103,11 @@ def resolve_rank(split: ParamSplit, rank: int | None, rank_fraction: float | Non
         return rank
     if rank_fraction is None:
         raise OptionError("rank", "give rank or rank_fraction")
+    if not 0 < rank_fraction <= 1:
+        raise OptionError(
+            "rank_fraction",
+            f"rank_fraction must be in (0, 1] of the hidden size, got {rank_fraction!r}",
+        )
     hidden = max(min(p.shape) for _, p in split.matrices)
     return max(1, round(rank_fraction * hidden))
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from foam.composite import Composite
-from foam.hparams import signature_defaults, validate_adam_hparams
+from foam.hparams import signature_defaults, validate_adam_hparams, validate_muon_hparams
 from foam.optimizer import FOAM
 from foam.param_groups import ParamSplit, TargetModules, check_covers, split_params
 from foam.sharding import check_supported
@@ -70,7 +70,7 @@ def available_optimizers() -> dict[str, dict[str, Any]]:
 def check_hparams(name: str, **hparams: Any) -> dict[str, Any]:
     """``name``'s keywords (its defaults, then ``hparams``), checked as far as they can be without
     a model: a registered name, keywords it accepts, and the values of the Adam keywords and alpha
-    (:func:`foam.hparams.validate_adam_hparams`). A trainer calls it before reading any data; the
+    (:func:`foam.hparams.validate_adam_hparams`) and of Muon's (``validate_muon_hparams``). A trainer calls it before reading any data; the
     rules that need the model (a fold level that fits its matrices) are the optimizer class's."""
     method = _METHODS.get(name)
     if method is None:
@@ -84,6 +84,8 @@ def check_hparams(name: str, **hparams: Any) -> dict[str, Any]:
     settings = {**method.defaults, **hparams}
     settings["betas"] = tuple(settings["betas"])
     validate_adam_hparams(settings)
+    if "ns_steps" in settings:  # Muon and FOAM-Muon
+        validate_muon_hparams(settings)
     return settings
 
 

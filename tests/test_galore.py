@@ -7,6 +7,7 @@ import pytest
 import torch
 from optim_helpers import random_grads, random_params, step_with, tiny_llama
 
+import foam
 import foam.baselines.galore
 from foam import build_optimizer, planned_state_numel, state_bytes
 from foam.baselines.galore import GaLore
@@ -127,3 +128,13 @@ def test_registered_defaults_are_the_papers():
 def test_bad_settings_fail_at_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
         GaLore(random_params(SHAPES, dtype=torch.float32), **kwargs)
+
+
+@pytest.mark.parametrize("name", ["galore", "apollo", "ldadamw"])
+@pytest.mark.parametrize("fraction", [0.0, -0.25, 1.5])
+def test_a_rank_fraction_outside_0_1_is_refused_by_name(name, fraction):
+    """A fraction of the hidden size: 0 or less has no rank (it became rank 1 without a word), more
+    than 1 a rank beyond the matrices."""
+    with pytest.raises(foam.OptionError, match="rank_fraction must be in") as err:
+        build_optimizer(name, tiny_llama(), rank_fraction=fraction)
+    assert err.value.key == "rank_fraction"

@@ -6,6 +6,7 @@ import pytest
 import torch
 from optim_helpers import SpecFold, random_grads, step_with, tiny_llama
 
+import foam
 import foam.combinations.foam_muon
 from foam.combinations.foam_muon import FoldedMuon
 from foam.param_groups import split_params
@@ -154,3 +155,18 @@ def test_lambda_lr_drives_every_part(name):
 def test_bad_level_fails_at_construction():
     with pytest.raises(ValueError, match="level"):
         build_optimizer("foam_muon", tiny_llama(), level=-1)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("momentum", 1.0), ("momentum", float("inf")), ("ns_steps", 0), ("ns_steps", -1)],
+)
+def test_momentum_and_newton_schulz_steps_are_checked_by_name(option, value):
+    """torch's Muon checks neither: momentum 1 or more grows the buffer without bound, and without
+    a Newton-Schulz step the update is not orthogonalised while the step's scale assumes it is."""
+    for name in ("muon", "foam_muon"):
+        with pytest.raises(foam.OptionError, match=rf"{option} must be") as err:
+            build_optimizer(name, tiny_llama(), **{option: value})
+        assert err.value.key == option
+    with pytest.raises(foam.OptionError, match=rf"{option} must be"):
+        FoldedMuon([torch.zeros(8, 8, requires_grad=True)], **{option: value})

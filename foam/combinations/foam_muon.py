@@ -19,7 +19,7 @@ from foam.folding import (
     unfold_with_residual,
     validate_fold_settings,
 )
-from foam.hparams import signature_defaults
+from foam.hparams import signature_defaults, validate_muon_hparams
 from foam.numerics import compute_dtype, ema_
 from foam.param_groups import ParamSplit
 from foam.registry import register, with_adamw_for_others
@@ -65,6 +65,7 @@ class FoldedMuon(torch.optim.Muon):
             param_group.setdefault(key, value)
         super().add_param_group(param_group)
         group = self.param_groups[-1]
+        validate_muon_hparams(group)
         validate_fold_settings(group)
         for p in group["params"]:
             self.plan_for(p, group)
