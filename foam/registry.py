@@ -70,8 +70,9 @@ def available_optimizers() -> dict[str, dict[str, Any]]:
 def check_hparams(name: str, **hparams: Any) -> dict[str, Any]:
     """``name``'s keywords (its defaults, then ``hparams``), checked as far as they can be without
     a model: a registered name, keywords it accepts, and the values of the Adam keywords and alpha
-    (:func:`foam.hparams.validate_adam_hparams`) and of Muon's (``validate_muon_hparams``). A trainer calls it before reading any data; the
-    rules that need the model (a fold level that fits its matrices) are the optimizer class's."""
+    (:func:`foam.hparams.validate_adam_hparams`) and of Muon's (``validate_muon_hparams``). A
+    trainer calls it before reading any data; the rules that need the model (a fold level that
+    fits its matrices) are the optimizer class's."""
     method = _METHODS.get(name)
     if method is None:
         raise ValueError(f"unknown optimizer {name!r}; available: {', '.join(sorted(_METHODS))}")
