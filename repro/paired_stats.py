@@ -14,6 +14,7 @@ REFERENCE = "foam2"  # the method the paired and ablation tables compare against
 # matches APOLLO-Mini's.
 TIER_COMPARISONS = (("foam_mini", "apollo_mini"),)
 ORDER_SEEDS = 3  # paired seeds an order is read over (PROTOCOL.md, "Finals, seeds, statistics")
+FAMILY_WISE = 0.05  # an order is read where the Holm-adjusted p is below this (PROTOCOL.md, v3)
 Diff = tuple[float, float | None, int]
 """Mean, sample std (None for one seed) and n of a paired difference."""
 
@@ -93,3 +94,17 @@ def holm(pvalues: list[float | None]) -> list[float | None]:
         running = max(running, min(1.0, (len(tested) - rank) * p))
         adjusted[i] = running
     return adjusted
+
+
+def order_read(a: str, b: str, diff: Diff | None, p: float | None) -> str:
+    """How a paired difference ``a - b`` (``a`` and ``b`` labels) is read, by the v3 rule: an
+    order where Holm resolves it; one resolved per comparison only is said to be so."""
+    interval = confidence_interval(diff)
+    if diff is None or interval is None or p is None:
+        return f"not read (n < {ORDER_SEEDS})"
+    better = f"{a} better" if diff[0] < 0 else f"{b} better"
+    if p < FAMILY_WISE:
+        return better
+    if not interval[0] <= 0 <= interval[1]:
+        return f"{better} per comparison only (not family-wise)"
+    return "unresolved"

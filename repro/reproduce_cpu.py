@@ -44,8 +44,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from repro.experiments import paper_lr
 from repro.make_corpus import corpus_digest, tokenizer_sha256
 from repro.methods import ABLATIONS, PAPER_ALPHA_GRID, Ablation, paper_alpha_range
+from repro.paper_perplexity import STAND_INS
 from repro.runs import REPO, Point, collect, hparam, run_dir_fields, train_command
 from train.summary import DIVERGED_FILE, uncommitted_changes
 
@@ -155,7 +157,11 @@ PAPER_VIEW = tuple(
 """The "as the paper tunes" view (amendment of 2026-11-27): each method with an alpha searched
 and walked the same way, with alpha kept on the paper's grid. Runs share the methods' directories;
 Full-Adam, Muon and Adam-mini are in this view with their one lr."""
-PAPER_LR_FOAM2 = 1e-2  # the paper's FOAM lr for the 60M model
+
+
+def paper_lr_foam2() -> float:
+    """FOAM-2's lr in the paper for the model the study's model stands in for (60M)."""
+    return paper_lr("foam2", STAND_INS[MODEL])
 
 
 def twin_method(optim: str, overrides: tuple[str, ...]) -> Method | None:
@@ -475,6 +481,7 @@ class Study:
             list(pool.map(one, ABLATIONS))
 
     def all(self) -> None:
+        paper_lr = paper_lr_foam2()
         with ThreadPoolExecutor(
             max_workers=len(METHODS) + len(PAPER_VIEW) + len(PAPER_ALPHA_GRID)
         ) as pool:
@@ -487,7 +494,7 @@ class Study:
                 ]
                 # The paper's alpha figure at the paper's lr: FOAM-2 at each alpha of its grid.
                 futures += [
-                    pool.submit(self.finals, "foam2", "foam2", Setting(PAPER_LR_FOAM2, alpha, None))
+                    pool.submit(self.finals, "foam2", "foam2", Setting(paper_lr, alpha, None))
                     for alpha in PAPER_ALPHA_GRID
                 ]
                 time.sleep(0 if self.dry_run else LOOKUP_SECONDS)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from scipy import stats
 
 from repro import make_tables, paired_stats, sweep
 from repro.study_points import CONTROL, Key, Point
@@ -391,6 +392,40 @@ def test_alpha_table_reads_each_stage_at_each_methods_best_lr(tmp_path):
         "| final | llama_2m | FOAM-2 | 0.005 | - | 0.5 (best) | 39.00 |",
     ]
     assert (out / "alpha_llama_2m.png").stat().st_size > 10_000
+
+
+def test_foam2s_alpha_at_the_papers_lr_is_paired_with_the_papers_alpha(tmp_path):
+    """PROTOCOL.md's amendment of 2026-11-28: alpha 0.5 and 1 each against 0.25 at lr 1e-2 (the
+    paper's 60M lr, llama_2m's stand-in), Holm over the two; a point at another lr is no part of it."""
+    final = tmp_path / "final"
+    ppl = {0.25: (50.0, 51.0, 52.0), 0.5: (50.5, 52.5, 51.5), 1.0: (60.0, 62.0, 64.0)}
+    write_runs(
+        final,
+        "foam2",
+        "llama_2m",
+        [(1e-2, a, s, p) for a, seeds in ppl.items() for s, p in enumerate(seeds)]
+        + [(4e-2, 0.0625, s, 40.0 + s) for s in range(3)],
+    )
+    out = tmp_path / "tables"
+    assert make_tables.main([str(tmp_path), "--out", str(out)]) == 0
+    text = (out / "alpha.md").read_text()
+    section = text[text.index("## FOAM-2's alpha at the paper's lr: llama_2m, lr 0.01") :]
+    # differences by seed: alpha 0.5: +0.5, +1.5, -0.5 (mean 0.5, std 1); alpha 1: +10, +11, +12
+    # (mean 11, std 1); paired t p: 2 * sf(0.5 * sqrt(3)) and 2 * sf(11 * sqrt(3)), 2 dof; Holm
+    # doubles the smaller and keeps the larger (it is larger than twice the smaller)
+    p_half = 2 * stats.t.sf(0.5 * math.sqrt(3), 2)
+    p_one = 2 * stats.t.sf(11 * math.sqrt(3), 2)
+    assert "| 0.25 (the paper's) | 51.00 ± 1.00 (n=3) | 50.00, 51.00, 52.00 |" in section
+    assert "| 1 | 62.00 ± 2.00 (n=3) | 60.00, 62.00, 64.00 |" in section
+    assert (
+        f"| alpha 0.5 − alpha 0.25 | +0.50 ± 1.00 (n=3) | [-1.98, +2.98] | {p_half:.3f} | "
+        "unresolved |"
+    ) in section
+    assert (
+        f"| alpha 1 − alpha 0.25 | +11.00 ± 1.00 (n=3) | [+8.52, +13.48] | {2 * p_one:.3f} | "
+        "alpha 0.25 better |"
+    ) in section
+    assert "0.0625" not in section
 
 
 def test_without_a_search_alpha_is_read_from_the_finals(tmp_path):

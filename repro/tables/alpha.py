@@ -1,15 +1,22 @@
 """Perplexity against alpha at each method's best lr of each stage (``alpha.md`` and
-``alpha_MODEL.png``): the paper's alpha figure and its module-wise-lr figure."""
+``alpha_MODEL.png``): the paper's alpha figure and its module-wise-lr figure; and FOAM-2's alpha
+at the paper's own lr, over 3 seeds, read as ``results/repro/PROTOCOL.md`` says (amendment of
+2026-11-28)."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
+from repro.experiments import config_alpha, paper_lr
+from repro.methods import PAPER_ALPHA_GRID
+from repro.paired_stats import REFERENCE, comparison_cells, holm_family, order_read, paired
+from repro.paper_perplexity import STAND_INS
 from repro.study_points import (
     CONTROL,
     Point,
     best_points,
+    fmt_ppl,
     model_order,
     ordered,
     row_label,
@@ -46,6 +53,7 @@ def alpha_lines(points: list[Point], stage: str) -> dict[tuple[str, str], list[P
 
 
 def alpha_table(points: list[Point]) -> str:
+    """Each stage's lines at seed 0, then FOAM-2's alpha at the paper's lr over its seeds."""
     lines = [
         "| Stage | Model | Method | lr | gap | alpha | final PPL (seed 0) |",
         "|---|---|---|---:|---:|---:|---:|",
@@ -62,7 +70,53 @@ def alpha_table(points: list[Point]) -> str:
                     f"{p.key.gap or '-'} | {p.key.alpha:g}{' (best)' if p is best else ''} | "
                     f"{'diverged' if math.isinf(ppl) else f'{ppl:.2f}'} |"
                 )
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *paper_lr_alpha_lines(points)]) + "\n"
+
+
+def paper_lr_alpha_lines(points: list[Point]) -> list[str]:
+    """FOAM-2's finals at the paper's lr for the model it stands in for and each alpha of the
+    paper's grid, each alpha paired by seed with the paper's own (Holm over these comparisons):
+    FOAM-2 is sensitive to alpha there where one of them resolves family-wise."""
+    paper_alpha = config_alpha(REFERENCE)
+    lines = []
+    for model in sorted({p.key.model for p in points}, key=model_order):
+        lr = paper_lr(REFERENCE, STAND_INS.get(model, model))
+        by_alpha = {
+            p.key.alpha: p
+            for p in points
+            if (p.key.stage, p.key.model, p.key.method) == ("final", model, REFERENCE)
+            and math.isclose(p.key.lr, lr)
+            and p.key.alpha in PAPER_ALPHA_GRID
+        }
+        if paper_alpha not in by_alpha or len(by_alpha) < 2:
+            continue
+        lines += [
+            "",
+            f"## FOAM-2's alpha at the paper's lr: {model}, lr {lr:g}",
+            "",
+            f"PROTOCOL.md, amendment of 2026-11-28: each alpha paired by seed with the paper's "
+            f"{paper_alpha:g}, Holm over these comparisons; sensitive where one resolves.",
+            "",
+            "| alpha | final PPL | seeds |",
+            "|---:|---:|---|",
+        ]
+        for alpha, point in sorted(by_alpha.items()):
+            seeds = ", ".join(f"{point.ppl_by_seed[s]:.2f}" for s in sorted(point.ppl_by_seed))
+            mark = " (the paper's)" if alpha == paper_alpha else ""
+            lines.append(f"| {alpha:g}{mark} | {fmt_ppl(point, latex=False)} | {seeds} |")
+        others = [a for a in sorted(by_alpha) if a != paper_alpha]
+        diffs = [paired(by_alpha[a], by_alpha[paper_alpha]) for a in others]
+        lines += [
+            "",
+            "| Comparison | difference (paired) | 95% interval | p (Holm, these) | read |",
+            "|---|---:|---:|---:|---|",
+        ]
+        for alpha, diff, p in zip(others, diffs, holm_family(diffs), strict=True):
+            a, b = f"alpha {alpha:g}", f"alpha {paper_alpha:g}"
+            lines.append(
+                f"| {a} − {b} | {comparison_cells(diff, p)} | {order_read(a, b, diff, p)} |"
+            )
+    return lines
 
 
 def plot_alpha(points: list[Point], out: Path) -> list[Path]:

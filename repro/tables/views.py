@@ -28,16 +28,14 @@ from repro.paired_stats import (
     ORDER_SEEDS,
     REFERENCE,
     TIER_COMPARISONS,
-    Diff,
     comparison_cells,
-    confidence_interval,
     holm_family,
+    order_read,
     paired,
 )
 from repro.paper_perplexity import paper_ppl
 from repro.study_points import CONTROL, Point, best_points, fmt_ppl, model_order, row_label
 
-FAMILY_WISE = 0.05  # an order is read where the Holm-adjusted p is below this
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 
@@ -155,19 +153,6 @@ def reversed_pairs(ours: list[float], theirs: list[float]) -> tuple[int, int]:
     return flipped, len(pairs)
 
 
-def order_read(a: str, b: str, diff: Diff | None, p: float | None) -> str:
-    """The amendment's rule: an order where Holm resolves it; per comparison only, said so."""
-    interval = confidence_interval(diff)
-    if diff is None or interval is None or p is None:
-        return f"not read (n < {ORDER_SEEDS})"
-    better = f"{row_label(a)} better" if diff[0] < 0 else f"{row_label(b)} better"
-    if p < FAMILY_WISE:
-        return better
-    if not interval[0] <= 0 <= interval[1]:
-        return f"{better} per comparison only (not family-wise)"
-    return "unresolved"
-
-
 def view_section(points: list[Point], view: View) -> str:
     best = view_best(points, view)
     lines = [f"## {view.title}", ""]
@@ -207,7 +192,7 @@ def paired_lines(best: dict[tuple[str, str], Point], model: str, rows: list[str]
     for (a, b), diff, p in zip(pairs, diffs, holm_family(diffs), strict=True):
         lines.append(
             f"| {row_label(a)} − {row_label(b)} | {comparison_cells(diff, p)} | "
-            f"{order_read(a, b, diff, p)} |"
+            f"{order_read(row_label(a), row_label(b), diff, p)} |"
         )
     return lines
 
