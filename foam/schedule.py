@@ -18,6 +18,8 @@ from collections.abc import Callable
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from foam.errors import OptionError
+
 
 def warmup_steps(max_steps: int, warmup_ratio: float) -> int:
     """Number of warmup steps: ``round(ratio * max_steps)``, kept below ``max_steps``."""
@@ -50,6 +52,20 @@ WARMUP_RATIO = 0.1
 MIN_LR_RATIO = 0.1
 
 
+def check_schedule(max_steps: int, warmup_ratio: float, min_lr_ratio: float) -> None:
+    """The schedule's rules: a positive int of steps, a warmup shorter than the run, and a floor
+    between 0 and the peak (outside them the multiplier goes negative or above 1 without a word)."""
+    if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps <= 0:
+        raise OptionError(
+            "max_steps",
+            f"max_steps must be a positive number of optimizer steps, got {max_steps!r}",
+        )
+    if not 0.0 <= warmup_ratio < 1.0:
+        raise OptionError("warmup_ratio", f"warmup_ratio must be in [0, 1), got {warmup_ratio!r}")
+    if not 0.0 <= min_lr_ratio <= 1.0:
+        raise OptionError("min_lr_ratio", f"min_lr_ratio must be in [0, 1], got {min_lr_ratio!r}")
+
+
 def build_scheduler(
     optimizer: torch.optim.Optimizer,
     *,
@@ -59,4 +75,5 @@ def build_scheduler(
 ) -> LambdaLR:
     """A LambdaLR stepped once per optimizer step; every param group follows the same shape
     relative to its own peak lr (so a group at ``lr * alpha`` keeps that ratio)."""
+    check_schedule(max_steps, warmup_ratio, min_lr_ratio)
     return LambdaLR(optimizer, multiplier_fn(max_steps, warmup_ratio, min_lr_ratio))

@@ -6,6 +6,8 @@ import math
 import pytest
 import torch
 
+from foam.errors import OptionError
+from foam.schedule import check_schedule
 from train.schedule import build_scheduler, lr_multiplier, warmup_steps
 
 
@@ -72,3 +74,28 @@ def test_multiplier_stays_at_the_floor_after_the_last_step():
     optimizer (and in the final checkpoint) is the floor, not a cosine coming back up."""
     for step in (100, 101, 150):
         assert lr_multiplier(step, max_steps=100, warmup=10, min_lr_ratio=0.1) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(
+    ("max_steps", "warmup_ratio", "min_lr_ratio", "key"),
+    [
+        (0, 0.1, 0.1, "max_steps"),
+        (10.0, 0.1, 0.1, "max_steps"),  # a step count, not a float
+        (True, 0.1, 0.1, "max_steps"),
+        (10, 1.0, 0.1, "warmup_ratio"),  # the whole run warming up: no decay at all
+        (10, -0.1, 0.1, "warmup_ratio"),
+        (10, math.nan, 0.1, "warmup_ratio"),
+        (10, 0.1, 1.5, "min_lr_ratio"),  # a "floor" above the peak
+        (10, 0.1, -0.1, "min_lr_ratio"),  # a negative lr at the end
+    ],
+)
+def test_a_schedule_outside_its_rules_is_refused_naming_the_key(
+    max_steps, warmup_ratio, min_lr_ratio, key
+):
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    with pytest.raises(OptionError, match=f"^{key} must") as err:
+        build_scheduler(
+            optimizer, max_steps=max_steps, warmup_ratio=warmup_ratio, min_lr_ratio=min_lr_ratio
+        )
+    assert err.value.key == key
+    check_schedule(10, 0.0, 1.0)  # the edges the rules allow: no warmup, a constant lr

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 import foam
 import models
 from foam.errors import OptionError
+from foam.schedule import check_schedule
 from foam.sharding import ShardingNotSupported
 from train.loggers import WANDB_MODES
 from train.parallelism import PARALLELISMS
@@ -100,15 +101,11 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
         foam.fold_axis_of(cfg.optim)  # the model is sharded for it before the optimizer exists
     t = cfg.trainer
     _check_device(t.device)
-    _require(t.max_steps > 0, f"trainer.max_steps must be positive, got {t.max_steps}")
+    try:
+        check_schedule(t.max_steps, t.warmup_ratio, t.min_lr_ratio)
+    except OptionError as err:
+        raise ConfigError(f"trainer.{err}") from None
     accumulation_steps(t.global_batch_size, t.micro_batch_size, world_size)
-    _require(
-        0.0 <= t.warmup_ratio < 1.0, f"trainer.warmup_ratio must be in [0, 1), got {t.warmup_ratio}"
-    )
-    _require(
-        0.0 <= t.min_lr_ratio <= 1.0,
-        f"trainer.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}",
-    )
     _require(t.grad_clip >= 0, f"trainer.grad_clip must be >= 0 (0 = off), got {t.grad_clip}")
     _require(
         t.parallelism in PARALLELISMS,

@@ -27,6 +27,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 import foam
+from foam.schedule import MIN_LR_RATIO, WARMUP_RATIO
 
 # Keys of an optim config that describe it rather than being optimizer keywords.
 DESCRIPTIVE_OPTIM_KEYS = ("name", "paper_lr")
@@ -103,8 +104,8 @@ class TrainerConfig:
     """Sequences per optimizer step = micro_batch_size * accumulation * world size."""
     micro_batch_size: int = 32
     """Sequences per rank per forward; lower it (or use grad_checkpointing) if it runs out of memory."""
-    warmup_ratio: float = 0.1
-    min_lr_ratio: float = 0.1
+    warmup_ratio: float = WARMUP_RATIO
+    min_lr_ratio: float = MIN_LR_RATIO
     grad_clip: float = 0.0
     """0 = off (the paper); GaLore's 7B recipe uses 1.0."""
     precision: str = "bf16"

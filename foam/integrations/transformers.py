@@ -23,9 +23,10 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from foam.errors import OptionError
 from foam.param_groups import TargetModules
 from foam.registry import build_optimizer
-from foam.schedule import MIN_LR_RATIO, WARMUP_RATIO, build_scheduler
+from foam.schedule import MIN_LR_RATIO, WARMUP_RATIO, build_scheduler, check_schedule
 
 
 def trainer_optimizers(
@@ -47,11 +48,14 @@ def trainer_optimizers(
     linearly over ``warmup_ratio`` of them and decays with a cosine to ``min_lr_ratio`` of the
     peak at the last one. Build it after the model is on its training device.
     """
-    if not isinstance(max_steps, int) or max_steps <= 0:
-        raise ValueError(
-            f"max_steps must be a positive number of optimizer steps, got {max_steps!r} "
-            "(set TrainingArguments.max_steps and pass the same value)"
-        )
+    try:
+        check_schedule(max_steps, warmup_ratio, min_lr_ratio)  # before any optimizer state exists
+    except OptionError as err:
+        if err.key != "max_steps":
+            raise
+        raise OptionError(
+            err.key, f"{err} (set TrainingArguments.max_steps and pass the same value)"
+        ) from None
     optimizer = build_optimizer(name, model, target_modules=target_modules, **hparams)
     scheduler = build_scheduler(
         optimizer, max_steps=max_steps, warmup_ratio=warmup_ratio, min_lr_ratio=min_lr_ratio
