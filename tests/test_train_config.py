@@ -404,6 +404,7 @@ def test_unknown_model_size_is_refused_by_hydra():
         ("+data.foo=1", "data.foo"),
         ("trainer.max_steps=0", "trainer.max_steps must be a positive number of optimizer steps"),
         ("trainer.precision=fp16", "trainer.precision"),
+        ("trainer.parallelism=tp", "trainer.parallelism must be one of ('ddp', 'fsdp'), got 'tp'"),
         ("trainer.warmup_ratio=1.0", "trainer.warmup_ratio must be in [0, 1), got 1.0"),
         ("trainer.min_lr_ratio=-0.1", "trainer.min_lr_ratio must be in [0, 1], got -0.1"),
         ("data.seq_len=4096", "data.seq_len"),

@@ -24,7 +24,7 @@ from foam.errors import OptionError
 from foam.schedule import check_schedule
 from foam.sharding import ShardingNotSupported
 from train.loggers import WANDB_MODES
-from train.parallelism import PARALLELISMS
+from train.parallelism import check_parallelism
 from train.schema import DESCRIPTIVE_OPTIM_KEYS, unknown_key_message
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -101,16 +101,11 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
         foam.fold_axis_of(cfg.optim)  # the model is sharded for it before the optimizer exists
     t = cfg.trainer
     _check_device(t.device)
-    try:
+    with _trainer_errors():
         check_schedule(t.max_steps, t.warmup_ratio, t.min_lr_ratio)
-    except OptionError as err:
-        raise ConfigError(f"trainer.{err}") from None
+        check_parallelism(t.parallelism)
     accumulation_steps(t.global_batch_size, t.micro_batch_size, world_size)
     _require(t.grad_clip >= 0, f"trainer.grad_clip must be >= 0 (0 = off), got {t.grad_clip}")
-    _require(
-        t.parallelism in PARALLELISMS,
-        f"trainer.parallelism must be one of {PARALLELISMS}, got {t.parallelism!r}",
-    )
     _require(
         t.precision in PRECISIONS,
         f"trainer.precision must be one of {PRECISIONS}, got {t.precision!r}",
@@ -173,6 +168,15 @@ def build_optimizer(optim: DictConfig, model: torch.nn.Module) -> torch.optim.Op
     place those rules live (``check_config`` applied those that need no model already)."""
     with _optimizer_errors(optim):
         return foam.build_optimizer(optim.name, model, **optimizer_hparams(optim))
+
+
+@contextlib.contextmanager
+def _trainer_errors() -> Iterator[None]:
+    """A trainer setting refused by the module that owns its rule, as a config error naming it."""
+    try:
+        yield
+    except ValueError as err:
+        raise ConfigError(f"trainer.{err}") from None
 
 
 @contextlib.contextmanager

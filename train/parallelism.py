@@ -53,6 +53,11 @@ from train.distributed import barrier_for_slow_io, wrap_ddp
 PARALLELISMS = ("ddp", "fsdp")
 
 
+def check_parallelism(parallelism: str) -> None:
+    if parallelism not in PARALLELISMS:
+        raise ValueError(f"parallelism must be one of {PARALLELISMS}, got {parallelism!r}")
+
+
 def uses_autocast(parallelism: str, precision: str, world_size: int) -> bool:
     """bf16_mixed computes in bf16 under ``torch.autocast`` with DDP, and on one rank, where
     ``parallelize`` leaves the model unwrapped whatever the parallelism; FSDP2 casts on its own."""
@@ -110,8 +115,7 @@ def parallelize(
     """The module that trains: ``model`` itself (one rank, or sharded in place by FSDP2), or its
     DDP wrapper. ``fold_axis`` is the optimizer's (FOAM's keyword) and picks each matrix's
     sharded dim; ``compile_layers`` compiles each decoder layer first (``trainer.compile``)."""
-    if parallelism not in PARALLELISMS:
-        raise ValueError(f"trainer.parallelism must be one of {PARALLELISMS}, got {parallelism!r}")
+    check_parallelism(parallelism)
     if compile_layers:
         compile_decoder_layers(model)
     if world_size == 1:
