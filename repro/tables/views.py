@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from repro.methods import paper_alpha_range
+from repro.methods import paper_alpha_range, sweeps_alpha
 from repro.paired_stats import (
     ORDER_SEEDS,
     REFERENCE,
@@ -110,11 +110,16 @@ def view_best(points: list[Point], view: View) -> dict[tuple[str, str], Point]:
     return {k: p for k, p in best_points(allowed).items() if k[1] in rows}
 
 
-def fmt_point(point: Point) -> str:
+def fmt_point(point: Point, row: str, view: View) -> str:
+    """The point's lr, alpha and gap; in the paper's view, an alpha the row tuned that sits on an
+    end of the paper's grid is marked (the protocol reports it as what that tuning allows)."""
     k = point.key
     parts = [f"{k.lr:g}"]
-    if k.alpha_or_none is not None:
-        parts.append(f"alpha {k.alpha_or_none:g}")
+    alpha = k.alpha_or_none
+    if alpha is not None:
+        tuned = row == CONTROL or sweeps_alpha(k.method)
+        edge = view.paper_grid and tuned and alpha in paper_alpha_range(k.method)
+        parts.append(f"alpha {alpha:g}" + (" (the grid's edge)" if edge else ""))
     if k.gap:
         parts.append(f"gap {k.gap}")
     return ", ".join(parts)
@@ -170,7 +175,7 @@ def view_section(points: list[Point], view: View) -> str:
             paper = None if theirs is None else paper_ppl(model, theirs)
             lines.append(
                 f"| {row_label(row)} | {'-' if theirs is None else row_label(theirs)} | "
-                f"{fmt_ppl(point, latex=False)} | {seeds} | {fmt_point(point)} | "
+                f"{fmt_ppl(point, latex=False)} | {seeds} | {fmt_point(point, row, view)} | "
                 f"{'-' if paper is None else f'{paper:.2f}'} |"
             )
         missing = [row_label(row) for row, _ in view.rows if (model, row) not in best]
@@ -239,7 +244,9 @@ def views_table(points: list[Point]) -> str:
         "Holm-adjusted over the view's comparisons, is below 0.05; 'per comparison only' where "
         "the 95% interval excludes 0 but Holm does not resolve it. Tau: Kendall's tau-b between "
         "the rows' means and the paper's 60M means, the interval a percentile bootstrap that "
-        "resamples each row's seeds with replacement.\n"
+        "resamples each row's seeds with replacement. In the paper's view, '(the grid's edge)' "
+        "marks a tuned alpha at an end of the paper's grid: the best that tuning allows, not an "
+        "optimum bracketed in alpha.\n"
     )
     final = [p for p in points if p.key.stage == "final"]
     if not final:
