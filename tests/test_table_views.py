@@ -85,10 +85,10 @@ def test_each_view_takes_its_rows_and_the_paper_grid(tmp_path):
     # FOAM-2 (79 + noise) against module-wise Muon (80 + 2 noise): -1, -1.5, -0.5
     assert "| FOAM-2 − Muon, module-wise lr | -1.00 ± 0.50 (n=3) |" in text
     # the paper's view marks a tuned alpha on its grid's end, not Full-Adam's fixed alpha 1
-    equal_text, paper_text = text.split("## As the paper tunes")
+    equal_text, paper_text = text.split("## Equal freedom")[1].split("## As the paper tunes")
     assert "| 0.005, alpha 0.25 (the grid's edge) |" in paper_text
     assert "| 0.0025, alpha 1 | 29.57 |" in paper_text  # Full-Adam
-    assert "the grid's edge" not in equal_text
+    assert "| 0.04, alpha 0.0625 |" in equal_text and "the grid's edge" not in equal_text
 
 
 def test_tau_has_no_interval_while_a_row_has_fewer_than_three_seeds(tmp_path):
