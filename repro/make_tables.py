@@ -13,7 +13,8 @@ the paper's difference (``paired.md``), the ablations
 (``ablations.md``, FOAM-2's variants in ``ablation_*`` directories), every lr run at full length
 at the best points' alpha and gap (``carry_over.md``), each method's perplexity against alpha at
 its best lr of each stage, and FOAM-2's alpha at the paper's lr paired over seeds (``alpha.md``;
-with ``--curves`` also ``alpha_MODEL.png``, and the ablation figures ``ablations_MODEL.png``) and the commits the runs came from (``provenance.md``).
+with ``--curves`` also ``alpha_MODEL.png``, and the ablation figures ``ablations_MODEL.png``) and
+the commits the runs came from (``provenance.md``).
 Output is deterministic, so committed tables regenerate byte for byte.
 """
 
