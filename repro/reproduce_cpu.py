@@ -159,11 +159,6 @@ and walked the same way, with alpha kept on the paper's grid. Runs share the met
 Full-Adam, Muon and Adam-mini are in this view with their one lr."""
 
 
-def paper_lr_foam2() -> float:
-    """FOAM-2's lr in the paper for the model the study's model stands in for (60M)."""
-    return paper_lr("foam2", STAND_INS[MODEL])
-
-
 def twin_method(optim: str, overrides: tuple[str, ...]) -> Method | None:
     """The Table 2 method an ablation is identical to (FOAM-3, FOAM-Mini), or None.
 
@@ -481,7 +476,7 @@ class Study:
             list(pool.map(one, ABLATIONS))
 
     def all(self) -> None:
-        paper_lr = paper_lr_foam2()
+        foam2_paper_lr = paper_lr("foam2", STAND_INS[MODEL])  # the 60M model's, configs/paper_lr
         with ThreadPoolExecutor(
             max_workers=len(METHODS) + len(PAPER_VIEW) + len(PAPER_ALPHA_GRID)
         ) as pool:
@@ -494,7 +489,7 @@ class Study:
                 ]
                 # The paper's alpha figure at the paper's lr: FOAM-2 at each alpha of its grid.
                 futures += [
-                    pool.submit(self.finals, "foam2", "foam2", Setting(paper_lr, alpha, None))
+                    pool.submit(self.finals, "foam2", "foam2", Setting(foam2_paper_lr, alpha, None))
                     for alpha in PAPER_ALPHA_GRID
                 ]
                 time.sleep(0 if self.dry_run else LOOKUP_SECONDS)
