@@ -8,6 +8,13 @@ reStructuredText sources of the Linux kernel's and of Python's documentation (ab
 document with ``text``, ``timestamp`` and ``url``), so training reads them through
 ``data=local data.path=OUT`` exactly as it would read a C4 mirror.
 
+A test split (``en/c4-test.*.json.gz``, scored only where ``trainer.test_tokens`` asks) comes from
+later releases of the same manuals (``TEST_PACKAGES``): their documents that the study's packages
+do not have (neither at their path nor moved), their paragraphs deduplicated against the whole
+mirror. So the test text is
+of the same kind as the rest and was never read by any run or any choice the study made, and the
+train and validation splits (and their digest) are exactly what they were without it.
+
 Cleaning follows the spirit of C4's filters on markup: paragraphs are re-joined from wrapped lines;
 directives, literal (code) blocks, tables, heading underlines and link targets are dropped; inline
 roles and hyperlinks keep their text; a paragraph is kept only when it ends in terminal punctuation
@@ -237,9 +244,33 @@ def keeps(paragraph: str) -> bool:
     return non_ascii <= MAX_NON_ASCII * len(paragraph) and "{" not in paragraph
 
 
-def source_files(unpacked: Path) -> Iterator[tuple[Package, Path, Path]]:
+# Later releases of the same two manuals, for the test split only (module docstring).
+TEST_PACKAGES = (
+    Package(
+        "linux-doc-6.12",
+        "6.12.107-1",
+        "bc1d4603031c1f668f2189a9abb561a135c87f52b1f1ff93c05b1fe875275816",
+        (DEBIAN + "l/linux/", DEBIAN_SECURITY + "l/linux/"),
+        "usr/share/doc/linux-doc-6.12/html/_sources",
+        "https://www.kernel.org/doc/html/v6.12/",
+    ),
+    Package(
+        "python3.13-doc",
+        "3.13.5-2+deb13u5",
+        "a8a924637eeb25e666df5bbf7660ae09eb280be9effa39f9f6929e7a452bf65c",
+        (DEBIAN + "p/python3.13/", DEBIAN_SECURITY + "p/python3.13/"),
+        "usr/share/doc/python3.13/html/_sources",
+        "https://docs.python.org/3.13/",
+    ),
+)
+SPLIT_DIGESTS = ("train", "validation")  # what ``corpus_digest`` covers: the study's pinned text
+
+
+def source_files(
+    unpacked: Path, packages: tuple[Package, ...] = PACKAGES
+) -> Iterator[tuple[Package, Path, Path]]:
     """``(package, its _sources root, file)`` for every source file, in a stable order."""
-    for package in PACKAGES:
+    for package in packages:
         root = unpacked / package.sources
         if not root.is_dir():
             raise CorpusError(f"{package.name}: no {root}; unpack it with dpkg -x")
@@ -247,12 +278,30 @@ def source_files(unpacked: Path) -> Iterator[tuple[Package, Path, Path]]:
             yield package, root, file
 
 
-def documents(unpacked: Path, timestamp: str) -> Iterator[Document]:
-    """Cleaned documents of every package, paragraphs deduplicated across the whole corpus."""
-    seen: set[str] = set()
-    for package, root, file in source_files(unpacked):
-        relative = file.relative_to(root).as_posix()[: -len(SUFFIX)]
-        if relative.startswith("translations/"):
+def relative_path(root: Path, file: Path) -> str:
+    return file.relative_to(root).as_posix()[: -len(SUFFIX)]
+
+
+def document_key(path: str) -> str:
+    """The last two components of a document's path: what stays when a release moves it (6.3
+    moved the kernel's ``x86/`` under ``arch/``), so a moved document is not a new one."""
+    return "/".join(path.split("/")[-2:])
+
+
+def documents(
+    unpacked: Path,
+    timestamp: str,
+    packages: tuple[Package, ...] = PACKAGES,
+    seen: set[str] | None = None,
+    exclude: frozenset[str] = frozenset(),
+) -> Iterator[Document]:
+    """Cleaned documents of ``packages``, paragraphs deduplicated across the whole corpus (and
+    against ``seen``, which it extends); documents whose ``document_key`` is in ``exclude`` are
+    skipped whole."""
+    seen = set() if seen is None else seen
+    for package, root, file in source_files(unpacked, packages):
+        relative = relative_path(root, file)
+        if relative.startswith("translations/") or document_key(relative) in exclude:
             continue
         kept = []
         for paragraph in prose_paragraphs(file.read_text(encoding="utf-8", errors="replace")):
@@ -320,22 +369,34 @@ def download(package: Package, workdir: Path) -> Path:
     )
 
 
-def fetch_packages(workdir: Path) -> Path:
+def test_documents(unpacked: Path, timestamp: str, seen: set[str]) -> list[Document]:
+    """The test split: ``TEST_PACKAGES``' documents that none of ``PACKAGES`` has, at its path or
+    moved (``document_key``), without a paragraph of the mirror (``seen``: every paragraph kept in
+    train and validation)."""
+    known = frozenset(
+        document_key(relative_path(root, file)) for _, root, file in source_files(unpacked)
+    )
+    return list(documents(unpacked, timestamp, TEST_PACKAGES, seen, exclude=known))
+
+
+def fetch_packages(workdir: Path, packages: tuple[Package, ...]) -> Path:
     """Download every pinned package and unpack it into one root; return that root."""
-    for package in PACKAGES:
+    for package in packages:
         deb = download(package, workdir)
         subprocess.run(["dpkg", "-x", str(deb), str(workdir / "root")], check=True)
     return workdir / "root"
 
 
-def corpus_digest(out: Path) -> str:
-    """sha256 of the mirror's records: the shards' names and their uncompressed lines.
+def corpus_digest(out: Path, splits: tuple[str, ...] = SPLIT_DIGESTS) -> str:
+    """sha256 of the records of the mirror's ``splits``: the shards' names and their uncompressed
+    lines (the test split has a digest of its own, ``corpus_digest(out, ("test",))``).
 
     The gzip containers are left out (they carry the time they were written), so two builds
     of the same text have the same digest.
     """
     digest = hashlib.sha256()
-    for shard in sorted((out / "en").glob("c4-*.json.gz")):
+    shards = (shard for split in splits for shard in (out / "en").glob(f"c4-{split}.*.json.gz"))
+    for shard in sorted(shards):
         digest.update(shard.name.encode() + b"\n")
         with gzip.open(shard, "rb") as f:
             for line in f:
@@ -369,7 +430,9 @@ def count_tokens(out: Path, vocab_size: int) -> dict[str, int]:
     cfg = mirror_config(out, vocab_size)
     tokenizer = build_tokenizer(cfg, vocab_size)
     counts = {}
-    for split in ("train", "validation"):
+    for split in ("train", "validation", "test"):
+        if not any((out / "en").glob(f"c4-{split}.*")):
+            continue
         texts = [r["text"] for r in open_source(cfg, split) if r["text"]]
         counts[split] = sum(len(ids) for ids in tokenizer.encode_batch(texts))
     return counts
@@ -395,6 +458,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--validation-percent", type=int, default=5)
     parser.add_argument("--train-shards", type=int, default=8)
     parser.add_argument(
+        "--no-test",
+        action="store_true",
+        help="no test split (nor its packages: TEST_PACKAGES are then neither fetched nor read)",
+    )
+    parser.add_argument(
         "--count-tokens",
         type=int,
         metavar="VOCAB",
@@ -414,23 +482,29 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            root = args.source_root or fetch_packages(Path(tmp))
+            pinned = (*PACKAGES, *(() if args.no_test else TEST_PACKAGES))
+            root = args.source_root or fetch_packages(Path(tmp), pinned)
             newest = max(file.stat().st_mtime for _, _, file in source_files(root))
+            stamp = datetime.fromtimestamp(newest, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            seen: set[str] = set()
+            docs = list(documents(root, stamp, seen=seen))
+            test = test_documents(root, stamp, seen) if not args.no_test else []
         except CorpusError as error:
             parser.error(str(error))
-        stamp = datetime.fromtimestamp(newest, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        docs = list(documents(root, stamp))
     val = [d for d in docs if is_validation(d.url, args.validation_percent)]
     train = [d for d in docs if not is_validation(d.url, args.validation_percent)]
     write_shards(train, args.out, "train", args.train_shards)
     write_shards(val, args.out, "validation", 1)
+    if test:
+        write_shards(test, args.out, "test", 1)
     manifest: dict[str, Any] = {
         "packages": "unpacked by hand: " + str(args.source_root)
         if args.source_root
-        else [{"name": p.name, "version": p.version, "sha256": p.sha256} for p in PACKAGES],
+        else [{"name": p.name, "version": p.version, "sha256": p.sha256} for p in pinned],
         "corpus_digest": corpus_digest(args.out),
+        "test_digest": corpus_digest(args.out, ("test",)) if test else None,
     }
-    for name, split in (("train", train), ("validation", val)):
+    for name, split in (("train", train), ("validation", val), ("test", test)):
         words = sum(len(d.text.split()) for d in split)
         manifest[name] = {"documents": len(split), "words": words}
         print(f"{name}: {len(split)} documents, {words} words")

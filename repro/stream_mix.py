@@ -25,7 +25,7 @@ from train.schema import DataConfig
 def source_of_text(path: Path) -> dict[str, str]:
     """Document text -> the host of its URL, read from the mirror's JSON-lines training files
     (the trainer keeps only the text)."""
-    train, _ = list_local_files(path)
+    train = list_local_files(path).train
     hosts: dict[str, str] = {}
     for file in (f for f in train if ".json" in f.name):
         opener = gzip.open if file.suffix == ".gz" else open

@@ -60,7 +60,8 @@ And a third paragraph makes the document long enough to keep.
 
 def write_packages(root: Path, docs: dict[str, str]) -> None:
     """``docs`` by ``package/relative/path`` (the .rst.txt suffix is added)."""
-    by_name = {package.name: package for package in make_corpus.PACKAGES}
+    packages = (*make_corpus.PACKAGES, *make_corpus.TEST_PACKAGES)
+    by_name = {package.name: package for package in packages}
     for key, text in docs.items():
         name, relative = key.split("/", 1)
         path = root / by_name[name].sources / (relative + make_corpus.SUFFIX)
@@ -86,8 +87,30 @@ def packages(tmp_path):
         "python3.11-doc/library/shared": SHARED,  # a later exact duplicate: dropped
     }
     docs.update({f"python3.11-doc/many/doc{i}": SHARED.replace("too", f"{i}") for i in range(40)})
+    docs.update(
+        {
+            "linux-doc-6.12/scheduler/guide": NEW,  # a path the mirror has: never test text
+            "linux-doc-6.12/arch/scheduler/guide": NEW,  # moved there: not a new document
+            "linux-doc-6.12/rust/intro": NEW,
+            "python3.13-doc/whatsnew/3.13": NEW.replace("chapter", "section"),
+        }
+    )
     write_packages(root, docs)
     return root
+
+
+NEW = """\
+New in this release
+===================
+
+This paragraph is shared between two documents verbatim.
+
+The kernel gained a chapter that no earlier release had.
+
+Its second paragraph explains why the chapter exists at all.
+
+A third paragraph closes the chapter with a summary.
+"""
 
 
 def test_documents_are_cleaned_prose(packages):
@@ -217,7 +240,8 @@ def test_every_shard_prefix_mixes_the_packages(tmp_path):
     }
     write_packages(root, docs)
     out = tmp_path / "mirror"
-    make_corpus.main(["--out", str(out), "--source-root", str(root), "--train-shards", "2"])
+    args = ["--out", str(out), "--source-root", str(root), "--train-shards", "2", "--no-test"]
+    make_corpus.main(args)
     for shard in sorted((out / "en").glob("c4-train.*.json.gz")):
         with gzip.open(shard, "rt") as f:
             urls = [json.loads(line)["url"] for line in f]
@@ -225,3 +249,30 @@ def test_every_shard_prefix_mixes_the_packages(tmp_path):
         assert any("kernel.org" in u for u in first_quarter), shard.name
         assert any("python.org" in u for u in first_quarter), shard.name
         assert urls != sorted(urls)
+
+
+def test_the_test_split_is_new_documents_of_later_releases_and_leaves_the_rest_as_it_was(
+    packages, tmp_path
+):
+    with_test, without = tmp_path / "with", tmp_path / "without"
+    make_corpus.main(["--out", str(with_test), "--source-root", str(packages)])
+    make_corpus.main(["--out", str(without), "--source-root", str(packages), "--no-test"])
+    test = read_split(with_test, "test")
+    assert {r["url"] for r in test} == {
+        "https://www.kernel.org/doc/html/v6.12/rust/intro.html",
+        "https://docs.python.org/3.13/whatsnew/3.13.html",
+    }
+    mirror = {
+        p
+        for r in read_split(with_test, "train") + read_split(with_test, "validation")
+        for p in r["text"].split("\n")
+    }
+    assert not any(p in mirror for r in test for p in r["text"].split("\n"))
+    for split in ("train", "validation"):
+        assert read_split(with_test, split) == read_split(without, split)
+    assert make_corpus.corpus_digest(with_test) == make_corpus.corpus_digest(without)
+    manifest = json.loads((with_test / make_corpus.MANIFEST).read_text())
+    assert manifest["test"]["documents"] == 2
+    assert manifest["test_digest"] == make_corpus.corpus_digest(with_test, ("test",))
+    assert manifest["test_digest"] != manifest["corpus_digest"]
+    assert not list((without / "en").glob("c4-test.*"))

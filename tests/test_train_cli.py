@@ -314,6 +314,33 @@ def whole_run(tmp_path_factory, corpus_with_bad_records) -> Path:
     return run_dir
 
 
+def test_the_test_split_is_scored_once_at_the_end_beside_the_papers_figure(
+    corpus_with_bad_records, tmp_path
+):
+    """``trainer.test_tokens``: the final evaluation also scores the mirror's test files, and
+    every evaluation logs the harnesses' perplexity beside ours; without test files the run
+    stops at start-up with one line naming the key."""
+    corpus = tmp_path / "corpus"
+    shutil.copytree(corpus_with_bad_records, corpus)
+    validation = (corpus / "validation.jsonl").read_text().splitlines()
+    (corpus / "test.jsonl").write_text("\n".join(reversed(validation[:20])) + "\n")
+    run_dir = tmp_path / "run"
+    args = ["data=local", f"data.path={corpus}", "trainer.max_steps=2", "trainer.eval_every=1"]
+    run(command(run_dir, *args, "trainer.test_tokens=100000", "trainer.save_every=0"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert 0 < summary["test_tokens"] < 100000  # the whole split: fewer tokens than asked
+    assert summary["final_test_ppl"] == pytest.approx(math.exp(summary["final_test_loss"]))
+    assert summary["final_test_ppl"] != summary["final_val_ppl"]
+    assert [sorted(e) for e in summary["eval_history"]] == [
+        ["step", "tokens", "val_loss", "val_loss_paper", "val_ppl", "val_ppl_paper", "val_tokens"]
+    ] * 2
+    assert summary["final_val_ppl_paper"] == summary["eval_history"][-1]["val_ppl_paper"]
+    assert [r["step"] for r in records(run_dir) if "test_ppl" in r] == [2]  # once, at the end
+    (corpus / "test.jsonl").unlink()
+    proc = run(command(tmp_path / "no_test", *args, "trainer.test_tokens=10"), expect_rc=2)
+    assert one_line_error(proc).startswith(f"error: data.path={corpus}: no test files")
+
+
 def test_bad_records_are_skipped_and_counted_in_the_summary(whole_run):
     summary = json.loads((whole_run / "summary.json").read_text())
     assert summary["data_skipped"] == len(CORRUPT_LINES)

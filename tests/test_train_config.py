@@ -415,6 +415,8 @@ def test_unknown_model_size_is_refused_by_hydra():
         ("model.num_key_value_heads=3", "model=llama_tiny: num_attention_heads 4 is not a"),
         ("trainer.seed=-1", "trainer.seed must be in [0, 2**32)"),
         ("trainer.eval_micro_batch_size=0", "trainer.eval_micro_batch_size must be positive"),
+        ("trainer.test_tokens=-1", "trainer.test_tokens must be >= 0"),
+        ("trainer.test_tokens=100", "trainer.test_tokens needs data=local"),
         ("data.num_workers=-1", "data.num_workers must be >= 0"),
         ("data.shuffle_buffer=-1", "data.shuffle_buffer must be >= 0"),
         ("data.tokenizer=", "data.tokenizer is empty"),

@@ -88,7 +88,13 @@ def test_single_target_and_empty_validation_sets():
     result = evaluate(model, micro_batches([doc], 1), device=CPU)
     assert targets == result["val_tokens"] == 1
     assert result["val_loss"] == pytest.approx(expected, rel=1e-5)
-    assert evaluate(model, [], device=CPU) == {"val_loss": 0.0, "val_ppl": 1.0, "val_tokens": 0}
+    assert evaluate(model, [], device=CPU) == {
+        "val_loss": 0.0,
+        "val_ppl": 1.0,
+        "val_tokens": 0,
+        "val_loss_paper": 0.0,
+        "val_ppl_paper": 1.0,
+    }
 
 
 class ConfidentlyWrong(torch.nn.Module):
@@ -104,3 +110,29 @@ def test_perplexity_of_a_diverged_model_is_capped_not_an_overflow():
     result = evaluate(ConfidentlyWrong(), micro_batches(documents(), 4), device=CPU)
     assert result["val_loss"] == pytest.approx(1000.0, rel=1e-3)
     assert result["val_ppl"] == math.exp(700.0)
+
+
+class FavoursTokenZero(torch.nn.Module):
+    """Logit ln 3 on token 0, 0 on the other three of a 4-token vocabulary: a target 0 costs
+    ln(6/3) = ln 2 nats, any other target ln 6, whatever the context."""
+
+    def forward(self, input_ids, attention_mask):
+        logits = torch.zeros(*input_ids.shape, 4)
+        logits[..., 0] = math.log(3.0)
+        return type("Output", (), {"logits": logits})()
+
+
+def test_the_papers_figure_is_the_mean_of_batch_means_over_n_plus_one_beside_ours():
+    """Two hand-made batches: targets (0, 0), then (2, 3, 0) and a padded slot. The harnesses
+    (benchmark_protocol.md, "Evaluation") add each batch's mean loss and divide by n + 1 = 3."""
+    first = {"input_ids": torch.tensor([[1, 0, 0]]), "attention_mask": torch.ones(1, 3)}
+    second_ids = torch.tensor([[1, 2, 3, 0, 0]])
+    second = {"input_ids": second_ids, "attention_mask": torch.tensor([[1, 1, 1, 1, 0]])}
+    first["labels"] = first["input_ids"]
+    second["labels"] = second_ids.masked_fill(second["attention_mask"] == 0, -100)
+    ln2, ln6 = math.log(2.0), math.log(6.0)
+    result = evaluate(FavoursTokenZero(), [first, second], device=CPU, split="test")
+    assert result["test_tokens"] == 5
+    assert result["test_loss"] == pytest.approx((3 * ln2 + 2 * ln6) / 5, rel=1e-6)
+    assert result["test_loss_paper"] == pytest.approx((ln2 + (ln2 + 2 * ln6) / 3) / 3, rel=1e-6)
+    assert result["test_ppl_paper"] == pytest.approx(math.exp(result["test_loss_paper"]))

@@ -103,7 +103,7 @@ def assert_equal_trees(a, b) -> None:
 def test_restore_equals_the_saved_run_and_continues_it(tmp_path, data_cfg, tokenizer):
     saved_run, state = build(data_cfg, tokenizer, seed=0), TrainState(run_id="abc")
     steps(saved_run, state, 2)
-    state.record_eval(5.0, 148.4)
+    state.record_eval({"val_loss": 5.0, "val_ppl": 148.4})
     path = save_training_state(tmp_path, saved_run, state, rank=0, keep_last=0)
     at_save = copy.deepcopy(state_dicts(saved_run))
     draws = (random.random(), torch.rand(3))
@@ -164,6 +164,9 @@ def test_train_state_times_add_up_over_segments():
     assert second.token_slots == 20
     assert (second.steady_tokens, second.steady_token_slots, second.steady_time_s) == (5, 8, 0.25)
     assert second.last_eval() is None
-    entry = second.record_eval(3.0, 20.1)
-    assert second.record_eval(3.0, 20.1) == entry and len(second.eval_history) == 1
+    entry = second.record_eval({"val_loss": 3.0, "val_ppl": 20.1})
+    assert (
+        second.record_eval({"val_loss": 3.0, "val_ppl": 20.1}) == entry
+        and len(second.eval_history) == 1
+    )
     assert second.last_eval() == entry

@@ -117,6 +117,12 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
         f"trainer.save_every_minutes must be a number >= 0 (0 = off), got {t.save_every_minutes}",
     )
     _require(t.eval_tokens > 0, f"trainer.eval_tokens must be positive, got {t.eval_tokens}")
+    _require(t.test_tokens >= 0, f"trainer.test_tokens must be >= 0 (0 = off), got {t.test_tokens}")
+    _require(
+        t.test_tokens == 0 or cfg.data.name == "local",
+        f"trainer.test_tokens needs data=local (a mirror with test files); data={cfg.data.name} "
+        "has no test split",
+    )
     seq_len, max_pos = cfg.data.seq_len, cfg.model.max_position_embeddings
     _require(
         1 < seq_len <= max_pos,

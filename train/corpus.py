@@ -33,7 +33,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlparse
 
 from train.config import ConfigError
@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 HUB_NAME = "allenai/c4"
 HUB_CONFIG = "en"
+SPLITS = ("train", "validation", "test")
 SKIP_REASONS = ("bad_json", "no_text", "bad_utf8", "empty_file", "bad_file")
 TEXT_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".txt", ".txt.gz", ".parquet")
 EMBEDDED_SHARDS = 8  # a factor of 1/2/4/8 ranks, so ranks get whole shards like C4's 1024
@@ -101,12 +102,18 @@ def _suffix(path: Path) -> str:
     return next((s for s in sorted(TEXT_SUFFIXES, key=len, reverse=True) if name.endswith(s)), "")
 
 
-def list_local_files(path: str | os.PathLike) -> tuple[list[Path], list[Path]]:
-    """Train and validation files of a local directory (or one file), sorted by name.
+class LocalFiles(NamedTuple):
+    train: list[Path]
+    validation: list[Path]
+    test: list[Path]
+
+
+def list_local_files(path: str | os.PathLike) -> LocalFiles:
+    """Train, validation and test files of a local directory (or one file), sorted by name.
 
     A C4 mirror keeps its files under `en/`; that folder wins when present. A file whose name
-    contains validation/valid/val/dev is validation, test files are ignored (never trained on),
-    everything else is training data.
+    contains validation/valid/val/dev is validation, one whose name contains test is test (never
+    trained on; scored only where ``trainer.test_tokens`` asks), everything else is training data.
     """
     root = Path(path).expanduser()
     if not root.exists():
@@ -125,14 +132,12 @@ def list_local_files(path: str | os.PathLike) -> tuple[list[Path], list[Path]]:
     for f in files:
         stem = f.name.lower()
         (val if _VAL_WORDS.search(stem) else test if _TEST_WORDS.search(stem) else train).append(f)
-    if test:
-        logger.info("data: ignoring %d test file(s) under %s", len(test), root)
     if not train and not val:
         raise DataSourceError(
             f"data.path={path}: no data files under {root} (looked for {', '.join(TEXT_SUFFIXES)}). "
             "Use data=embedded for the offline corpus or data=c4 to stream from the hub."
         )
-    return train, val
+    return LocalFiles(train, val, test)
 
 
 def _open_binary(path: Path):
@@ -323,11 +328,19 @@ def _open_hub(cfg: DataConfig, split: str):
 
 
 def open_source(cfg: DataConfig | Any, split: str):
-    """The unshuffled, unsplit `IterableDataset` of one split ('train' or 'validation') of the
-    source ``cfg`` describes (a `DataConfig`, the composed ``cfg.data`` or a mapping)."""
-    if split not in ("train", "validation"):
-        raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
+    """The unshuffled, unsplit `IterableDataset` of one split ('train', 'validation' or 'test')
+    of the source ``cfg`` describes (a `DataConfig`, the composed ``cfg.data`` or a mapping).
+
+    Only a local mirror has a test split (its ``*test*`` files): C4 on the hub publishes none,
+    and the embedded corpus is for smoke tests."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     cfg = data_config(cfg)
+    if split == "test" and cfg.name != "local":
+        raise DataSourceError(
+            f"data={cfg.name} has no test split: trainer.test_tokens needs data=local with test "
+            "files (names with 'test', e.g. scripts/make_corpus.py's en/c4-test.*.json.gz)"
+        )
     if cfg.name == "c4":
         return _open_hub(cfg, split)
     if cfg.name == "embedded":
@@ -443,9 +456,16 @@ def _local_split(cfg: DataConfig, split: str):
         raise DataSourceError(
             "data.path: data=local needs data.path=DIR (a C4 mirror or jsonl/txt/parquet files)"
         )
-    train, val = list_local_files(cfg.path)
+    train, val, test = list_local_files(cfg.path)
     val_fraction = _held_out_fraction(cfg)
-    if val:
+    if split == "test":
+        if not test:
+            raise DataSourceError(
+                f"data.path={cfg.path}: no test files (names with 'test'); trainer.test_tokens "
+                "needs them, or set it to 0"
+            )
+        files, role = test, "all"
+    elif val:
         files, role = (train if split == "train" else val), "all"
     elif 0.0 < val_fraction < 1.0:
         files, role = train, ("train" if split == "train" else "val")

@@ -52,6 +52,7 @@ from train.corpus import (
     Source,
     count_skip,
     describe_skips,
+    open_source,
     open_sources,
 )
 from train.distributed import failure_stops_every_rank, is_initialized, scatter_from_rank0
@@ -518,9 +519,11 @@ class ValBatches:
         rank: int = 0,
         world_size: int = 1,
         label: str = "data",
+        split: str = "validation",
     ):
         self._records = records
         self._label = label
+        self._split = split
         self._tokenizer = tokenizer
         self._batcher = _Batcher(tokenizer, micro_batch_size, seq_len, pack)
         self._rows = _Batcher(tokenizer, 1, seq_len, pack)  # one row at a time: no batch rounding
@@ -547,12 +550,12 @@ class ValBatches:
             self.stats["tokens"] += sum(len(row) for row in tail)
         if not rows:
             raise DataSourceError(
-                f"{self._label}: no usable validation documents: {describe_skips(self.stats)}"
+                f"{self._label}: no usable {self._split} documents: {describe_skips(self.stats)}"
             )
         if len(rows) < self._world_size:
             raise DataSourceError(
-                f"{self._label}: the validation set has {len(rows)} rows, fewer than the "
-                f"{self._world_size} ranks that share it; give more validation data"
+                f"{self._label}: the {self._split} set has {len(rows)} rows, fewer than the "
+                f"{self._world_size} ranks that share it; give more {self._split} data"
             )
         ids = torch.full((len(rows), self._batcher.T), self._batcher.pad, dtype=torch.int32)
         for r, row in enumerate(rows):
@@ -577,7 +580,8 @@ class ValBatches:
                 ]
         self._ids, self._lens, rows, tokens = scatter_from_rank0(shares, self._rank)
         logger.info(
-            "data: validation set of %d sequences, %d tokens; %d sequences, %d tokens on this rank",
+            "data: %s set of %d sequences, %d tokens; %d sequences, %d tokens on this rank",
+            self._split,
             rows,
             tokens,
             len(self._lens),
@@ -613,8 +617,11 @@ def build_val_batches(
     world_size: int,
     max_tokens: int,
     source: Source | None = None,
+    split: str = "validation",
 ) -> ValBatches:
-    """This rank's share of a fixed validation set of about `max_tokens` non-pad tokens in all.
+    """This rank's share of a fixed evaluation set of about `max_tokens` non-pad tokens in all,
+    from the validation split (every evaluation) or the test split (the final one only, where
+    ``trainer.test_tokens`` asks: a split no choice of a study was made on).
 
     Same shuffle buffer, tokenization and batch format as training, but always the protocol's
     seed (``VALIDATION_SHUFFLE_SEED``): runs that train on other orders (``data.shuffle_seed``)
@@ -624,9 +631,10 @@ def build_val_batches(
     """
     cfg = data_config(data_cfg)
     source = source or open_sources(cfg)
+    records = source.validation if split == "validation" else open_source(cfg, split)
     return ValBatches(
         lambda: rank_stream(
-            source.validation,
+            records,
             shuffle_buffer=cfg.shuffle_buffer,
             rank=0,
             world_size=1,
@@ -640,6 +648,7 @@ def build_val_batches(
         rank=rank,
         world_size=world_size,
         label=source.label,
+        split=split,
     )
 
 

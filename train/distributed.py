@@ -154,6 +154,11 @@ def wrap_ddp(model: nn.Module, device: torch.device) -> DistributedDataParallel:
     )
 
 
+def world_size() -> int:
+    """Ranks in the process group (1 in one process)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """In-place global sum (identity in one process)."""
     if dist.is_initialized():

@@ -139,6 +139,8 @@ class Run:
     tokenizer: Tokenizer
     train_loader: TrainLoader
     val_batches: ValBatches
+    test_batches: ValBatches | None
+    """The test split's set, scored once at the end (``trainer.test_tokens``; None when 0)."""
 
     def resumable(self) -> Resumable:
         return Resumable(self.model, self.optimizer, self.scheduler, self.train_loader)
@@ -190,10 +192,12 @@ def train(cfg: DictConfig) -> dict:
             write_diverged(run.run_dir, state.step, str(err))
         raise
     final = state.last_eval() or evaluate_and_log(run, state, sink)
+    final_test = test_and_log(run, state, sink) if run.test_batches is not None else None
     summary = build_summary(
         cfg,
         state,
         final_eval=final,
+        final_test=final_test,
         optim_choice=optim_choice(cfg),
         hparams=optimizer_hparams(cfg.optim),
         optimizer_state_bytes=foam.state_bytes(run.optimizer),
@@ -249,19 +253,27 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
         accumulation,
         t.global_batch_size,
     )
-    data = build_data(cfg, info)  # first: data that cannot train stops the run in seconds
+    # first: data that cannot train stops the run in seconds
+    tokenizer, train_loader, val_batches, test_batches = build_data(cfg, info)
+    model, replica, optimizer, scheduler = build_model_and_optimizer(
+        cfg, info, device, initialise=resume_from is None
+    )
     return Run(
-        cfg,
-        info,
-        device,
-        peaks,
-        run_dir,
-        resume_from,
-        accumulation,
-        *build_model_and_optimizer(  # model, replica, optimizer, scheduler
-            cfg, info, device, initialise=resume_from is None
-        ),
-        *data,  # tokenizer, train loader, validation batches
+        cfg=cfg,
+        info=info,
+        device=device,
+        peaks=peaks,
+        run_dir=run_dir,
+        resume_from=resume_from,
+        accumulation=accumulation,
+        model=model,
+        replica=replica,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        tokenizer=tokenizer,
+        train_loader=train_loader,
+        val_batches=val_batches,
+        test_batches=test_batches,
     )
 
 
@@ -321,11 +333,13 @@ def build_model_and_optimizer(
     return model, replica, optimizer, scheduler
 
 
-def build_data(cfg: DictConfig, info: dist.DistInfo) -> tuple[Tokenizer, TrainLoader, ValBatches]:
-    """Each rank reads its own shard of the stream; validation is a fixed token budget. The
-    source is opened once, here, for the tokenizer and both loaders (the hub by rank 0 alone),
-    and proven: usable records before the tokenizer, a full batch and a scoreable validation
-    document after it (``train/corpus.py``, ``train/data.py``)."""
+def build_data(
+    cfg: DictConfig, info: dist.DistInfo
+) -> tuple[Tokenizer, TrainLoader, ValBatches, ValBatches | None]:
+    """Each rank reads its own shard of the stream; validation (and test, where asked) is a
+    fixed token budget. The source is opened once, here, for the tokenizer and the loaders (the
+    hub by rank 0 alone), and proven: usable records before the tokenizer, a full batch and a
+    scoreable validation document after it (``train/corpus.py``, ``train/data.py``)."""
     t = cfg.trainer
     source = open_sources_on_ranks(cfg.data, info.is_main)
     tokenizer = build_tokenizer_on_ranks(
@@ -335,15 +349,22 @@ def build_data(cfg: DictConfig, info: dist.DistInfo) -> tuple[Tokenizer, TrainLo
     train_loader = build_train_loader(
         cfg.data, tokenizer, micro_batch_size=t.micro_batch_size, seed=t.seed, **ranks
     )
+    eval_batch = t.eval_micro_batch_size or t.micro_batch_size
     val_batches = build_val_batches(
-        cfg.data,
-        tokenizer,
-        micro_batch_size=t.eval_micro_batch_size or t.micro_batch_size,
-        max_tokens=t.eval_tokens,
-        **ranks,
+        cfg.data, tokenizer, micro_batch_size=eval_batch, max_tokens=t.eval_tokens, **ranks
     )
+    test_batches = None
+    if t.test_tokens:  # every rank opens the same files: a missing split stops them all alike
+        test_batches = build_val_batches(
+            cfg.data,
+            tokenizer,
+            micro_batch_size=eval_batch,
+            max_tokens=t.test_tokens,
+            split="test",
+            **ranks,
+        )
     prove_data(source, tokenizer, train_loader, cfg.data)
-    return tokenizer, train_loader, val_batches
+    return tokenizer, train_loader, val_batches, test_batches
 
 
 def train_loop(run: Run, state: TrainState, sink: MetricSink) -> StepTimeEstimate:
@@ -508,16 +529,34 @@ def evaluate_and_log(run: Run, state: TrainState, sink: MetricSink) -> dict:
     """Validation loss and perplexity at this step, recorded in the history and the metrics."""
     run.peaks.enter("eval")
     result = evaluate(run.model, run.val_batches, device=run.device, autocast=run.autocast)
-    entry = state.record_eval(result["val_loss"], result["val_ppl"])
-    sink.log({**entry, "val_tokens": result["val_tokens"]})
-    log.info(
-        "step %d | val loss %.4f | val ppl %.2f (%d tokens)",
-        state.step,
-        result["val_loss"],
-        result["val_ppl"],
-        result["val_tokens"],
-    )
+    entry = state.record_eval(result)
+    sink.log(entry)
+    log_evaluation(state.step, "val", result)
     return entry
+
+
+def test_and_log(run: Run, state: TrainState, sink: MetricSink) -> dict:
+    """The test split, once, at the end: numbers no choice was made on (``trainer.test_tokens``)."""
+    run.peaks.enter("eval")
+    result = evaluate(
+        run.model, run.test_batches, device=run.device, autocast=run.autocast, split="test"
+    )
+    sink.log({"step": state.step, "tokens": state.tokens, **result})
+    log_evaluation(state.step, "test", result)
+    return result
+
+
+def log_evaluation(step: int, split: str, result: dict) -> None:
+    log.info(
+        "step %d | %s loss %.4f | %s ppl %.2f (%d tokens; the papers' harness: %.2f)",
+        step,
+        split,
+        result[f"{split}_loss"],
+        split,
+        result[f"{split}_ppl"],
+        result[f"{split}_tokens"],
+        result[f"{split}_ppl_paper"],
+    )
 
 
 def log_model_and_optimizer(

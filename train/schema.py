@@ -131,6 +131,10 @@ class TrainerConfig:
     """Validation budget: non-pad target tokens, all ranks together."""
     eval_micro_batch_size: int | None = None
     """Null: micro_batch_size."""
+    test_tokens: int = 0
+    """Test budget (non-pad target tokens, all ranks): where > 0, the final evaluation also
+    scores the source's test split (``data=local`` with ``*test*`` files), reported as
+    ``final_test_*`` in the summary; a split no choice of a study is made on. 0: none."""
     log_update_cosine: bool = False
     """Log, at every evaluation, the cosine between the optimizer's step and Adam's on the same
     gradients (``train/update_cosine.py``; shadow Adam moments of the matrices while on)."""

@@ -30,7 +30,8 @@ class TrainState:
     steady_time_s: float = 0.0
     wall_time_s: float = 0.0
     eval_history: list[dict[str, Any]] = field(default_factory=list)
-    """One ``{step, tokens, val_loss, val_ppl}`` per evaluation."""
+    """One ``{step, tokens, val_loss, val_ppl, val_tokens, val_loss_paper, val_ppl_paper}`` per
+    evaluation."""
     run_id: str | None = None
     """The logger's run id, so a resumed run continues the same wandb run."""
 
@@ -51,9 +52,10 @@ class TrainState:
             self.steady_token_slots += token_slots
             self.steady_time_s += seconds
 
-    def record_eval(self, val_loss: float, val_ppl: float) -> dict[str, Any]:
-        """Add this step's evaluation to the history (once per step) and return its entry."""
-        entry = {"step": self.step, "tokens": self.tokens, "val_loss": val_loss, "val_ppl": val_ppl}
+    def record_eval(self, result: dict[str, Any]) -> dict[str, Any]:
+        """Add this step's evaluation (``train.evaluate.evaluate``'s ``val_*`` figures) to the
+        history (once per step) and return its entry."""
+        entry = {"step": self.step, "tokens": self.tokens, **result}
         if not self.eval_history or self.eval_history[-1]["step"] != self.step:
             self.eval_history.append(entry)
         return entry

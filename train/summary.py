@@ -5,6 +5,14 @@ Keys (flat; all present, ``null`` where not applicable), as ``build_summary`` wr
 =========================== ================================================================
 final_val_loss              token-weighted validation loss at the last step
 final_val_ppl               exp(final_val_loss)
+final_val_ppl_paper         the GaLore/APOLLO/FOAM harnesses' figure on the same batches: mean of
+                            per-batch mean losses over (n + 1) per rank, averaged over ranks
+                            (``train/evaluate.py``); beside the papers' tables, not for readings
+final_test_loss             token-weighted loss on the test split at the last step
+                            (``trainer.test_tokens`` > 0; null otherwise)
+final_test_ppl              exp(final_test_loss)
+final_test_ppl_paper        the harnesses' figure on the test batches
+test_tokens                 target tokens the test figures are over
 steps                       optimizer steps completed
 tokens                      non-pad training tokens seen (all ranks)
 tokens_per_s                tokens / training time (eval and checkpointing excluded)
@@ -48,7 +56,8 @@ data_skipped                documents the data pipeline skipped as malformed (al
 projections                 projections computed per matrix (GaLore/APOLLO refreshes; null otherwise)
 foam_steps                  {group: "cpp" | "triton" | "eager"}: which step each FOAM group's
                             folded matrices ran (``foam.steps_run``; empty for other methods)
-eval_history                list of {step, tokens, val_loss, val_ppl}
+eval_history                list of {step, tokens, val_loss, val_ppl, val_tokens, val_loss_paper,
+                            val_ppl_paper} (the last three absent in runs from before they were)
 =========================== ================================================================
 
 A run that diverges writes ``diverged.json`` instead (``write_diverged``: stopped_at_step, error,
@@ -99,6 +108,7 @@ def build_summary(
     state: TrainState,
     *,
     final_eval: dict[str, Any],
+    final_test: dict[str, Any] | None,
     optim_choice: str,
     hparams: dict[str, Any],
     optimizer_state_bytes: int,
@@ -117,6 +127,11 @@ def build_summary(
     return {
         "final_val_loss": final_eval["val_loss"],
         "final_val_ppl": final_eval["val_ppl"],
+        "final_val_ppl_paper": final_eval.get("val_ppl_paper"),
+        "final_test_loss": (final_test or {}).get("test_loss"),
+        "final_test_ppl": (final_test or {}).get("test_ppl"),
+        "final_test_ppl_paper": (final_test or {}).get("test_ppl_paper"),
+        "test_tokens": (final_test or {}).get("test_tokens"),
         "steps": state.step,
         "tokens": state.tokens,
         "optimizer_state_bytes": optimizer_state_bytes,
