@@ -29,7 +29,6 @@ runs wait on first (``run_priority``); a run that diverges (the trainer then wri
 
 from __future__ import annotations
 
-import argparse
 import heapq
 import importlib.metadata
 import itertools
@@ -48,8 +47,8 @@ from repro.experiments import paper_lr
 from repro.make_corpus import corpus_digest, tokenizer_sha256
 from repro.methods import ABLATIONS, PAPER_ALPHA_GRID, Ablation, paper_alpha_range
 from repro.paper_perplexity import STAND_INS
-from repro.runs import REPO, Point, collect, hparam, run_dir_fields, train_command
-from train.summary import DIVERGED_FILE, uncommitted_changes
+from repro.runs import REPO, Point, hparam, run_dir_fields, train_command
+from train.summary import DIVERGED_FILE
 
 MODEL = "llama_2m"
 SEARCH_STEPS = 500
@@ -239,7 +238,7 @@ class PrioritySlots:
     def __init__(self, jobs: int) -> None:
         self._free = jobs
         self._paused = False
-        self._waiting: list[tuple[tuple[int, int], int]] = []
+        self._waiting: list[tuple[tuple[int, ...], int]] = []
         self._arrivals = itertools.count()
         self._changed = threading.Condition()
 
@@ -249,7 +248,7 @@ class PrioritySlots:
             return len(self._waiting)
 
     @contextmanager
-    def hold(self, priority: tuple[int, int]) -> Iterator[None]:
+    def hold(self, priority: tuple[int, ...]) -> Iterator[None]:
         with self._changed:
             ticket = (priority, next(self._arrivals))
             heapq.heappush(self._waiting, ticket)
@@ -302,6 +301,14 @@ class Study:
 
     # -- one run -----------------------------------------------------------------------------
 
+    def protocol(self, stage: str, seed: int) -> list[str]:
+        """The overrides every run of ``stage`` shares (a later study's driver adds its own)."""
+        return protocol(self.data, SEARCH_STEPS if stage == "search" else FINAL_STEPS, seed)
+
+    def priority(self, stage: str, seed: int, name: str, setting: Setting) -> tuple[int, ...]:
+        """The slots' order for a run (lowest first); a later study may rank its rows too."""
+        return run_priority(stage, seed)
+
     def run_dir(self, stage: str, name: str, setting: Setting, seed: int) -> Path:
         point = Point(MODEL, name, setting.lr, setting.alpha, seed, name, setting.gap)
         return point.run_dir(self.root / stage)
@@ -344,8 +351,7 @@ class Study:
         done = self.result(run_dir)
         if done is not None:
             return done
-        steps = SEARCH_STEPS if stage == "search" else FINAL_STEPS
-        extra = [*protocol(self.data, steps, seed), *overrides]
+        extra = [*self.protocol(stage, seed), *overrides]
         if setting.gap is not None:
             extra.append(f"optim.update_proj_gap={setting.gap}")
         cmd = train_command(
@@ -355,7 +361,7 @@ class Study:
             if run_dir not in self.planned:
                 self.planned.append(run_dir)
             return None
-        with self.slots.hold(run_priority(stage, seed)):
+        with self.slots.hold(self.priority(stage, seed, name, setting)):
             run_dir.mkdir(parents=True, exist_ok=True)
             with open(run_dir / "train.log", "a") as log:
                 code = subprocess.run(
@@ -537,46 +543,3 @@ def environment_mismatch(pins: Path = ENVIRONMENT) -> str | None:
         f"packages differ from the study's ({', '.join(wrong)}); "
         f"install them with: make install PIP_CONSTRAINTS={pins}"
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--data", type=Path, required=True, help="the scripts/make_corpus.py mirror"
-    )
-    parser.add_argument("--root", type=Path, default=REPO / "runs" / "repro")
-    parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--plan", action="store_true", help="list the runs that can start now")
-    parser.add_argument("--collect", type=Path, help="copy finished summaries here, run nothing")
-    parser.add_argument(
-        "--finished",
-        type=Path,
-        default=REPO / "results" / "repro" / "runs",
-        help="finished runs committed by earlier sessions (skipped); default: the committed ones",
-    )
-    parser.add_argument("--allow-dirty", action="store_true")
-    args = parser.parse_args(argv)
-    if args.collect:
-        print(f"copied {collect(args.root, args.collect)} finished runs to {args.collect}")
-        return 0
-    if not (args.data / "en").is_dir():
-        parser.error(f"--data {args.data}: no en/ directory; build it with scripts/make_corpus.py")
-    mismatch = environment_mismatch() or data_mismatch(args.data)
-    if mismatch:
-        parser.error(mismatch)
-    dirty = uncommitted_changes()
-    if dirty and not (args.plan or args.allow_dirty):
-        parser.error(f"uncommitted changes; commit them or pass --allow-dirty:\n{dirty}")
-    study = Study(
-        args.data.resolve(),
-        args.root.resolve(),
-        args.jobs,
-        dry_run=args.plan,
-        finished=args.finished.resolve(),
-    )
-    study.all()
-    if args.plan:
-        for run_dir in study.planned:
-            print(run_dir)
-        print(f"{len(study.planned)} runs can start now")
-    return 0

@@ -1,15 +1,15 @@
-"""The scaled-down CPU reproduction of Table 2 and the FOAM ablations (results/repro/PROTOCOL.md).
-
-The command line of ``repro.reproduce_cpu``, which holds the logic.
+"""The command line of the CPU study (results/repro/PROTOCOL.md): v3's driver
+(``repro.reproduce_cpu``) by default, v4's (``repro.study_v4``) with ``--v4``.
 
     python scripts/reproduce_cpu.py --data DIR --root runs/repro           # everything, resumable
     python scripts/reproduce_cpu.py --data DIR --root runs/repro --plan    # what is done / to do
     python scripts/reproduce_cpu.py ... --collect results/repro/runs       # copy finished summaries
+    python scripts/reproduce_cpu.py --v4 --data DIR [--long-data DIR2]   # v4 (PROTOCOL.md)
 """
 
 import sys
 
-from repro.reproduce_cpu import main
+from repro.study_cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

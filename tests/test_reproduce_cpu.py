@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from repro import reproduce_cpu
+from repro import reproduce_cpu, study_cli
 from repro.reproduce_cpu import METHODS, Method, Setting, Study
 from repro.runs import Point, collect, run_dir_fields
 from train.summary import write_diverged
@@ -239,9 +239,9 @@ def test_a_corpus_that_is_not_the_studys_is_refused(tmp_path, monkeypatch, capsy
     with gzip.open(data / "en" / "c4-train.00000-of-00001.json.gz", "wt") as f:
         f.write(json.dumps({"text": "Other text.", "timestamp": "", "url": "u"}) + "\n")
     assert "corpus digest" in reproduce_cpu.data_mismatch(data)
-    monkeypatch.setattr(reproduce_cpu, "environment_mismatch", lambda: None)
+    monkeypatch.setattr(study_cli, "environment_mismatch", lambda: None)
     with pytest.raises(SystemExit):
-        reproduce_cpu.main(["--data", str(data), "--plan"])
+        study_cli.main(["--data", str(data), "--plan"])
     assert "is not the study's" in capsys.readouterr().err
     # the right text, but a tokenizer trained differently (another sentencepiece)
     monkeypatch.setattr(reproduce_cpu, "corpus_digest", lambda _: reproduce_cpu.CORPUS_DIGEST)

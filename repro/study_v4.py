@@ -1,0 +1,240 @@
+"""The CPU study's v4 (results/repro/PROTOCOL.md, amendment "v4"): three questions, each read on a
+test split that no choice was made on.
+
+* **Q1** (``Q1_ROWS``): FOAM-2, Muon (module-wise), APOLLO-1/4 and the control at their v3
+  points, bracketed at full length in all eight factor-2 directions of (lr, alpha), then 8 seeds.
+* **Q2** (``Q2_ROWS``): every row's embeddings, head and norms at one AdamW lr (``SHARED_LR``),
+  its matrices' lr (alpha) walked to a bracketed optimum at full length, then 3 seeds.
+* **Q3** (``Q3_ROWS``, in priority order): 10,000 steps on a second corpus (about 22 tokens per
+  parameter), each row bracketed in both of its lrs at that length, then 3 seeds; it starts only
+  once that corpus is pinned here (``LONG_CORPUS``).
+
+The machinery is v3's (``repro.reproduce_cpu.Study``: resumable runs, the coordinate walk, the
+slots); v4 adds the test split to every run, its own directories (``--root``, committed under
+``results/repro/v4/runs``), and reads v3's full-length seed-0 runs as walk data, which the
+amendment allows because the v4 trainer reproduces their validation numbers digit for digit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from repro.make_corpus import corpus_digest
+from repro.reproduce_cpu import CONTROL, FINAL_STEPS, METHODS, MODEL, Method, Setting, Study
+from repro.reproduce_cpu import protocol as v3_protocol
+from repro.runs import REPO, run_dir_fields
+
+V3_RUNS = REPO / "results" / "repro" / "runs"  # v3's committed runs: walk data for Q1 and Q2
+V4_RUNS = REPO / "results" / "repro" / "v4" / "runs"
+V3_EVAL_TOKENS = 278_528  # the 1,088 validation rows the v3 trainer scored (PROTOCOL.md, v4)
+TEST_TOKENS = 400_000  # more than the mirror's 393,814 test tokens: the whole split
+# make_corpus.py's test split of the study's mirror (TEST_PACKAGES), pinned by the amendment.
+TEST_DIGEST = "24bca6d9f2a40b7b7bc896fa7160fb27a9bdf97b29867aea8274e3c6a416a8b6"
+Q1_SEEDS = tuple(range(8))
+SEEDS = (0, 1, 2)
+SHARED_LR = 0.04  # Q2: the non-matrix lr of the control's v3 equal-freedom point
+LONG_STEPS = 10_000
+LONG_EVAL_EVERY = 500
+LONG_EVAL_TOKENS = 10_000_000  # every split of the Q3 corpus is smaller: the whole split
+FULL = "final"  # 1,000-step runs (Q1, Q2); the directory name v3's full-length runs have
+LONG = "long"  # 10,000-step runs (Q3)
+
+
+@dataclass(frozen=True)
+class LongCorpus:
+    """The Q3 corpus, pinned by the dated note that must precede any Q3 run (PROTOCOL.md, v4)."""
+
+    digest: str  # corpus_digest of its train and validation splits
+    test_digest: str
+
+
+LONG_CORPUS: LongCorpus | None = None  # not pinned yet: Q3 runs nothing
+
+
+def method(name: str, *, searches_alpha: bool = True) -> Method:
+    return next(m for m in METHODS if m.name == name and m.searches_alpha == searches_alpha)
+
+
+@dataclass(frozen=True)
+class Row:
+    """A v4 row: a v3 method and where its walk starts (its v3 point)."""
+
+    method: Method
+    start: Setting
+
+
+Q1_ROWS = (
+    Row(method("foam2"), Setting(0.04, 0.0625, None)),
+    Row(method("muon_modulewise"), Setting(0.08, 0.03125, None)),
+    Row(method("apollo_1_4"), Setting(0.04, 0.25, 20)),
+    Row(CONTROL, Setting(0.04, 0.0625, None)),
+)
+Q2_ROWS = (
+    Row(CONTROL, Setting(SHARED_LR, 0.0625, None)),
+    Row(method("muon_modulewise"), Setting(SHARED_LR, 0.0625, None)),
+    Row(method("galore_1_4"), Setting(SHARED_LR, 0.5, 20)),
+    Row(method("apollo_1_4"), Setting(SHARED_LR, 0.25, 20)),
+    Row(method("foam2"), Setting(SHARED_LR, 0.0625, None)),
+    Row(method("foam3"), Setting(SHARED_LR, 0.03125, None)),
+    Row(method("apollo_mini"), Setting(SHARED_LR, 4.0, 20)),
+    Row(method("foam_mini"), Setting(SHARED_LR, 0.03125, None)),
+)
+Q3_ROWS = (  # priority order: a row starts only after every row before it has started
+    Row(method("foam2"), Setting(0.04, 0.0625, None)),
+    Row(CONTROL, Setting(0.04, 0.0625, None)),
+    Row(method("muon_modulewise"), Setting(0.08, 0.03125, None)),
+    Row(method("apollo_1_4"), Setting(0.04, 0.25, 200)),  # 50 refreshes in 10,000 steps
+    Row(method("foam_mini"), Setting(0.04, 0.03125, None)),
+    Row(method("adamw", searches_alpha=False), Setting(2.5e-3, 1.0, None)),
+)
+
+
+def q3_rank(name: str, setting: Setting) -> int:
+    """A Q3 run's row in ``Q3_ROWS``; the control and Full-Adam share AdamW's directory, and a
+    run at alpha 1 is Full-Adam's (the control at alpha 1 is the same run)."""
+    full_adam = name == "adamw" and setting.alpha == 1.0
+    return next(
+        i
+        for i, row in enumerate(Q3_ROWS)
+        if row.method.name == name and (row.method.searches_alpha != full_adam)
+    )
+
+
+def scaled(s: Setting, lr: float, alpha: float) -> Setting:
+    return Setting(s.lr * lr, None if s.alpha is None else s.alpha * alpha, s.gap)
+
+
+def eight_directions(s: Setting, m: Method) -> list[Setting]:
+    """Q1: every factor-2 step of lr, alpha or both, either way."""
+    alphas = (0.5, 1.0, 2.0) if m.searches_alpha else (1.0,)
+    steps = [(f, g) for f in (0.5, 1.0, 2.0) for g in alphas if (f, g) != (1.0, 1.0)]
+    return [scaled(s, f, g) for f, g in steps]
+
+
+def matrices_only(s: Setting, m: Method) -> list[Setting]:
+    """Q2: the matrices' lr alone (alpha at the shared lr)."""
+    return [scaled(s, 1.0, 0.5), scaled(s, 1.0, 2.0)]
+
+
+def two_lrs(s: Setting, m: Method) -> list[Setting]:
+    """Q3: each of the two lrs one at a time (the non-matrix lr with the matrices' lr kept, and
+    the matrices' lr), or the one lr of a method without alpha."""
+    if not m.searches_alpha:
+        return [scaled(s, 0.5, 1.0), scaled(s, 2.0, 1.0)]
+    return [scaled(s, 0.5, 2.0), scaled(s, 2.0, 0.5), scaled(s, 1.0, 0.5), scaled(s, 1.0, 2.0)]
+
+
+class StudyV4(Study):
+    """v3's ``Study`` with v4's runs: the test split scored, v3's validation set, Q3's length."""
+
+    def __init__(self, *args, long_data: Path | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.long_data = long_data
+
+    def protocol(self, stage: str, seed: int) -> list[str]:
+        if stage == LONG:
+            base = v3_protocol(self.long_data, LONG_STEPS, seed)
+            evaluation = [
+                f"trainer.eval_every={LONG_EVAL_EVERY}",
+                f"trainer.eval_tokens={LONG_EVAL_TOKENS}",
+                f"trainer.test_tokens={LONG_EVAL_TOKENS}",
+            ]
+        else:
+            base = v3_protocol(self.data, FINAL_STEPS, seed)
+            evaluation = [
+                f"trainer.eval_tokens={V3_EVAL_TOKENS}",
+                f"trainer.test_tokens={TEST_TOKENS}",
+            ]
+        keys = {override.split("=", 1)[0] for override in evaluation}
+        return [o for o in base if o.split("=", 1)[0] not in keys] + evaluation
+
+    def priority(self, stage: str, seed: int, name: str, setting: Setting) -> tuple[int, ...]:
+        """Seed-0 walk runs first (each decides the next), then the seeds; Q3's after the shorter
+        questions' at each of those, and Q3's rows in their order (``q3_rank``), so that a row
+        takes a slot only when no row before it has a run waiting."""
+        rank = q3_rank(name, setting) if stage == LONG else 0
+        return int(seed > 0), int(stage == LONG), rank
+
+    def walk_data(
+        self, stage: str, row: Row, keep: Callable[[Setting], bool]
+    ) -> dict[Setting, float]:
+        """The row's finished seed-0 runs at ``stage`` that ``keep`` admits: v4's, and for the
+        1,000-step questions v3's full-length ones (the same validation numbers)."""
+        done = {
+            s: p for s, p in self.seed0_runs(stage, row.method).items() if s.gap == row.start.gap
+        }
+        if stage == FULL:
+            done = {**v3_seed0_runs(row), **done}
+        return {s: p for s, p in done.items() if keep(s)}
+
+    def walk(self, stage: str, row: Row, neighbours, keep=lambda s: True) -> Setting | None:
+        seen = self.walk_data(stage, row, keep)
+        return self.descend(stage, row.method, row.start, neighbours, seen)
+
+    def seeds(self, stage: str, row: Row, point: Setting, seeds: tuple[int, ...]) -> None:
+        m = row.method
+        with ThreadPoolExecutor(max_workers=len(seeds)) as pool:
+            list(
+                pool.map(
+                    lambda seed: self.run(stage, m.name, m.optim, point, seed, m.overrides), seeds
+                )
+            )
+
+    def question(self, stage: str, row: Row, neighbours, seeds, keep=lambda s: True) -> None:
+        point = self.walk(stage, row, neighbours, keep)
+        if point is not None:
+            self.seeds(stage, row, point, seeds)
+
+    def all(self) -> None:
+        jobs = [(FULL, row, eight_directions, Q1_SEEDS) for row in Q1_ROWS]
+        shared = lambda s: s.lr == SHARED_LR  # noqa: E731
+        jobs += [(FULL, row, matrices_only, SEEDS, shared) for row in Q2_ROWS]
+        if self.long_data is not None:
+            jobs += [(LONG, row, two_lrs, SEEDS) for row in Q3_ROWS]
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            with self.slots.paused():  # start by priority, Q3's rows in their order
+                futures = [pool.submit(self.question, *job) for job in jobs]
+            for future in futures:
+                future.result()
+
+
+def v3_seed0_runs(row: Row) -> dict[Setting, float]:
+    """v3's committed full-length seed-0 runs of the row's method at its gap."""
+    done: dict[Setting, float] = {}
+    for run_dir in sorted((V3_RUNS / FULL / MODEL / row.method.name).glob("*_seed0")):
+        fields = run_dir_fields(run_dir.name)
+        if fields is None or fields[2] != row.start.gap:
+            continue
+        if not row.method.searches_alpha and fields[1] != row.start.alpha:
+            continue  # AdamW's directory also holds the control's runs
+        summary = run_dir / "summary.json"
+        ppl = json.loads(summary.read_text())["final_val_ppl"] if summary.exists() else math.inf
+        done[Setting(fields[0], fields[1], fields[2])] = ppl
+    return done
+
+
+def test_split_mismatch(data: Path) -> str | None:
+    digest = corpus_digest(data, ("test",))
+    if digest != TEST_DIGEST:
+        return (
+            f"--data {data}: test split digest {digest[:16]}... is not v4's {TEST_DIGEST[:16]}...; "
+            "rebuild the mirror with scripts/make_corpus.py (it writes the test split)"
+        )
+    return None
+
+
+def long_corpus_mismatch(data: Path) -> str | None:
+    if LONG_CORPUS is None:
+        return "--long-data: the Q3 corpus is not pinned yet (PROTOCOL.md, v4: a dated note first)"
+    for digest, pinned in (
+        (corpus_digest(data), LONG_CORPUS.digest),
+        (corpus_digest(data, ("test",)), LONG_CORPUS.test_digest),
+    ):
+        if digest != pinned:
+            return f"--long-data {data}: digest {digest[:16]}... is not the pinned {pinned[:16]}..."
+    return None

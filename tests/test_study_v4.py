@@ -1,0 +1,116 @@
+"""repro/study_v4.py: v4's walks bracket each row in the directions the amendment names, read
+v3's full-length runs as walk data, score the test split, and rank Q3's rows."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from repro import study_cli, study_v4
+from repro.reproduce_cpu import Setting
+from repro.study_v4 import (
+    FULL,
+    LONG,
+    Q1_ROWS,
+    Q2_ROWS,
+    Q3_ROWS,
+    StudyV4,
+    eight_directions,
+    matrices_only,
+    q3_rank,
+    two_lrs,
+)
+
+FOAM2 = Q1_ROWS[0]
+FULL_ADAM = Q3_ROWS[-1]
+
+
+def lrs(settings: list[Setting]) -> set[tuple[float, float]]:
+    """Each setting as (non-matrix lr, matrices' lr)."""
+    return {(s.lr, s.lr * s.alpha) for s in settings}
+
+
+def test_q1_brackets_in_all_eight_directions_of_lr_and_alpha():
+    around = eight_directions(Setting(0.08, 0.03125, None), FOAM2.method)
+    assert len(set(around)) == 8
+    assert Setting(0.04, 0.0625, None) in around and Setting(0.16, 0.0625, None) in around
+    assert Setting(0.04, 0.015625, None) in around  # both lrs down
+
+
+def test_q2_moves_only_the_matrices_lr_and_q3_each_lr_alone():
+    start = Setting(0.04, 0.0625, None)
+    assert lrs(matrices_only(start, FOAM2.method)) == {(0.04, 0.00125), (0.04, 0.005)}
+    assert lrs(two_lrs(start, FOAM2.method)) == {
+        (0.02, 0.0025),
+        (0.08, 0.0025),
+        (0.04, 0.00125),
+        (0.04, 0.005),
+    }
+    assert two_lrs(FULL_ADAM.start, FULL_ADAM.method) == [
+        Setting(1.25e-3, 1.0, None),
+        Setting(5e-3, 1.0, None),
+    ]
+    assert all(row.start.lr == study_v4.SHARED_LR for row in Q2_ROWS)
+
+
+def test_every_v4_run_scores_the_test_split_and_v3s_validation_rows(tmp_path):
+    study = StudyV4(tmp_path / "data", tmp_path / "runs", 2, long_data=tmp_path / "long")
+    full, long = study.protocol(FULL, 3), study.protocol(LONG, 3)
+    assert "trainer.eval_tokens=278528" in full and "trainer.test_tokens=400000" in full
+    assert "trainer.max_steps=1000" in full and "trainer.eval_every=100" in full
+    assert sum(o.startswith("trainer.eval_tokens=") for o in full) == 1
+    assert "trainer.max_steps=10000" in long and "trainer.eval_every=500" in long
+    assert f"data.path={tmp_path / 'long'}" in long and "data.shuffle_seed=3" in long
+
+
+def test_q3_rows_take_slots_in_their_order_and_seeds_wait_for_walks():
+    study = StudyV4(Path("d"), Path("r"), 2)
+    control, full_adam = Setting(0.04, 0.0625, None), Setting(2.5e-3, 1.0, None)
+    ranks = [q3_rank(r.method.name, r.start) for r in Q3_ROWS]
+    assert ranks == list(range(len(Q3_ROWS)))
+    assert q3_rank("adamw", control) == 1 and q3_rank("adamw", full_adam) == 5
+    walk_q1 = study.priority(FULL, 0, "foam2", control)
+    walk_q3 = study.priority(LONG, 0, "muon_modulewise", Setting(0.08, 0.03125, None))
+    seed_q1 = study.priority(FULL, 5, "foam2", control)
+    assert walk_q1 < walk_q3 < seed_q1 < study.priority(LONG, 1, "foam2", control)
+    assert study.priority(LONG, 0, "foam2", control) < walk_q3
+
+
+def write_summary(run_dir: Path, ppl: float) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps({"final_val_ppl": ppl}))
+
+
+def test_walks_go_on_from_v3s_full_length_runs_and_q2_keeps_the_shared_lr(tmp_path, monkeypatch):
+    v3 = tmp_path / "v3"
+    monkeypatch.setattr(study_v4, "V3_RUNS", v3)
+    method_dir = v3 / "final" / "llama_2m" / "foam2"
+    for name, ppl in (("lr0.04_alpha0.0625", 79.6), ("lr0.08_alpha0.0625", 81.0)):
+        write_summary(method_dir / f"{name}_seed0", ppl)
+    write_summary(method_dir / "lr0.04_alpha0.0625_seed1", 70.0)  # not a walk run
+    study = StudyV4(tmp_path / "data", tmp_path / "runs", 2, finished=tmp_path / "v4")
+    ran: list[Setting] = []
+
+    def run(stage, name, optim, setting, seed, overrides=()):
+        ran.append(setting)
+        return 80.0 + abs(math.log2(setting.lr * setting.alpha / 0.0025))
+
+    study.run = run
+    assert study.walk(FULL, FOAM2, eight_directions) == Setting(0.04, 0.0625, None)
+    assert len(ran) == 7 and Setting(0.08, 0.0625, None) not in ran  # v3 ran it
+    ran.clear()
+    keep = lambda s: s.lr == study_v4.SHARED_LR  # noqa: E731
+    assert study.walk(FULL, FOAM2, matrices_only, keep) == Setting(0.04, 0.0625, None)
+    assert {s.lr for s in ran} == {0.04}
+
+
+def test_q3_needs_its_corpus_pinned_and_v4_its_test_split(tmp_path, monkeypatch, capsys):
+    assert "not pinned yet" in study_v4.long_corpus_mismatch(tmp_path)
+    (tmp_path / "en").mkdir()
+    assert "test split digest" in study_v4.test_split_mismatch(tmp_path)
+    monkeypatch.setattr(study_cli, "environment_mismatch", lambda: None)
+    monkeypatch.setattr(study_cli, "data_mismatch", lambda _: None)
+    with pytest.raises(SystemExit):
+        study_cli.main(["--data", str(tmp_path), "--long-data", str(tmp_path), "--plan"])
+    assert "--long-data needs --v4" in capsys.readouterr().err
