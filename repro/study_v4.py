@@ -19,13 +19,23 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from repro.make_corpus import corpus_digest
-from repro.reproduce_cpu import CONTROL, FINAL_STEPS, METHODS, MODEL, Method, Setting, Study
+from repro.reproduce_cpu import (
+    CONTROL,
+    FINAL_STEPS,
+    LOOKUP_SECONDS,
+    METHODS,
+    MODEL,
+    Method,
+    Setting,
+    Study,
+)
 from repro.reproduce_cpu import protocol as v3_protocol
 from repro.runs import REPO, run_dir_fields
 
@@ -197,8 +207,11 @@ class StudyV4(Study):
         if self.long_data is not None:
             jobs += [(LONG, row, two_lrs, SEEDS) for row in Q3_ROWS]
         with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-            with self.slots.paused():  # start by priority, Q3's rows in their order
+            # The slots wait while the finished runs are looked up, so the first runs to start
+            # are the most urgent of all that can (Q3's rows in their order), not the first asked.
+            with self.slots.paused():
                 futures = [pool.submit(self.question, *job) for job in jobs]
+                time.sleep(0 if self.dry_run else LOOKUP_SECONDS)
             for future in futures:
                 future.result()
 
