@@ -15,6 +15,8 @@ at the best points' alpha and gap (``carry_over.md``), each method's perplexity 
 its best lr of each stage, and FOAM-2's alpha at the paper's lr paired over seeds (``alpha.md``;
 with ``--curves`` also ``alpha_MODEL.png``, and the ablation figures ``ablations_MODEL.png``) and
 the commits the runs came from (``provenance.md``).
+With ``--v4 V3_RUNS``, the v4 study's readings on the test split instead (``v4.md``,
+``repro/tables/v4.py``) and its ``provenance.md``.
 Output is deterministic, so committed tables regenerate byte for byte.
 """
 
@@ -35,7 +37,21 @@ from repro.tables.provenance import provenance
 from repro.tables.sweep_points import sweep_table
 from repro.tables.table2 import table2
 from repro.tables.table3 import table3
+from repro.tables.v4 import v4_table
 from repro.tables.views import views_table
+
+
+def write_v4(root: Path, v3_root: Path, out: Path | None) -> int:
+    points = load_points(root, metric="final_test_ppl")
+    outputs = {"v4.md": v4_table(points, load_points(v3_root)), "provenance.md": provenance(points)}
+    if out is None:
+        print(outputs["v4.md"])
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in outputs.items():
+        (out / name).write_text(text)
+    print(f"wrote {', '.join(sorted(outputs))} to {out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write tables (and curves) here")
     parser.add_argument("--table3-steps", nargs="+", type=int, default=None)
     parser.add_argument("--curves", action="store_true", help="also plot validation curves (PNG)")
+    parser.add_argument(
+        "--v4",
+        type=Path,
+        metavar="V3_RUNS",
+        help="read ROOT as the v4 study's runs (on the test split) and write v4.md and "
+        "provenance.md; V3_RUNS are v3's, for the check that v4 repeats them",
+    )
     args = parser.parse_args(argv)
+    if args.v4:
+        return write_v4(args.root, args.v4, args.out)
 
     points = load_points(args.root)
     if not any(p.runs for p in points):

@@ -22,7 +22,7 @@ from repro.methods import CONTROL_LABEL, MODULEWISE, TABLE2_BLOCKS, label
 from repro.runs import run_dir_fields
 from train.summary import DIVERGED_FILE, finished_records
 
-STAGES = ("search", "final")
+STAGES = ("search", "final", "long")  # "long": the v4 study's 10,000-step runs
 CONTROL = "adamw_control"  # Table 2's row for the module-wise-lr AdamW control
 EDGE = "†"
 NO_ALPHA = -1.0  # the alpha of a point whose method has none (keeps Key sortable and hashable)
@@ -96,8 +96,9 @@ def _key(root: Path, run_dir: Path) -> tuple[Key, int] | None:
     return key, seed
 
 
-def load_points(root: Path) -> list[Point]:
-    """Every finished (``summary.json``) or diverged (``DIVERGED_FILE``) run under ``root``."""
+def load_points(root: Path, metric: str = "final_val_ppl") -> list[Point]:
+    """Every finished (``summary.json``) or diverged (``DIVERGED_FILE``) run under ``root``, each
+    seed's perplexity its summary's ``metric`` (the v4 study reads ``final_test_ppl``)."""
     ppls: dict[Key, dict[int, float]] = defaultdict(dict)
     runs: dict[Key, list[dict]] = defaultdict(list)
     for path in finished_records(root):
@@ -109,7 +110,7 @@ def load_points(root: Path) -> list[Point]:
             ppls[key][seed] = math.inf
             continue
         summary = json.loads(path.read_text())
-        ppl = summary.get("final_val_ppl")
+        ppl = summary.get(metric)
         ppls[key][seed] = ppl if ppl is not None and math.isfinite(ppl) else math.inf
         runs[key].append(summary)
     return [Point(key, ppls[key], runs[key]) for key in sorted(ppls)]

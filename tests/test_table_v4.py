@@ -1,0 +1,85 @@
+"""repro/tables/v4.py: v4's questions read on the test split, points chosen on validation, the
+family-wise reading per question, and the check that v4 repeats v3's runs."""
+
+import json
+from pathlib import Path
+
+import pytest
+from scipy.stats import ttest_rel
+
+from repro.make_tables import main as make_tables
+from repro.study_points import load_points
+from repro.tables.v4 import v4_table
+
+
+def write_run(root: Path, stage: str, method: str, point: str, seed: int, val: float, test: float):
+    run_dir = root / stage / "llama_2m" / method / f"{point}_seed{seed}"
+    run_dir.mkdir(parents=True)
+    summary = {
+        "final_val_ppl": val,
+        "final_test_ppl": test,
+        "seed": seed,
+        "git_sha": "abc1234",
+        "tokenizer": "spm:test",
+        "wall_time_s": 900.0,
+        "eval_history": [],
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+FOAM2_TEST = [80.0, 81.0, 79.5, 80.5, 80.2, 79.8, 81.1, 80.9]
+MUON_TEST = [78.0, 80.0, 78.5, 79.0, 78.1, 79.9, 79.2, 80.4]
+
+
+@pytest.fixture
+def study(tmp_path) -> tuple[Path, Path]:
+    v4, v3 = tmp_path / "v4", tmp_path / "v3"
+    for seed in range(8):
+        write_run(v4, "final", "foam2", "lr0.04_alpha0.0625", seed, 79.0, FOAM2_TEST[seed])
+        write_run(
+            v4, "final", "muon_modulewise", "lr0.08_alpha0.03125", seed, 77.0, MUON_TEST[seed]
+        )
+    # FOAM-3 in Q2: two points with 3 seeds; validation prefers 0.03125, the test the other
+    for seed in range(3):
+        write_run(v4, "final", "foam3", "lr0.04_alpha0.03125", seed, 81.0, 95.0 + seed)
+        write_run(v4, "final", "foam3", "lr0.04_alpha0.0625", seed, 83.0, 90.0 + seed)
+    write_run(v3, "final", "foam2", "lr0.04_alpha0.0625", 0, 79.0, 0.0)  # repeated exactly
+    write_run(v3, "final", "muon_modulewise", "lr0.08_alpha0.03125", 0, 76.36, 0.0)
+    return v4, v3
+
+
+def test_q1_pairs_eight_seeds_on_the_test_split_holm_over_the_question(study):
+    v4, v3 = study
+    text = v4_table(load_points(v4, "final_test_ppl"), load_points(v3))
+    q1 = text.split("## Q1")[1].split("## Q2")[0]
+    diffs = [a - b for a, b in zip(FOAM2_TEST, MUON_TEST, strict=True)]
+    mean = sum(diffs) / 8
+    assert f"{mean:+.2f}" in q1 and "(n=8)" in q1
+    p = ttest_rel(FOAM2_TEST, MUON_TEST).pvalue
+    assert f"| {p:.3f} |" in q1  # the only comparison with both rows run: Holm over one
+    assert "APOLLO-1/4 | not run yet" in q1
+
+
+def test_a_point_is_chosen_on_validation_never_on_the_test_split(study):
+    v4, v3 = study
+    q2 = v4_table(load_points(v4, "final_test_ppl"), load_points(v3)).split("## Q2")[1]
+    foam3 = next(line for line in q2.splitlines() if line.startswith("| FOAM-3 |"))
+    assert "alpha 0.03125" in foam3 and "96.00 ± 1.00 (n=3)" in foam3  # its worse test mean
+    foam2 = next(line for line in q2.splitlines() if line.startswith("| FOAM-2 |"))
+    assert "(n=3)" in foam2  # Q2 reads seeds 0-2 of the point Q1 ran 8 seeds at
+
+
+def test_the_runs_v4_repeats_are_checked_against_v3(study):
+    v4, v3 = study
+    text = v4_table(load_points(v4, "final_test_ppl"), load_points(v3))
+    assert "repeat a v3 run (same point and seed): 2; the same validation perplexity" in text
+    assert "to the last bit: 1." in text
+    assert "differs: muon_modulewise lr 0.08 alpha 0.03125 seed 0: v3 76.36, v4 77.0" in text
+
+
+def test_make_tables_writes_v4_and_its_provenance(study, tmp_path):
+    v4, v3 = study
+    out = tmp_path / "tables"
+    assert make_tables([str(v4), "--v4", str(v3), "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["provenance.md", "v4.md"]
+    assert "| abc1234 | spm:test | 22 |" in (out / "provenance.md").read_text()
