@@ -1,5 +1,6 @@
-"""``scripts/bench_train.py``: the rotation of its rounds; with ``--memory-cap``, the search for the largest micro-batch that fits, on a
-stand-in for the GPU's out-of-memory, and the report; the CLI refuses without a CUDA device."""
+"""``scripts/bench_train.py``: the rotation of its rounds; with ``--memory-cap``, the search for
+the largest micro-batch that fits (on a stand-in for the GPU's out-of-memory) and the report; the
+CLI refuses the cap without a CUDA device."""
 
 from __future__ import annotations
 
