@@ -83,3 +83,25 @@ def test_each_round_of_the_throughput_benchmark_starts_with_the_next_optimizer()
     firsts = [round_order(runners, i)[0] for i in range(4)]
     assert firsts == ["adamw", "foam2", "foam_mini", "adamw"]
     assert all(sorted(round_order(runners, i)) == sorted(runners) for i in range(4))
+
+
+def test_a_trial_trains_the_real_model_at_each_size_the_search_asks_for():
+    """The CUDA trial's code on the CPU (no cap to run out of: sizes above 3 stand for OOM): the
+    trial at the size found is kept, its tokens/s and peak measured."""
+    from repro import bench_train
+
+    args = bench_train.parser().parse_args(
+        ["--model", "llama_tiny", "--steps", "1", "--seq-len", "16", "--device", "cpu"]
+    )
+    runner = bench_train.build_runner(
+        "foam2", bench_train.load_model_config("llama_tiny"), args, compiled=False
+    )
+    sizes = []
+
+    def trial(size: int) -> Trial | None:
+        sizes.append(size)
+        return bench_train.cap_trial(runner, size, args) if size <= 3 else None
+
+    result = search("foam2", False, trial, limit=8)
+    assert result.micro_batch == 3 and sizes == [1, 2, 4, 3]
+    assert result.trial.tokens_per_s > 0 and result.trial.peak_bytes > 0
