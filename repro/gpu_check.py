@@ -192,7 +192,11 @@ def gpu_tests(mode: Mode, budget: Budget, out_dir: Path) -> str:
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", GPU_TESTS]
     step = run_step("gpu_tests", cmd, budget.left(120 * mode.slack), out_dir / "logs")
     summary = next(
-        (line for line in reversed(step.tail.splitlines()) if re.search(r"passed|failed|skipped", line)),
+        (
+            line
+            for line in reversed(step.tail.splitlines())
+            if re.search(r"passed|failed|skipped", line)
+        ),
         "",
     )
     body = step_body(f"python -m pytest -q -m gpu {GPU_TESTS}", step, out_dir)
