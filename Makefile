@@ -14,12 +14,16 @@ MUTATE_ARGS ?=
 
 # The GPU check runs with the GPU machine's own Python and torch (never a venv, never a torch
 # install): `make gpu-wheels` (here, with a package index) fills GPU_WHEELS with what a GPU image
-# may lack; on the GPU machine `make gpu-check` installs that offline into GPU_SITE and runs.
+# may lack, for the box's Python GPU_BOX_PYTHON only; on the GPU machine `make gpu-check OUT=DIR`
+# installs that offline into GPU_SITE, proves it imports, runs, and writes everything into DIR as
+# each section ends (default results/bench/gpu_<device>/).
 # GPU_PYTHON: this checkout's venv where there is one (a dev machine), else the machine's python3,
 # which finds repro/ (scripts/gpu_check.py's logic) on PYTHONPATH.
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 GPU_WHEELS ?= gpu-wheels
+GPU_BOX_PYTHON ?= 3.12
 GPU_SITE   ?= .gpu-site
+OUT        ?=
 GPU_CHECK_ARGS ?=
 GPU_ENV    := PYTHONPATH=$(CURDIR)/$(GPU_SITE):$(CURDIR)
 
@@ -53,14 +57,15 @@ test-gpu: gpu-deps
 	$(GPU_ENV) $(GPU_PYTHON) -m pytest -q -m gpu tests/test_gpu.py $(PYTEST_ARGS)
 
 gpu-wheels: install
-	$(PY) scripts/gpu_check.py wheels --dest $(GPU_WHEELS)
+	$(PY) scripts/gpu_check.py wheels --dest $(GPU_WHEELS) --box-python $(GPU_BOX_PYTHON)
 
 gpu-deps:
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) scripts/gpu_check.py install --wheels $(GPU_WHEELS) --target $(GPU_SITE) --python $(GPU_PYTHON)
 
-# At most 8 minutes on one GPU (CPU at tiny sizes without one); writes results/bench/gpu_<device>.md.
+# At most 8 minutes on one GPU (CPU at tiny sizes without one); writes OUT/report.md, the
+# benchmarks' reports, the runs and every step's output, each as its section ends.
 gpu-check: gpu-deps
-	$(GPU_ENV) $(GPU_PYTHON) scripts/gpu_check.py run $(GPU_CHECK_ARGS)
+	$(GPU_ENV) $(GPU_PYTHON) scripts/gpu_check.py run $(if $(OUT),--out $(OUT)) $(GPU_CHECK_ARGS)
 
 # Mutation testing of the optimizer, loss, evaluation, schedule and checkpoint modules (about an
 # hour on 2 cores); MUTATE_ARGS="foam/schedule.py" for one module, "--list" to see the mutants.

@@ -46,6 +46,8 @@ class Result:
     step_ms: float
     state_bytes: int
     transient_bytes: int
+    foam_steps: str
+    """The step each FOAM group took (``foam.steps_run``: cpp, triton, eager); - for the rest."""
 
 
 def time_steps(optimizer: torch.optim.Optimizer, steps: int, device: torch.device) -> list[float]:
@@ -70,7 +72,7 @@ def run(model_name: str, dtype: str, methods: list[str], args: argparse.Namespac
     device = next(model.parameters()).device
     table = {label: builder(label, model_name) for label in methods}
     times: dict[str, list[float]] = {}
-    memory: dict[str, tuple[int, int]] = {}
+    memory: dict[str, tuple[int, int, str]] = {}
     for round_index in range(args.rounds):
         for label in methods:
             if label in memory or round_index == 0:
@@ -83,7 +85,8 @@ def run(model_name: str, dtype: str, methods: list[str], args: argparse.Namespac
                 times.setdefault(label, []).extend(time_steps(optimizer, args.steps, device))
                 if label not in memory:
                     transient, _ = peak_transient_bytes(optimizer.step)
-                    memory[label] = (foam.state_bytes(optimizer), transient)
+                    ran = ", ".join(sorted(set(foam.steps_run(optimizer).values()))) or "-"
+                    memory[label] = (foam.state_bytes(optimizer), transient, ran)
                 del optimizer
                 gc.collect()
         print(
@@ -108,14 +111,15 @@ def markdown(model_name: str, dtype: str, results: list[Result]) -> str:
         f"### {model_name}, {dtype}",
         "",
         "| method | step ms | time / AdamW-fused | time / AdamW-foreach | state MiB | "
-        "state / AdamW | transient MiB |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "state / AdamW | transient MiB | FOAM step |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in results:
         lines.append(
             f"| {r.method} | {r.step_ms:.1f} | {ratio(r.step_ms, base, 'step_ms', 2)} | "
             f"{ratio(r.step_ms, foreach, 'step_ms', 2)} | {r.state_bytes / mb:.1f} | "
-            f"{ratio(r.state_bytes, base, 'state_bytes', 3)} | {r.transient_bytes / mb:.1f} |"
+            f"{ratio(r.state_bytes, base, 'state_bytes', 3)} | {r.transient_bytes / mb:.1f} | "
+            f"{r.foam_steps} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -1,10 +1,11 @@
-"""``make gpu-check``: the one prepared run for a lent GPU, offline, with the machine's own torch.
+"""``make gpu-check OUT=DIR``: the one prepared run for a lent GPU, offline, with the machine's
+own torch; everything it makes lands in DIR as each section finishes.
 
-The command line of ``repro.gpu_check``, which holds the logic.
+The command line of ``repro.gpu_check`` (the check) and ``repro.gpu_deps`` (the wheels).
 
-    python scripts/gpu_check.py wheels --dest gpu-wheels      # make gpu-wheels (needs an index)
-    PYTHONPATH=. python scripts/gpu_check.py install          # offline: what the machine lacks
-    PYTHONPATH=.gpu-site:. python scripts/gpu_check.py run    # the check (make gpu-check)
+    python scripts/gpu_check.py wheels --dest gpu-wheels --box-python 3.12  # make gpu-wheels
+    PYTHONPATH=. python scripts/gpu_check.py install       # make gpu-deps: offline, then imports
+    PYTHONPATH=.gpu-site:. python scripts/gpu_check.py run --out DIR       # make gpu-check OUT=DIR
 """
 
 from repro.gpu_check import main

@@ -5,7 +5,8 @@
 What CPU runs cannot reach: every optimizer (fused AdamW, Triton/CUDA kernels, bitsandbytes)
 stepping bf16 weights on the GPU, the Triton probe passing and the fused FOAM step matching the
 eager one at LLaMA-350M's matrix shapes, a warm optimizer step and a training step that never
-wait for the GPU, bf16 autocast, the weights being those of a CPU build, peak memory per phase,
+wait for the GPU (the real tiny LLaMA's forward and backward over padded and packed batches
+included), the padded batches on the flash kernel, the compiled loss, bf16 autocast, the weights being those of a CPU build, peak memory per phase,
 compiled decoder layers (trainer.compile's default there), and NCCL DDP with bucket-view
 gradients when two GPUs are present.
 """
@@ -29,7 +30,13 @@ from foam import fused
 from train.distributed import wrap_ddp
 from train.metrics import PhasePeaks
 from train.parallelism import compile_decoder_layers
-from train.step import accumulate_gradients, forward_loss_sum, grad_norm_and_clip
+from train.step import (
+    accumulate_gradients,
+    forward_loss_sum,
+    grad_norm_and_clip,
+    loss_sum_for,
+    to_device,
+)
 from train.step_stats import StepStats
 
 pytestmark = [
@@ -177,6 +184,74 @@ def test_the_training_step_never_waits_for_the_gpu(max_norm: float) -> None:
         torch.cuda.set_sync_debug_mode("default")
     interval = stats.read()
     assert interval.steps == 2 and interval.grad_norm > 0 and interval.tokens == 2 * 2 * 2 * 16
+
+
+def paper_batches(packed: bool, n: int = 2) -> list[dict[str, torch.Tensor]]:
+    """Host-side batches as ``data.pack=false`` makes them (right-padded documents of
+    different lengths) or as packing does (no padding)."""
+    out = []
+    for batch in micro_batches(n):
+        if not packed:
+            batch["attention_mask"][0, 5:] = 0  # one short document, padded on the right
+            batch["input_ids"][0, 5:] = 0
+            batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+        out.append(batch)
+    return out
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_a_tiny_llama_training_step_never_waits_for_the_gpu(packed: bool) -> None:
+    """The real model's forward and backward (transformers' mask code, SDPA, the embedding, the
+    chunked loss) over the paper's padded batches and packed ones, after a warm-up step: no host
+    sync, which CUDA's sync debug mode turns into an error."""
+    model = tiny_llama(torch.bfloat16).to(CUDA)
+    batches = paper_batches(packed)
+
+    def step() -> None:
+        accumulate_gradients(
+            model, batches, device=CUDA, world_size=1, autocast=contextlib.nullcontext
+        )
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+def test_padded_batches_run_on_the_flash_kernel() -> None:
+    """A right-padded batch reaches SDPA without a mask, causal: the flash kernel alone (any
+    other backend disabled) runs it, and counts the same loss as the masked math kernel."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model = tiny_llama(torch.bfloat16).to(CUDA)
+    (batch,) = paper_batches(packed=False, n=1)
+    with torch.no_grad(), sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        flash = forward_loss_sum(model, to_device(batch, CUDA), contextlib.nullcontext)
+    masked = {k: v.to(CUDA) for k, v in batch.items()}
+    with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
+        math = forward_loss_sum(model, masked, contextlib.nullcontext)
+    torch.testing.assert_close(flash, math, rtol=2e-2, atol=0)
+
+
+def test_the_compiled_loss_gives_the_eager_loss_and_gradient() -> None:
+    """``trainer.compile``'s loss (inductor's kernels for the chunked cross-entropy) against the
+    eager one on bf16 logits of a 32,000-token vocabulary, in several chunks."""
+    generator = torch.Generator(device=CUDA).manual_seed(0)
+    logits = torch.randn(4, 64, 32000, device=CUDA, generator=generator).to(torch.bfloat16)
+    labels = torch.randint(0, 32000, (4, 64), device=CUDA, generator=generator)
+    labels[0, 40:] = -100
+    results = []
+    for loss_sum in (loss_sum_for(False), loss_sum_for(True)):
+        leaf = logits.clone().requires_grad_()
+        loss = loss_sum(leaf, labels, chunk_rows=100)
+        loss.backward()
+        results.append((loss.detach(), leaf.grad))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=0)
+    torch.testing.assert_close(results[1][1], results[0][1])
 
 
 def test_compiled_decoder_layers_give_the_eager_loss_and_gradients() -> None:

@@ -16,6 +16,8 @@ see `train/corpus.py`):
 Batches are dicts of LongTensor[B, T]: `input_ids`; `attention_mask` (1 for real tokens);
 `labels` = `input_ids` with padding set to -100. Labels are **not shifted**: position t holds
 token t, and the trainer shifts (logits[:, :-1] predict labels[:, 1:]), as HF's causal-LM loss does.
+Right padding is what lets the trainer leave the mask out (``train.step.to_device``): in a causal
+LM no real token sees the padding after it.
 
 Ranks see disjoint training data: `split_dataset_by_node` gives whole shards (files) to ranks
 when the shard count divides the world size, otherwise every rank keeps one record in

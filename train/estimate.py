@@ -42,7 +42,7 @@ from train.data import IGNORE_INDEX
 from train.metrics import matmul_kind, peak_flops, synchronize
 from train.parallelism import compile_decoder_layers
 from train.schedule import build_scheduler
-from train.step import train_step
+from train.step import loss_sum_for, train_step
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,7 @@ def trial_step_seconds(setup: StepSetup) -> float:
                 world_size=setup.world_size,
                 autocast=setup.autocast,
                 grad_clip=t.grad_clip,
+                loss_sum=loss_sum_for(setup.compiled),
             )
             synchronize(device)
             times.append(time.perf_counter() - start)
@@ -152,9 +153,8 @@ def trial_step_seconds(setup: StepSetup) -> float:
 
 def trial_batch(cfg: DictConfig) -> dict[str, torch.Tensor]:
     """A random micro-batch shaped as the run's: unpacked data pads its short documents, so one
-    token of the last row is padding. A batch with padding keeps its attention mask (transformers
-    drops an all-ones one), which is another attention kernel and, compiled, another graph: the
-    trial times, and compiles, the variant the run's batches take."""
+    token of the last row is padding (right padding: it reaches the model without a mask, as
+    the run's batches do, see ``train.step.to_device``)."""
     ids = torch.randint(cfg.model.vocab_size, (cfg.trainer.micro_batch_size, cfg.data.seq_len))
     mask = torch.ones_like(ids)
     if not cfg.data.pack:

@@ -20,6 +20,7 @@ third Ctrl-C gave up on that checkpoint.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 from dataclasses import dataclass
@@ -102,7 +103,7 @@ from train.schedule import build_scheduler
 from train.schema import register_configs
 from train.seeding import seed_everything
 from train.state import TrainState
-from train.step import TrainingDiverged, train_step
+from train.step import LossSum, TrainingDiverged, loss_sum_for, train_step
 from train.step_stats import IntervalStats, StepStats
 from train.summary import (
     build_summary,
@@ -162,6 +163,11 @@ class Run:
         if uses_autocast(t.parallelism, t.precision, self.info.world_size):
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
+
+    @functools.cached_property
+    def loss_sum(self) -> LossSum:
+        """The training loss, compiled where the decoder layers are (``trainer.compile``)."""
+        return loss_sum_for(compiles_layers(self.cfg.trainer.compile, self.device))
 
 
 def train(cfg: DictConfig) -> dict:
@@ -462,6 +468,7 @@ def step_once(run: Run, state: TrainState, stats: StepStats) -> dict[str, float]
         world_size=run.info.world_size,
         autocast=run.autocast,
         grad_clip=run.cfg.trainer.grad_clip,
+        loss_sum=run.loss_sum,
     )
     state.step += 1
     stats.add(state.step, result, grad_norm)

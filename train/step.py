@@ -13,6 +13,7 @@ This replaces the references' mean-of-micro-batch-means, which weights short doc
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -33,18 +34,71 @@ class TrainingDiverged(RuntimeError):
     """The loss or gradient norm stopped being finite: the run stops before anything is saved."""
 
 
-def next_token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed cross-entropy of position t predicting label t+1 (labels are aligned with the
-    inputs; -100 marks padding). Computed in float32 like transformers' own loss.
+LossSum = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""(logits, labels) -> the summed next-token loss: ``next_token_loss_sum`` or its compiled form."""
 
-    The labels are shifted (one -100 column appended), not the logits: slicing the logits would
-    copy them, and the float32 copy cross-entropy needs (none when they are float32 already) is
-    then the only one.
+LOSS_CHUNK_BYTES = 2**28
+"""The float32 logits one chunk of the loss holds at a time (256 MiB: 2,048 positions of a
+32,000-token vocabulary). Unchunked, the float32 copy of LLaMA-60M's logits at 64 x 256 tokens
+(2 GiB) and its gradient were most of a step's peak memory."""
+
+
+class _ChunkedCrossEntropySum(torch.autograd.Function):
+    """Summed cross-entropy of ``logits`` [N, V] against ``targets`` [N] (-100: not counted),
+    ``rows`` positions at a time: each chunk is cast to float32 on its own, the forward keeps
+    only the log-sum-exp of each position (N floats), and the backward writes the gradient
+    (softmax minus one-hot, times the incoming scalar) chunk by chunk straight into one tensor
+    of the logits' dtype. ``F.cross_entropy`` on the float32 copy computes the same numbers."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, rows: int) -> torch.Tensor:
+        lse = torch.cat([part.float().logsumexp(-1) for part in logits.split(rows)])
+        counted = targets != -100
+        picked = logits.gather(1, targets.clamp(min=0)[:, None]).squeeze(1).float()
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.rows = rows
+        return ((lse - picked) * counted).sum()
+
+    @staticmethod
+    def backward(ctx, grad_total: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        logits, targets, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for start in range(0, logits.size(0), ctx.rows):
+            rows = slice(start, start + ctx.rows)
+            counted = (targets[rows] != -100).float()[:, None]
+            softmax = (logits[rows].float() - lse[rows, None]).exp_()
+            softmax.scatter_add_(1, targets[rows].clamp(min=0)[:, None], -counted)
+            grad[rows] = softmax.mul_(counted * grad_total)
+        return grad, None, None
+
+
+def next_token_loss_sum(
+    logits: torch.Tensor, labels: torch.Tensor, *, chunk_rows: int | None = None
+) -> torch.Tensor:
+    """Summed cross-entropy of position t predicting label t+1 (labels are aligned with the
+    inputs; -100 marks padding), in float32 like transformers' own loss.
+
+    The labels are shifted (one -100 column appended), not the logits, which slicing would copy.
+    The positions are taken ``chunk_rows`` at a time (by default as many as ``LOSS_CHUNK_BYTES``
+    of float32 logits hold, ``_ChunkedCrossEntropySum``): only a chunk is ever in float32, and
+    the gradient is in the logits' dtype. Compiled (``loss_sum_for``), inductor fuses each
+    chunk's cast and reductions into one read of it.
     """
-    targets = F.pad(labels[:, 1:], (0, 1), value=-100)
-    return F.cross_entropy(
-        logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum"
-    )
+    flat = logits.flatten(0, 1)
+    targets = F.pad(labels[:, 1:], (0, 1), value=-100).flatten()
+    rows = chunk_rows or max(1, LOSS_CHUNK_BYTES // (4 * flat.size(-1)))
+    return _ChunkedCrossEntropySum.apply(flat, targets, rows)
+
+
+@functools.cache
+def _compiled_next_token_loss_sum() -> LossSum:
+    return torch.compile(next_token_loss_sum)
+
+
+def loss_sum_for(compiled: bool) -> LossSum:
+    """The loss a run takes: compiled where its decoder layers are (``trainer.compile``), so the
+    loss joins the compiled region; the same function eager otherwise."""
+    return _compiled_next_token_loss_sum() if compiled else next_token_loss_sum
 
 
 def count_targets(batch: Batch) -> int:
@@ -60,25 +114,45 @@ def to_device_async(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.to(device)
 
 
+def mask_changes_no_counted_logit(batch: Batch) -> bool:
+    """Whether a causal LM computes the same logits at every counted position without the
+    batch's attention mask: each row is its tokens, then its padding (``1..1 0..0``, no padding
+    at all included), and no padded position holds a label. A token of a causal LM attends to
+    itself and the positions before it, which in such a row are all real tokens; the padded
+    positions it would change predict nothing counted. Left padding (``0..0 1..1``) is not such
+    a batch: without the mask a real token would attend to the padding before it."""
+    mask = batch["attention_mask"]
+    right_padded = bool((mask[:, 1:] <= mask[:, :-1]).all())
+    return right_padded and bool((batch["labels"][mask == 0] == -100).all())
+
+
 def to_device(batch: Batch, device: torch.device) -> Batch:
-    """A host-side batch on ``device``. An attention mask without padding is left out:
-    transformers would check it on the device (a host sync per forward) only to find that the
-    plain causal kernel applies, which it then uses without a mask anyway."""
+    """A host-side batch on ``device``, for the causal LMs the trainer builds, without its
+    attention mask where the mask changes no counted logit (``mask_changes_no_counted_logit``:
+    the protocol's right-padded batches, packed ones, any batch without padding); the loss's
+    masking is the labels' -100 either way. Without a mask, SDPA may take the flash kernel
+    (an explicit mask rules it out) and transformers builds no mask on the device (which reads
+    the mask back to the host once or twice per forward). A left-padded batch keeps its mask."""
+    keep_mask = "attention_mask" in batch and not mask_changes_no_counted_logit(batch)
     return {
         k: to_device_async(v, device)
         for k, v in batch.items()
-        if k != "attention_mask" or not bool(v.all())
+        if k != "attention_mask" or keep_mask
     }
 
 
 def forward_loss_sum(
-    model: nn.Module, batch: Batch, autocast: Callable[[], contextlib.AbstractContextManager]
+    model: nn.Module,
+    batch: Batch,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+    loss_sum: LossSum = next_token_loss_sum,
 ) -> torch.Tensor:
+    """The summed next-token loss of a device-side batch (``to_device``'s)."""
     with autocast():
         logits = model(
             input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")
         ).logits
-    return next_token_loss_sum(logits, batch["labels"])
+    return loss_sum(logits, batch["labels"])
 
 
 @dataclass
@@ -98,11 +172,13 @@ def accumulate_gradients(
     device: torch.device,
     world_size: int,
     autocast: Callable[[], contextlib.AbstractContextManager],
+    loss_sum: LossSum = next_token_loss_sum,
 ) -> StepResult:
     """Forward and backward over this rank's micro-batches; leaves the global gradient in .grad.
 
     Nothing here waits for the GPU: the counts are taken from the host-side batches and
-    all-reduced on the device, and the loss stays a device tensor.
+    all-reduced on the device, the loss stays a device tensor, and a right-padded batch reaches
+    the model without a mask (``to_device``), so transformers reads nothing back either.
     """
     local = torch.tensor(
         [
@@ -115,15 +191,15 @@ def accumulate_gradients(
     counts = all_reduce_sum(to_device_async(local, device))
     targets = counts[0].clamp(min=1).double()
     denominator = (targets / world_size).float()
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    total = torch.zeros((), dtype=torch.float64, device=device)
     for i, batch in enumerate(micro_batches):
         batch = to_device(batch, device)
         last = i == len(micro_batches) - 1
         with contextlib.nullcontext() if last else no_gradient_sync(model):
-            loss = forward_loss_sum(model, batch, autocast)
+            loss = forward_loss_sum(model, batch, autocast, loss_sum)
             (loss / denominator).backward()
-        loss_sum += loss.detach().double()
-    return StepResult(loss=all_reduce_sum(loss_sum) / targets, counts=counts)
+        total += loss.detach().double()
+    return StepResult(loss=all_reduce_sum(total) / targets, counts=counts)
 
 
 def grad_norm(params: Iterable[torch.Tensor]) -> torch.Tensor:
@@ -162,13 +238,19 @@ def train_step(
     world_size: int,
     autocast: Callable[[], contextlib.AbstractContextManager],
     grad_clip: float,
+    loss_sum: LossSum = next_token_loss_sum,
 ) -> tuple[StepResult, torch.Tensor, dict[str, float]]:
     """One optimizer step: read ``accumulation`` micro-batches, forward/backward, clip, update,
     advance the schedule. Returns the step's numbers and gradient norm, left on the device
     (``train/step_stats.py`` reads them), and the learning rate each param group used."""
     micro_batches = [next(loader) for _ in range(accumulation)]
     result = accumulate_gradients(
-        model, micro_batches, device=device, world_size=world_size, autocast=autocast
+        model,
+        micro_batches,
+        device=device,
+        world_size=world_size,
+        autocast=autocast,
+        loss_sum=loss_sum,
     )
     norm = grad_norm_and_clip([p for p in model.parameters() if p.requires_grad], grad_clip)
     lrs = {g.get("name", str(i)): g["lr"] for i, g in enumerate(optimizer.param_groups)}
