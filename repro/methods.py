@@ -95,6 +95,11 @@ class Variant:
     optim: str
     label: str
     overrides: tuple[str, ...] = ()
+    alpha: float | None = None
+    """The run's alpha where it is not the config's (a figure over alpha); it names the run
+    directory, so runs of one method at other alphas share the method directory."""
+    lr_of: str | None = None
+    """The optim config whose paper lr the run takes, where not its own (Adam at FOAM's lr)."""
 
 
 @dataclass(frozen=True)
