@@ -116,7 +116,7 @@ class Experiment:
                     point = Point(
                         model,
                         variant.optim,
-                        paper_lr(variant.lr_of or variant.optim, model),
+                        paper_lr(variant.optim, model) if variant.lr is None else variant.lr,
                         config_alpha(variant.optim) if variant.alpha is None else variant.alpha,
                         seed,
                         variant.name,
@@ -311,8 +311,27 @@ def modulewise_adam_variants(model: str) -> list[Variant]:
     embeddings, head and norms, lr x alpha for the attention and MLP matrices) and FOAM-2."""
     return [
         Variant("adamw", "adamw", label("adamw")),
-        Variant("adamw", "adamw", CONTROL_LABEL, alpha=MODULEWISE_ALPHA, lr_of="foam2"),
+        Variant(
+            "adamw", "adamw", CONTROL_LABEL, alpha=MODULEWISE_ALPHA, lr=paper_lr("foam2", model)
+        ),
         Variant("foam2", "foam2", label("foam2")),
+    ]
+
+
+GPT2_DEBERTA = ("gpt2_base", "deberta_base")
+GPT2_DEBERTA_LRS = (5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2)
+GPT2_DEBERTA_METHODS = ("adamw", "galore_1_4", "apollo_1_4", "foam2")
+"""The appendix's figure names no methods; these are Table 2's block at a quarter of Adam's
+state (and Adam), whose scaling factors the appendix keeps unchanged (each config's alpha)."""
+GPT2_DEBERTA_STEPS = 20_000  # "20k iterations, covering 2.6B tokens" (20k x 512 x 256)
+
+
+def lr_grid_variants(model: str) -> list[Variant]:
+    """Each method at each lr of the appendix's grid, one method directory per method."""
+    return [
+        Variant(m, m, f"{label(m)}, lr {lr:g}", lr=lr)
+        for m in GPT2_DEBERTA_METHODS
+        for lr in GPT2_DEBERTA_LRS
     ]
 
 
@@ -393,6 +412,14 @@ EXPERIMENTS: dict[str, Experiment] = {
             "Adam and FOAM-2, LLaMA 60M and 130M",
             ALPHA_MODELS,
             modulewise_adam_variants,
+        ),
+        Experiment(
+            "gpt2_deberta",
+            "Appendix figure: pre-training GPT-2-base and DeBERTa-base (masked LM) on C4, "
+            "20k steps, lr grid",
+            GPT2_DEBERTA,
+            lr_grid_variants,
+            overrides=lambda model: (f"trainer.max_steps={GPT2_DEBERTA_STEPS}",),
         ),
         Experiment(
             "cosine",

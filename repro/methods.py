@@ -98,8 +98,8 @@ class Variant:
     alpha: float | None = None
     """The run's alpha where it is not the config's (a figure over alpha); it names the run
     directory, so runs of one method at other alphas share the method directory."""
-    lr_of: str | None = None
-    """The optim config whose paper lr the run takes, where not its own (Adam at FOAM's lr)."""
+    lr: float | None = None
+    """The run's lr where it is not the config's paper lr (an lr grid, Adam at FOAM's lr)."""
 
 
 @dataclass(frozen=True)

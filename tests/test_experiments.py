@@ -32,6 +32,7 @@ NAMES = [
     "combinations",
     "alpha",
     "modulewise_adam",
+    "gpt2_deberta",
     "cosine",
 ]
 
@@ -134,6 +135,17 @@ def test_modulewise_adam_gives_adam_foams_lr_and_alpha(capsys):
         foam2["optim.alpha"],
     )
     assert len(commands) == 3
+
+
+def test_gpt2_deberta_sweeps_the_appendix_lrs_for_20k_steps(capsys):
+    commands, comments = dry_run(capsys, "--experiment", "gpt2_deberta")
+    runs = [settings(c) for c in commands]
+    assert {s["+model"] for s in runs} == {"gpt2_base", "deberta_base"}
+    assert all(s["trainer.max_steps"] == "20000" for s in runs)
+    foam2 = sorted(float(s["optim.lr"]) for s in runs if s["+optim"] == "foam2")
+    assert foam2 == [5e-4, 5e-4, 1e-3, 1e-3, 2.5e-3, 2.5e-3, 5e-3, 5e-3, 1e-2, 1e-2]
+    assert {s.get("optim.alpha") for s in runs if s["+optim"] == "foam2"} == {"0.25"}
+    assert "2.62B tokens" in comments[0]  # the appendix's 2.6B
 
 
 def test_seq_len_keeps_131k_tokens_per_batch(capsys):

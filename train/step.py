@@ -8,6 +8,8 @@ global sum (FSDP2's reduce-scatter averages the same way). DDP reduces gradients
 micro-batch only; FSDP2 reduce-scatters every micro-batch into the sharded gradients, which sums
 to the same (``train/parallelism.py``'s ``no_gradient_sync`` says why).
 This replaces the references' mean-of-micro-batch-means, which weights short documents more.
+A masked-LM batch (an encoder's, ``train/objective.py``) is scored the same way on its masked
+positions instead of the next tokens.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from foam.sharding import local
 from train.distributed import all_reduce_sum
+from train.objective import MLM_LABELS, count_masked, masked_loss_sum
 from train.parallelism import no_gradient_sync
 
 Batch = dict[str, torch.Tensor]
@@ -48,7 +51,10 @@ def next_token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Ten
 
 
 def count_targets(batch: Batch) -> int:
-    """Tokens that contribute to the loss (non-pad next-token targets)."""
+    """Tokens that contribute to the loss (non-pad next-token targets; a masked-LM batch's
+    masked positions, ``train/objective.py``)."""
+    if MLM_LABELS in batch:
+        return count_masked(batch)
     return int((batch["labels"][:, 1:] != -100).sum())
 
 
@@ -78,6 +84,8 @@ def forward_loss_sum(
         logits = model(
             input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")
         ).logits
+    if MLM_LABELS in batch:
+        return masked_loss_sum(logits, batch[MLM_LABELS])
     return next_token_loss_sum(logits, batch["labels"])
 
 

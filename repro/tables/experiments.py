@@ -408,6 +408,7 @@ def experiment_outputs(
         "combinations": lambda: curve_table(found, "combinations"),
         "alpha": lambda: curve_table(found, "alpha"),
         "modulewise_adam": lambda: curve_table(found, "modulewise_adam"),
+        "gpt2_deberta": lambda: curve_table(found, "gpt2_deberta"),
         "cosine": lambda: cosine_table(found),
     }
     if figures is not None:
