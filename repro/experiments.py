@@ -32,6 +32,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 import models
+from repro.finetune_grid import listing_lines
 from repro.memory_estimator import memory_matched
 from repro.methods import (
     ABLATION_PREFIX,
@@ -438,7 +439,7 @@ def listing() -> str:
     for e in EXPERIMENTS.values():
         runs = e.runs()
         lines.append(f"{e.name:<15} {len(runs):>3} runs  {e.paper}")
-    return "\n".join(lines)
+    return "\n".join([*lines, *listing_lines()])
 
 
 def experiment_runs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[Run]:

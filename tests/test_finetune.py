@@ -176,3 +176,49 @@ def test_without_the_hub_a_hub_name_is_one_line_naming_the_flag(
     assert finetune.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--data-dir DIR" in err and "nyu-mll/glue" in err
+
+
+def test_the_glue_experiment_lays_out_the_papers_grid_and_its_table(glue, tmp_path, capsys):
+    """``sweep.py --experiment glue``: the paper's grid (8 tasks x 5 methods x 8 lrs) with its
+    GPU-hours; one of its runs on the tiny model, then the table with the paper's numbers."""
+    from repro import sweep
+    from repro.study_points import load_points
+    from repro.tables.experiments import experiment_outputs
+
+    assert sweep.main(["--experiment", "glue", "--dry-run", "--root", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith("# glue: 320 runs") and "GPU-hours on H100" in lines[-1]
+    tiny = ["--experiment", "glue", "--model", str(glue / "model"), "--methods", "foam"]
+    extra = ["--", "--level", "2", "--max-steps", "2", "--data-dir", str(glue)]
+    assert sweep.main([*tiny, "--dry-run", "--root", str(tmp_path), *extra]) == 0
+    commands = [
+        line.split() for line in capsys.readouterr().out.splitlines() if "finetune.py" in line
+    ]
+    assert len(commands) == 8 * 8
+    rte = next(c for c in commands if "rte" in c and c[c.index("--lr") + 1] == "0.0001")
+    assert finetune.main(rte[rte.index("glue") :]) == 0
+    table = experiment_outputs(load_points(tmp_path), tmp_path)["glue.md"]
+    foam_row = next(line for line in table.splitlines() if line.startswith("| FOAM |"))
+    assert "(0.71G)" in foam_row and "(83.03)" in foam_row  # the paper's memory and RTE
+    assert "- (64.30)" in foam_row  # CoLA did not run here
+
+
+def test_the_mmlu_table_takes_each_methods_best_lr_by_the_average(tmp_path):
+    from repro.tables.finetune import finetune_outputs
+
+    def summary(method: str, lr: float, stem: float, average: float) -> None:
+        run_dir = tmp_path / "finetune" / "mmlu" / "Qwen--Qwen2.5-7B" / "mmlu" / method / f"lr{lr}"
+        run_dir.mkdir(parents=True)
+        metrics = {"STEM": stem, "social sciences": 80.0, "humanities": 60.0, "other": 70.0}
+        record = {"benchmark": "mmlu", "model": "Qwen/Qwen2.5-7B", "task": "mmlu", "method": method}
+        record["metrics"] = {**metrics, "average": average}
+        (run_dir / "summary.json").write_text(json.dumps(record))
+
+    summary("foam", 1e-5, 70.0, 72.0)
+    summary("foam", 2e-4, 75.0, 71.0)  # a better STEM, a worse average: not the best lr
+    table = finetune_outputs(tmp_path)["mmlu.md"]
+    assert (
+        "| FOAM | 70.00 (69.12) | 80.00 (83.49) | 60.00 (66.48) | 70.00 (76.28) | 72.00 (73.04) |"
+        in table
+    )
+    assert "| Full-Adam | - (-) |" in table  # out of memory in the paper, not run here

@@ -42,6 +42,7 @@ from repro.paper_perplexity import STAND_INS
 from repro.runs import run_dir_fields
 from repro.study_points import fmt_gb, fmt_ppl, load_points, model_order
 from repro.tables.figures import save_figure
+from repro.tables.finetune import finetune_outputs
 from train.update_cosine import PREFIX
 
 # The paper's printed numbers (paper/foam_paper.tex), at 60M, 130M and 350M.
@@ -414,11 +415,12 @@ def experiment_outputs(
     if figures is not None:
         figures.mkdir(parents=True, exist_ok=True)
         plot_cosine(found, figures)
-    return {
+    outputs = {
         OUTPUT_FILES.get(name, f"{name}.md"): make()
         for name, make in tables.items()
         if found.cells(name)
     }
+    return {**outputs, **finetune_outputs(root)}
 
 
 def main(argv: list[str] | None = None) -> int:
