@@ -151,22 +151,24 @@ def finetune_todo(
 
 
 def finetune_plan(
-    runs: Sequence[FinetuneRun], todo: dict[Path, list[str]], args: argparse.Namespace, mfu: float
+    runs: Sequence[FinetuneRun],
+    todo: dict[Path, list[str]],
+    args: argparse.Namespace,
+    mfu: float,
+    gpus: Sequence[str],
 ) -> str:
-    """``--dry-run``: each run's tokens, GPU-hours and command, then the totals."""
-    from repro.experiments import GPUS
-
-    lines, totals = [], dict.fromkeys(GPUS, 0.0)
+    """``--dry-run``: each run's tokens, GPU-hours on ``gpus`` and command, then the totals."""
+    lines, totals = [], dict.fromkeys(gpus, 0.0)
     for run in runs:
-        hours = {gpu: run.gpu_hours(gpu, mfu) for gpu in GPUS}
-        totals = {gpu: totals[gpu] + hours[gpu] for gpu in GPUS}
-        cost = ", ".join(f"{hours[gpu]:,.2f} h {gpu}" for gpu in GPUS)
+        hours = {gpu: run.gpu_hours(gpu, mfu) for gpu in gpus}
+        totals = {gpu: totals[gpu] + hours[gpu] for gpu in gpus}
+        cost = ", ".join(f"{hours[gpu]:,.2f} h {gpu}" for gpu in gpus)
         lines.append(
             f"# {run.model.name} {run.task} {run.method} lr {hparam(run.lr)}: {run.tokens() / 1e6:,.0f}M tokens, {cost}"
         )
         command = todo.get(run.run_dir(args.root))
         lines.append(shlex.join(command) if command else "#   finished")
-    cost = ", ".join(f"{totals[gpu]:,.0f} GPU-hours on {gpu}" for gpu in GPUS)
+    cost = ", ".join(f"{totals[gpu]:,.0f} GPU-hours on {gpu}" for gpu in gpus)
     lines.append(
         f"# {args.experiment}: {len(runs)} runs, {cost} (6 x params x tokens at {mfu:.0%} MFU of "
         "the dense BF16 peak, sequences at their cut-off length; finished runs included)"

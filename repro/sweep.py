@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import models
-from repro.experiments import MFU, experiment_runs, listing, plan
+from repro.experiments import GPUS, MFU, experiment_runs, listing, plan
 from repro.finetune_grid import FINETUNE_EXPERIMENTS, finetune_plan, finetune_todo
 from repro.methods import PAPER_SWEEP, sweeps_alpha
 from repro.runs import REPO, Point, collect, train_command
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     ):  # train/finetune.py runs; --model: a hub name or DIR
         runs, todo = finetune_todo(parser, args)
         if args.dry_run:
-            print(finetune_plan(runs, todo, args, args.mfu or MFU))
+            print(finetune_plan(runs, todo, args, args.mfu or MFU, GPUS))
             return 0
         return run_local(list(todo.values()), args.jobs)
     check_choices(parser, "model", [args.model] if args.model else [], models.available_models())
