@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -e ".[train,dev,fused]" $(if $(PIP_CONSTRAINTS),-c $(PIP_CONSTRAINTS))
+	$(PY) -m pip install -q -e ".[train,dev,fused,finetune]" $(if $(PIP_CONSTRAINTS),-c $(PIP_CONSTRAINTS))
 	$(PY) -c "import foam.fused as f; print('fused FOAM CPU kernel built:', f.kernel_available('cpu'))"
 	touch $(STAMP)
 

@@ -30,6 +30,18 @@ def _embedding_weights(model: nn.Module) -> set[int]:
     return ids
 
 
+def is_linear_map(module: nn.Module) -> bool:
+    """An ``nn.Linear``, or transformers' ``Conv1D`` (GPT-2's linear layers, a linear map whose
+    weight is stored in x out). foam imports only torch, so the latter is known by its class name
+    and its 2-D weight; every method here reads a matrix by its shape alone."""
+    if isinstance(module, nn.Linear):
+        return True
+    weight = getattr(module, "weight", None)
+    return (
+        type(module).__name__ == "Conv1D" and isinstance(weight, nn.Parameter) and weight.dim() == 2
+    )
+
+
 TargetModules = str | Sequence[str]
 """Module names as transformers' ``optim_target_modules`` takes them (see :func:`is_target`)."""
 
@@ -47,25 +59,23 @@ def is_target(target_modules: TargetModules, module_name: str) -> bool:
 def split_params(model: nn.Module, target_modules: TargetModules | None = None) -> ParamSplit:
     r"""Split by structure, or by module names when ``target_modules`` is given.
 
-    By default a matrix is the weight of an ``nn.Linear`` that is not an embedding or output head
-    (found through ``nn.Embedding`` modules and the ``get_input/output_embeddings`` hooks of
-    transformers models). This selects q/k/v/o and gate/up/down in LLaMA and Qwen whatever the
+    By default a matrix is the weight of a linear map (:func:`is_linear_map`) that is not an
+    embedding or output head (found through ``nn.Embedding`` modules and the
+    ``get_input/output_embeddings`` hooks of transformers models). This selects q/k/v/o and gate/up/down in LLaMA and Qwen whatever the
     modules are called. With ``target_modules`` (e.g. ``[r".*\.self_attn\..*", "mlp"]``) the
-    matrices are the weights of the ``nn.Linear`` modules whose qualified name it selects
+    matrices are the weights of the linear maps whose qualified name it selects
     (:func:`is_target`), as with GaLore/APOLLO in ``transformers.Trainer``.
     """
     if target_modules is None:
         vocab = _embedding_weights(model)
         linear = {
-            id(m.weight)
-            for m in model.modules()
-            if isinstance(m, nn.Linear) and id(m.weight) not in vocab
+            id(m.weight) for m in model.modules() if is_linear_map(m) and id(m.weight) not in vocab
         }
     else:
         linear = {
             id(m.weight)
             for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and is_target(target_modules, name)
+            if is_linear_map(m) and is_target(target_modules, name)
         }
         if not linear:
             raise ValueError(

@@ -1,9 +1,9 @@
-"""LLaMA and Qwen2 models for pre-training, built on transformers from ``configs/model/*.yaml``.
+"""LLaMA, Qwen2, GPT-2 and DeBERTa models for pre-training, built on transformers from ``configs/model/*.yaml``.
 
 Public API: :func:`load_model_config`, :func:`build_model`, :func:`count_params`
 (:class:`ParamCounts`), :func:`flops_per_token`, :func:`available_models`,
 :func:`enable_gradient_checkpointing`, :func:`materialize`, :func:`allocate_for_loading`,
-:func:`validate_model_config`.
+:func:`validate_model_config`, :func:`is_masked_lm`.
 """
 
 from .build import (
@@ -17,6 +17,7 @@ from .config import (
     CONFIG_DIR,
     available_models,
     head_dim,
+    is_masked_lm,
     load_model_config,
     validate_model_config,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "flops_per_token",
     "head_dim",
     "hf_config",
+    "is_masked_lm",
     "load_model_config",
     "materialize",
     "matmul_params",

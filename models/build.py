@@ -1,4 +1,5 @@
-"""Build LLaMA / Qwen2 causal LMs from a model config, on any device (``"meta"`` included)."""
+"""Build LLaMA / Qwen2 / GPT-2 causal LMs and DeBERTa masked LMs from a model config, on any
+device (``"meta"`` included)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ from typing import Any
 
 import torch
 from transformers import (
+    DebertaConfig,
+    DebertaForMaskedLM,
+    GPT2Config,
+    GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
     PretrainedConfig,
@@ -20,16 +25,26 @@ from .config import validate_model_config
 _FAMILIES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel]]] = {
     "llama": (LlamaConfig, LlamaForCausalLM),
     "qwen": (Qwen2Config, Qwen2ForCausalLM),
+    "gpt2": (GPT2Config, GPT2LMHeadModel),
+    "deberta": (DebertaConfig, DebertaForMaskedLM),
 }
 
-_OWN_KEYS = ("name", "family")
-"""Keys of our YAML files that are ours, not transformers config fields."""
+_OWN_KEYS = ("name", "family", "mask_token_id")
+"""Keys of our YAML files that are ours, not transformers config fields (the masked-LM objective
+reads ``mask_token_id``: the protocol's T5 vocabulary has no mask token, so DeBERTa's embedding
+has one row more for it)."""
+
+_RENAMED: dict[str, dict[str, str]] = {
+    "gpt2": {"intermediate_size": "n_inner", "layer_norm_eps": "layer_norm_epsilon"},
+}
+"""Our common key -> the family's transformers field, where the config class does not map it
+itself (GPT2Config maps ``hidden_size``, ``num_hidden_layers``, ... through its
+``attribute_map``)."""
 
 
 def _plain(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """A plain dict from a dict or an OmegaConf DictConfig, without importing OmegaConf."""
-    to_container = getattr(type(cfg), "to_container", None)
-    if to_container is None:  # not a DictConfig
+    if not type(cfg).__module__.startswith("omegaconf"):  # not a DictConfig
         return dict(cfg)
     from omegaconf import OmegaConf  # only reached when the caller already uses OmegaConf
 
@@ -46,7 +61,10 @@ def hf_config(cfg: Mapping[str, Any]) -> PretrainedConfig:
     cfg = _plain(cfg)
     validate_model_config(cfg)
     config_cls, _ = _FAMILIES[cfg["family"]]
-    kwargs = {k: v for k, v in cfg.items() if k not in _OWN_KEYS}
+    renamed = _RENAMED.get(cfg["family"], {})
+    kwargs = {  # a null is a key of another family (the trainer's schema has them all)
+        renamed.get(k, k): v for k, v in cfg.items() if k not in _OWN_KEYS and v is not None
+    }
     reference = config_cls()
     unknown = [k for k in kwargs if k != "rope_theta" and not hasattr(reference, k)]
     if unknown:
@@ -62,7 +80,8 @@ def build_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> PreTrainedModel:
-    """A freshly initialised ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` for ``cfg``.
+    """A freshly initialised ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``GPT2LMHeadModel`` /
+    ``DebertaForMaskedLM`` for ``cfg``.
 
     Init is transformers' own: N(0, ``initializer_range``) for every Linear and Embedding, ones
     for RMSNorm, zero biases, as the protocol's models. ``device="meta"`` allocates nothing: use
@@ -94,7 +113,9 @@ def materialize(
     Construction draws, in this order: torch's default init of every module of the base model
     (in registration order), transformers' init of the base model, the default init of the
     head, transformers' init of what is left (the head; tying). This replays that order;
-    ``tests/test_models.py`` checks it against plain construction.
+    ``tests/test_models.py`` checks it against plain construction for LLaMA and Qwen2. GPT-2 and
+    DeBERTa draw in another order there, so their weights follow the same init scheme (the same
+    distributions) with other draws than plain construction's, the same on every device.
     """
     model.to_empty(device="cpu")
     model.to(dtype=torch.float32)

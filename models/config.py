@@ -16,26 +16,49 @@ import yaml
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "model"
 """``configs/model`` next to this package (the repository root is the parent of ``models/``)."""
 
-FAMILIES = ("llama", "qwen")
+FAMILIES = ("llama", "qwen", "gpt2", "deberta")
+MASKED_LM_FAMILIES = ("deberta",)
+"""Encoders, pre-trained with the masked-LM objective (``train/objective.py``); the others are
+causal LMs."""
+GATED_MLP_FAMILIES = ("llama", "qwen")
+"""Families whose MLP has three matrices (gate, up, down); GPT-2's and DeBERTa's have two."""
 
-REQUIRED_KEYS = (
+COMMON_KEYS = (
     "name",
     "family",
     "hidden_size",
     "intermediate_size",
     "num_hidden_layers",
     "num_attention_heads",
-    "num_key_value_heads",
     "vocab_size",
     "max_position_embeddings",
-    "rope_theta",
     "tie_word_embeddings",
-    "rms_norm_eps",
     "initializer_range",
 )
-"""Keys every model config must state explicitly: transformers' defaults differ between
-versions and families (Qwen2Config defaults to vocab 151936), so nothing shape-relevant is left
-to them."""
+REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
+    "llama": (*COMMON_KEYS, "num_key_value_heads", "rope_theta", "rms_norm_eps"),
+    "qwen": (*COMMON_KEYS, "num_key_value_heads", "rope_theta", "rms_norm_eps"),
+    "gpt2": (*COMMON_KEYS, "layer_norm_eps"),
+    "deberta": (
+        *COMMON_KEYS,
+        "layer_norm_eps",
+        "relative_attention",
+        "pos_att_type",
+        "position_biased_input",
+        "max_relative_positions",
+        "type_vocab_size",
+        "mask_token_id",
+    ),
+}
+"""Keys every model config of a family must state explicitly (a null counts as absent):
+transformers' defaults differ between versions and families (Qwen2Config defaults to vocab
+151936, DebertaConfig to absolute positions where DeBERTa-base uses relative attention), so
+nothing shape-relevant is left to them."""
+
+
+def is_masked_lm(cfg: Mapping[str, Any]) -> bool:
+    """Whether the model is pre-trained with the masked-LM objective (an encoder)."""
+    return cfg["family"] in MASKED_LM_FAMILIES
 
 
 def available_models() -> list[str]:
@@ -59,12 +82,12 @@ def load_model_config(name: str) -> dict[str, Any]:
 
 def validate_model_config(cfg: Mapping[str, Any]) -> None:
     """Fail early, with the key's name, on configs that would build a silently wrong model."""
-    missing = [k for k in REQUIRED_KEYS if k not in cfg]
+    if cfg.get("family") not in FAMILIES:
+        raise ValueError(f"model family must be one of {FAMILIES}, got {cfg.get('family')!r}")
+    missing = [k for k in REQUIRED_KEYS[cfg["family"]] if cfg.get(k) is None]
     if missing:
         raise ValueError(f"model config {cfg.get('name', '?')!r} lacks keys: {missing}")
-    if cfg["family"] not in FAMILIES:
-        raise ValueError(f"model family must be one of {FAMILIES}, got {cfg['family']!r}")
-    heads, kv = int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"])
+    heads, kv = int(cfg["num_attention_heads"]), kv_heads(cfg)
     if int(cfg["hidden_size"]) % heads:
         raise ValueError(
             f"hidden_size {cfg['hidden_size']} is not divisible by num_attention_heads {heads}"
@@ -73,6 +96,11 @@ def validate_model_config(cfg: Mapping[str, Any]) -> None:
         raise ValueError(
             f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}"
         )
+
+
+def kv_heads(cfg: Mapping[str, Any]) -> int:
+    """Key/value heads: the config's (grouped-query attention), else one per attention head."""
+    return int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
 
 
 def head_dim(cfg: Mapping[str, Any]) -> int:

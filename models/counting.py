@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
+from transformers.pytorch_utils import Conv1D
 
-from .config import head_dim
+from .config import GATED_MLP_FAMILIES, head_dim, kv_heads
 
 
 @dataclass(frozen=True)
@@ -23,32 +24,44 @@ class ParamCounts:
 
 
 def count_params(model: nn.Module) -> ParamCounts:
-    """Counts by role for a transformers decoder: ``folded`` are the weights of the linear maps
-    inside its decoder layers.
+    """Counts by role for a transformers model: ``folded`` are the weights of its linear maps
+    (``nn.Linear``, and GPT-2's ``Conv1D``) that do not map to or from the vocabulary: in LLaMA
+    and Qwen the decoder layers' q/k/v/o and gate/up/down, in DeBERTa also its MLM head's
+    transform.
 
     The optimizers find the same matrices by structure, without knowing the architecture
     (``foam.split_params``); ``tests/test_models.py`` checks that the two agree.
     """
     trainable = [p for p in model.parameters() if p.requires_grad]
-    layers = model.get_decoder().layers
-    matrices = {id(m.weight) for m in layers.modules() if isinstance(m, nn.Linear)}
+    vocab = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    head = model.get_output_embeddings()
+    if head is not None:
+        vocab.add(id(head.weight))
+    matrices = {
+        id(m.weight)
+        for m in model.modules()
+        if isinstance(m, (nn.Linear, Conv1D)) and id(m.weight) not in vocab
+    }
     folded = sum(p.numel() for p in trainable if id(p) in matrices)
     total = sum(p.numel() for p in trainable)
     return ParamCounts(total=total, folded=folded, other=total - folded)
 
 
 def matmul_params(cfg: Mapping[str, Any]) -> int:
-    """Parameters that take part in a matmul per token: the 7 block matrices and the lm_head.
+    """Parameters that take part in a matmul per token: the block matrices (q, k, v, o and the
+    MLP's gate/up/down, or up/down without a gate) and the lm_head.
 
     The input embedding is a lookup (no FLOPs); norms and biases are elementwise and ignored.
-    A tied head is still one V x h matmul per token, so it counts either way.
+    A tied head is still one V x h matmul per token, so it counts either way. DeBERTa's relative
+    position projections act on the position table (not per token) and its MLM head's h x h
+    transform is one matrix among a layer's dozen: both are left out.
     """
     h, inter = int(cfg["hidden_size"]), int(cfg["intermediate_size"])
     layers, vocab = int(cfg["num_hidden_layers"]), int(cfg["vocab_size"])
     q_width = int(cfg["num_attention_heads"]) * head_dim(cfg)
-    kv_width = int(cfg["num_key_value_heads"]) * head_dim(cfg)
+    kv_width = kv_heads(cfg) * head_dim(cfg)
     attention = h * q_width + 2 * h * kv_width + q_width * h
-    mlp = 3 * h * inter
+    mlp = (3 if cfg["family"] in GATED_MLP_FAMILIES else 2) * h * inter
     return layers * (attention + mlp) + vocab * h
 
 

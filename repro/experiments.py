@@ -32,10 +32,12 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 import models
+from repro.finetune_grid import listing_lines
 from repro.memory_estimator import memory_matched
 from repro.methods import (
     ABLATION_PREFIX,
     ABLATIONS,
+    CONTROL_LABEL,
     FOLD_LEVEL,
     TABLE2,
     TABLE3,
@@ -115,8 +117,8 @@ class Experiment:
                     point = Point(
                         model,
                         variant.optim,
-                        paper_lr(variant.optim, model),
-                        config_alpha(variant.optim),
+                        paper_lr(variant.optim, model) if variant.lr is None else variant.lr,
+                        config_alpha(variant.optim) if variant.alpha is None else variant.alpha,
                         seed,
                         variant.name,
                     )
@@ -289,6 +291,51 @@ def cosine_variants(model: str) -> list[Variant]:
     return out
 
 
+ALPHA_FIGURE = (0.25, 0.5, 0.75, 1.0)
+"""FOAM-2's alphas in the appendix's alpha figure: the grid the Appendix says it tunes scaling
+factors over ({0.25, 0.5, 0.75, 1.0}; the main text's grid leaves out 0.75)."""
+ALPHA_MODELS = ("llama_60m", "llama_130m")  # both appendix figures' panels
+MODULEWISE_ALPHA = 0.25  # FOAM's alpha, which the module-wise Adam gives its matrices
+
+
+def alpha_variants(model: str) -> list[Variant]:
+    """FOAM-2 at its paper lr at each alpha of the figure (one method directory, the alpha in
+    each run's directory name)."""
+    return [
+        Variant("foam2", "foam2", f"FOAM-2, alpha {alpha:g}", alpha=alpha) for alpha in ALPHA_FIGURE
+    ]
+
+
+def modulewise_adam_variants(model: str) -> list[Variant]:
+    """The appendix's figure "Comparing FOAM with Adam employing block-wise learning rates":
+    Adam at its own lr (one lr everywhere), Adam with FOAM-2's hyperparameters (lr for the
+    embeddings, head and norms, lr x alpha for the attention and MLP matrices) and FOAM-2."""
+    return [
+        Variant("adamw", "adamw", label("adamw")),
+        Variant(
+            "adamw", "adamw", CONTROL_LABEL, alpha=MODULEWISE_ALPHA, lr=paper_lr("foam2", model)
+        ),
+        Variant("foam2", "foam2", label("foam2")),
+    ]
+
+
+GPT2_DEBERTA = ("gpt2_base", "deberta_base")
+GPT2_DEBERTA_LRS = (5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2)
+GPT2_DEBERTA_METHODS = ("adamw", "galore_1_4", "apollo_1_4", "foam2")
+"""The appendix's figure names no methods; these are Table 2's block at a quarter of Adam's
+state (and Adam), whose scaling factors the appendix keeps unchanged (each config's alpha)."""
+GPT2_DEBERTA_STEPS = 20_000  # "20k iterations, covering 2.6B tokens" (20k x 512 x 256)
+
+
+def lr_grid_variants(model: str) -> list[Variant]:
+    """Each method at each lr of the appendix's grid, one method directory per method."""
+    return [
+        Variant(m, m, f"{label(m)}, lr {lr:g}", lr=lr)
+        for m in GPT2_DEBERTA_METHODS
+        for lr in GPT2_DEBERTA_LRS
+    ]
+
+
 def overtrain_variants(model: str) -> list[Variant]:
     return [Variant(f"{m}_overtrain", m, label(m)) for m in OVERTRAIN_METHODS]
 
@@ -355,6 +402,27 @@ EXPERIMENTS: dict[str, Experiment] = {
             methods(*COMBINATION_METHODS),
         ),
         Experiment(
+            "alpha",
+            "Appendix figure: FOAM-2's validation PPL at each alpha, LLaMA 60M and 130M",
+            ALPHA_MODELS,
+            alpha_variants,
+        ),
+        Experiment(
+            "modulewise_adam",
+            "Appendix figure: Adam with FOAM's module-wise lr (matrices at lr x alpha) against "
+            "Adam and FOAM-2, LLaMA 60M and 130M",
+            ALPHA_MODELS,
+            modulewise_adam_variants,
+        ),
+        Experiment(
+            "gpt2_deberta",
+            "Appendix figure: pre-training GPT-2-base and DeBERTa-base (masked LM) on C4, "
+            "20k steps, lr grid",
+            GPT2_DEBERTA,
+            lr_grid_variants,
+            overrides=lambda model: (f"trainer.max_steps={GPT2_DEBERTA_STEPS}",),
+        ),
+        Experiment(
             "cosine",
             "Appendix figure: cosine of FOAM-2/3's update with Adam's, with and without the "
             "residual, per layer (LLaMA-60M; the paper does not name the size)",
@@ -370,8 +438,8 @@ def listing() -> str:
     lines = []
     for e in EXPERIMENTS.values():
         runs = e.runs()
-        lines.append(f"{e.name:<11} {len(runs):>3} runs  {e.paper}")
-    return "\n".join(lines)
+        lines.append(f"{e.name:<15} {len(runs):>3} runs  {e.paper}")
+    return "\n".join([*lines, *listing_lines()])
 
 
 def experiment_runs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[Run]:
@@ -420,7 +488,7 @@ def plan(runs: Sequence[Run], commands: dict[Path, list[str]], args: argparse.Na
             totals[gpu] += hours[gpu]
         tokens += run.tokens(args.overrides)
         cost = ", ".join(f"{hours[gpu]:,.1f} h {gpu}" for gpu in GPUS)
-        where = f"{run.point.model}/{run.point.name} seed {run.point.seed}"
+        where = f"{run.point.model}/{run.point.name}/{run.point.run_dir(Path()).name}"
         lines.append(f"# {where}: {run.tokens(args.overrides) / 1e9:.2f}B tokens, {cost}")
         command = commands.get(run.point.run_dir(args.root))
         lines.append(shlex.join(command) if command else "#   finished")

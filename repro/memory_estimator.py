@@ -131,6 +131,12 @@ def table2_gb(e: Estimate) -> float:
     return e.total_bytes / GB
 
 
+def finetune_gb(params: int, optimizer_state_numel: int) -> float:
+    """The fine-tuning tables' memory column, Table 2's convention: every weight (LoRA's
+    adapters included) and the planned optimizer state, in bf16, decimal GB."""
+    return (params + optimizer_state_numel) * BF16_BYTES / GB
+
+
 def appendix_pair(e: Estimate) -> tuple[float, float]:
     """The Appendix table's "weights/states": weights in GiB, states = GB total - GiB weights."""
     weights = e.weights_bytes / GIB

@@ -95,6 +95,11 @@ class Variant:
     optim: str
     label: str
     overrides: tuple[str, ...] = ()
+    alpha: float | None = None
+    """The run's alpha where it is not the config's (a figure over alpha); it names the run
+    directory, so runs of one method at other alphas share the method directory."""
+    lr: float | None = None
+    """The run's lr where it is not the config's paper lr (an lr grid, Adam at FOAM's lr)."""
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import models
-from repro.experiments import experiment_runs, listing, plan
+from repro.experiments import GPUS, MFU, experiment_runs, listing, plan
+from repro.finetune_grid import FINETUNE_EXPERIMENTS, finetune_plan, finetune_todo
 from repro.methods import PAPER_SWEEP, sweeps_alpha
 from repro.runs import REPO, Point, collect, train_command
 from train.cli_errors import check_choices
@@ -208,6 +209,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--name names a variant of exactly one method")
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
+    if (
+        args.experiment in FINETUNE_EXPERIMENTS
+    ):  # train/finetune.py runs; --model: a hub name or DIR
+        runs, todo = finetune_todo(parser, args)
+        if args.dry_run:
+            print(finetune_plan(runs, todo, args, args.mfu or MFU, GPUS))
+            return 0
+        return run_local(list(todo.values()), args.jobs)
     check_choices(parser, "model", [args.model] if args.model else [], models.available_models())
     if args.experiment:
         runs = experiment_runs(parser, args)

@@ -30,6 +30,9 @@ NAMES = [
     "residual",
     "overtrain",
     "combinations",
+    "alpha",
+    "modulewise_adam",
+    "gpt2_deberta",
     "cosine",
 ]
 
@@ -48,10 +51,11 @@ def settings(command: list[str]) -> dict[str, str]:
     return {key: value for key, value in pairs}
 
 
-def test_list_names_the_ten_experiments(capsys):
+def test_list_names_every_experiment(capsys):
     assert sweep.main(["--list"]) == 0
     listed = [line.split()[0] for line in capsys.readouterr().out.strip().splitlines()]
-    assert listed == NAMES == list(experiments.EXPERIMENTS)
+    assert listed == [*NAMES, "glue", "mmlu"]  # the fine-tuning grids last
+    assert list(experiments.EXPERIMENTS) == NAMES
 
 
 def test_table2_is_the_papers_rows_sizes_and_seeds(capsys):
@@ -99,6 +103,50 @@ def test_table3_qwen_int8_residual_overtrain_combinations_cosine(capsys):
         assert foam.available_optimizers()[base]["alpha"] == 1.0  # what an absent alpha means
     cosine = [settings(c) for c in dry_run(capsys, "--experiment", "cosine")[0]]
     assert len(cosine) == 5 and all(s["trainer.log_update_cosine"] == "true" for s in cosine)
+
+
+def test_alpha_runs_foam2_at_the_papers_lr_over_the_appendix_alphas(capsys):
+    commands, comments = dry_run(capsys, "--experiment", "alpha")
+    runs = [settings(c) for c in commands]
+    assert {(s["+model"], s["+optim"]) for s in runs} == {
+        ("llama_60m", "foam2"),
+        ("llama_130m", "foam2"),
+    }
+    assert sorted(float(s["optim.alpha"]) for s in runs if s["+model"] == "llama_60m") == [
+        0.25,
+        0.5,
+        0.75,
+        1.0,
+    ]
+    assert {s["optim.lr"] for s in runs} == {"0.01"}  # FOAM's Appendix lr at 60M and 130M
+    for s in runs:  # the alpha names the run directory, so a grid point's run is shared
+        assert Path(s["hydra.run.dir"]).name == f"lr0.01_alpha{s['optim.alpha']}_seed42"
+    assert comments[-1].startswith("# alpha: 8 runs")
+
+
+def test_modulewise_adam_gives_adam_foams_lr_and_alpha(capsys):
+    commands, _ = dry_run(capsys, "--experiment", "modulewise_adam", "--model", "llama_60m")
+    runs = {Path(settings(c)["hydra.run.dir"]).parts[-2:]: settings(c) for c in commands}
+    adam = runs[("adamw", "lr0.005_seed42")]  # Adam's own lr, one lr everywhere
+    modulewise = runs[("adamw", "lr0.01_alpha0.25_seed42")]
+    foam2 = runs[("foam2", "lr0.01_alpha0.25_seed42")]
+    assert "optim.alpha" not in adam
+    assert (modulewise["optim.lr"], modulewise["optim.alpha"]) == (
+        foam2["optim.lr"],
+        foam2["optim.alpha"],
+    )
+    assert len(commands) == 3
+
+
+def test_gpt2_deberta_sweeps_the_appendix_lrs_for_20k_steps(capsys):
+    commands, comments = dry_run(capsys, "--experiment", "gpt2_deberta")
+    runs = [settings(c) for c in commands]
+    assert {s["+model"] for s in runs} == {"gpt2_base", "deberta_base"}
+    assert all(s["trainer.max_steps"] == "20000" for s in runs)
+    foam2 = sorted(float(s["optim.lr"]) for s in runs if s["+optim"] == "foam2")
+    assert foam2 == [5e-4, 5e-4, 1e-3, 1e-3, 2.5e-3, 2.5e-3, 5e-3, 5e-3, 1e-2, 1e-2]
+    assert {s.get("optim.alpha") for s in runs if s["+optim"] == "foam2"} == {"0.25"}
+    assert "2.62B tokens" in comments[0]  # the appendix's 2.6B
 
 
 def test_seq_len_keeps_131k_tokens_per_batch(capsys):
@@ -165,7 +213,8 @@ def test_fold_level_runs_baselines_at_each_levels_memory(capsys):
     assert by_dir["ablation_foam5"]["+optim"] == "foam5" and by_dir["foam2"]["+optim"] == "foam2"
 
 
-# One tiny run of every experiment kind through the sweep and the trainer, then its table.
+# One tiny run of every experiment kind through the sweep and the trainer, then its table (alpha
+# and modulewise_adam are table2's runs at other lrs and alphas: a method is several runs there).
 SMOKE = {
     "table2": ("llama_tiny", "foam2"),
     "table3": ("llama_tiny", "galore_1_4"),
@@ -187,7 +236,7 @@ TABLE_OF = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", list(SMOKE))
 def test_tiny_run_of_each_experiment(tmp_path, name):
     model, method = SMOKE[name]
     tiny = [
@@ -232,8 +281,21 @@ def test_tables_put_the_papers_numbers_beside_the_measured(tmp_path):
     cosine = {"step": 200, "update_cosine/layer_0": 0.5, "update_cosine/mean": 0.4}
     fake_run(tmp_path, "llama_2m", "cosine_foam2", "lr0.01_alpha0.25_seed0", 80.0, [cosine])
     fake_run(tmp_path, "llama_2m", "ablation_foam2_no_residual", "lr0.01_alpha0.25_seed0", 95.0)
+    fake_run(tmp_path, "llama_2m", "adamw", "lr0.01_alpha0.25_seed0", 70.0)
+    fake_run(tmp_path, "llama_2m", "foam2", "lr0.01_alpha0.75_seed0", 75.0)
     tables = experiment_outputs(load_points(tmp_path), tmp_path)
-    assert set(tables) == {"int8.md", "seq_len.md", "cosine.md", "residual.md"}
+    assert set(tables) == {
+        "int8.md",
+        "seq_len.md",
+        "cosine.md",
+        "residual.md",
+        "alpha_curves.md",
+        "modulewise_adam.md",
+    }
+    assert "| FOAM-2, alpha 0.75 | 85.00 | 75.00 |" in tables["alpha_curves.md"]
+    modulewise = tables["modulewise_adam.md"]
+    assert "| AdamW, matrices at lr x alpha (module-wise lr) | 80.00 | 70.00 |" in modulewise
+    assert "Full-Adam" not in modulewise  # Adam at its own lr did not run
     int8 = next(line for line in tables["int8.md"].splitlines() if "8-bit FOAM-2" in line)
     # measured mean ± std (n) | the paper's PPL | estimated memory | the paper's memory
     assert "| 30.00 ± 1.41 (n=2) | 28.86 | 0.19G | 0.18G |" in int8

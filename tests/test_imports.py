@@ -28,6 +28,7 @@ ALLOWED = {
         "pyarrow",
         "numpy",
         "psutil",
+        "peft",  # the fine-tuning recipes' LoRA baseline (train/finetune_methods.py)
         "foam",
         "models",
         "train",

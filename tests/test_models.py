@@ -22,6 +22,8 @@ PAPER_SIZES = (
     "qwen_350m",
 )
 DEBUG_SIZES = ("llama_tiny", "qwen_tiny")
+OTHER_FAMILIES = ("gpt2_tiny", "deberta_tiny", "gpt2_base", "deberta_base")
+"""GPT-2 (Conv1D linear layers) and DeBERTa (an encoder, masked LM): the appendix's models."""
 
 # Qwen above 350M (not in the paper): Qwen2.5-1.5B / 3B / 7B's published shapes, restated here as
 # hidden, intermediate, layers, heads, kv heads, tied embeddings; vocabulary the protocol's 32000.
@@ -114,13 +116,51 @@ def test_protocol_shapes_and_totals(name: str) -> None:
     assert type(config).__name__ == ("Qwen2Config" if qwen else "LlamaConfig")
 
 
-@pytest.mark.parametrize("name", DEBUG_SIZES)
+@pytest.mark.parametrize("name", DEBUG_SIZES + OTHER_FAMILIES)
 def test_counts_agree_with_the_optimizers_split(name: str) -> None:
     model = models.build_model(models.load_model_config(name), device="meta")
     split = foam.split_params(model)
     counts = models.count_params(model)
     assert counts.folded == sum(p.numel() for _, p in split.matrices)
     assert counts.other == sum(p.numel() for _, p in split.others)
+
+
+def test_gpt2_base_is_gpt2s_124m_on_the_t5_vocabulary() -> None:
+    """GPT-2-base has 124,439,808 parameters with its 50257 ids; here 32000, the embedding's
+    (50257 - 32000) x 768 fewer. Its attention and MLP are Conv1D modules: the split finds them."""
+    cfg = models.load_model_config("gpt2_base")
+    model = models.build_model(cfg, device="meta")
+    assert models.count_params(model).total == 124_439_808 - (50257 - 32000) * 768
+    split = dict(foam.split_params(model).matrices)
+    assert tuple(split["transformer.h.0.attn.c_attn.weight"].shape) == (768, 3 * 768)
+    assert len(split) == 12 * 4  # c_attn, attn c_proj, c_fc, mlp c_proj
+    assert models.matmul_params(cfg) == 12 * (4 * 768**2 + 2 * 768 * 3072) + 32000 * 768
+
+
+def test_deberta_base_is_relative_attention_with_a_mask_row() -> None:
+    cfg = models.load_model_config("deberta_base")
+    config = models.hf_config(cfg)
+    assert type(config).__name__ == "DebertaConfig" and models.is_masked_lm(cfg)
+    assert config.relative_attention and config.pos_att_type == ["c2p", "p2c"]
+    assert not config.position_biased_input and cfg["mask_token_id"] == 32000 == 32001 - 1
+    assert not models.is_masked_lm(models.load_model_config("gpt2_base"))
+
+
+@pytest.mark.parametrize(
+    ("name", "auto"),
+    [("gpt2_tiny", "AutoModelForCausalLM"), ("deberta_tiny", "AutoModelForMaskedLM")],
+)
+def test_other_families_save_and_load(name: str, auto: str, tmp_path: Path) -> None:
+    import transformers
+
+    torch.manual_seed(0)
+    model = models.build_model(models.load_model_config(name)).eval()
+    model.save_pretrained(tmp_path)
+    loaded = getattr(transformers, auto).from_pretrained(tmp_path).eval()
+    assert type(loaded) is type(model)
+    ids = torch.randint(2, 32000, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, loaded(input_ids=ids).logits)
 
 
 def test_llama_60m_matches_the_papers_split() -> None:

@@ -15,6 +15,7 @@ import torch.multiprocessing as mp
 import models
 from foam.profiling import peak_transient_bytes
 from train.distributed import wrap_ddp
+from train.objective import MLM_LABELS
 from train.step import (
     StepResult,
     TrainingDiverged,
@@ -415,6 +416,17 @@ def test_no_mask_reaches_the_model_in_a_training_step_unless_left_padded() -> No
     step(recorder, [padded, packed, left_padded(padded)])
     assert recorder.masks[0] is None and recorder.masks[1] is None
     assert torch.equal(recorder.masks[2], left_padded(padded)["attention_mask"])
+
+
+def test_a_masked_lm_batch_keeps_its_mask_whatever_its_padding() -> None:
+    """An encoder's tokens attend to the padding after them too: only the mask stops it."""
+    padded = batches(1, 4)[0]
+    masked_lm = {k: v for k, v in padded.items() if k != "labels"}
+    masked_lm[MLM_LABELS] = padded["labels"]
+    assert mask_changes_no_counted_logit(padded)
+    assert not mask_changes_no_counted_logit(masked_lm)
+    on_device = to_device(masked_lm, torch.device("cpu"))
+    assert torch.equal(on_device["attention_mask"], padded["attention_mask"])
 
 
 def whole_tensor_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

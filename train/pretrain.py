@@ -1,4 +1,4 @@
-"""Pre-train a LLaMA / Qwen model on C4 with any optimizer of the project (the paper's protocol).
+"""Pre-train a LLaMA / Qwen / GPT-2 / DeBERTa model on C4 with any optimizer of the project (the paper's protocol).
 
     torchrun --nproc_per_node 8 train/pretrain.py +model=llama_350m +optim=foam2
     python train/pretrain.py +model=llama_tiny +optim=foam2 trainer=cpu_debug logger=none
@@ -83,6 +83,7 @@ from train.metrics import (
     per_rank_memory_line,
     planned_state_bytes,
 )
+from train.objective import MaskedTrainLoader, MaskedValBatches, Masking
 from train.parallelism import (
     compiles_layers,
     fill_from_rank0,
@@ -370,6 +371,14 @@ def build_data(
             **ranks,
         )
     prove_data(source, tokenizer, train_loader, cfg.data)
+    masking = Masking.of(cfg.model)
+    if masking is not None:  # an encoder: the masked-LM objective (train/objective.py)
+        train_loader = MaskedTrainLoader(
+            train_loader, masking, seed=t.seed, rank=info.rank, world_size=info.world_size
+        )
+        val_batches = MaskedValBatches(val_batches, masking)
+        if test_batches is not None:
+            test_batches = MaskedValBatches(test_batches, masking)
     return tokenizer, train_loader, val_batches, test_batches
 
 

@@ -37,8 +37,9 @@ OPTIM_SCHEMA_GROUP = "optim_schema"
 
 @dataclass
 class ModelConfig:
-    """A LLaMA / Qwen size. Every field is required: ``configs/model/*.yaml`` are the size table
-    (``models/config.py`` reads the same files without Hydra), so nothing has a default here."""
+    """A model size. The keys every family has are required; a family's own keys default to
+    null, and ``models.validate_model_config`` requires each family's (``models/config.py``):
+    ``configs/model/*.yaml`` are the size table, read there without Hydra too."""
 
     name: str = MISSING
     family: str = MISSING
@@ -46,16 +47,26 @@ class ModelConfig:
     intermediate_size: int = MISSING
     num_hidden_layers: int = MISSING
     num_attention_heads: int = MISSING
-    num_key_value_heads: int = MISSING
     vocab_size: int = MISSING
     max_position_embeddings: int = MISSING
-    rope_theta: float = MISSING
     tie_word_embeddings: bool = MISSING
-    rms_norm_eps: float = MISSING
     initializer_range: float = MISSING
     bos_token_id: int = MISSING
     eos_token_id: int = MISSING
     pad_token_id: int = MISSING
+    # LLaMA / Qwen
+    num_key_value_heads: int | None = None
+    rope_theta: float | None = None
+    rms_norm_eps: float | None = None
+    # GPT-2 / DeBERTa
+    layer_norm_eps: float | None = None
+    # DeBERTa
+    relative_attention: bool | None = None
+    pos_att_type: list[str] | None = None
+    position_biased_input: bool | None = None
+    max_relative_positions: int | None = None
+    type_vocab_size: int | None = None
+    mask_token_id: int | None = None
 
 
 @dataclass

@@ -8,6 +8,8 @@ global sum (FSDP2's reduce-scatter averages the same way). DDP reduces gradients
 micro-batch only; FSDP2 reduce-scatters every micro-batch into the sharded gradients, which sums
 to the same (``train/parallelism.py``'s ``no_gradient_sync`` says why).
 This replaces the references' mean-of-micro-batch-means, which weights short documents more.
+A masked-LM batch (an encoder's, ``train/objective.py``) is scored the same way on its masked
+positions instead of the next tokens.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from foam.sharding import local
 from train.distributed import all_reduce_sum
+from train.objective import MLM_LABELS, count_masked, masked_loss_sum
 from train.parallelism import no_gradient_sync
 
 Batch = dict[str, torch.Tensor]
@@ -102,7 +105,10 @@ def loss_sum_for(compiled: bool) -> LossSum:
 
 
 def count_targets(batch: Batch) -> int:
-    """Tokens that contribute to the loss (non-pad next-token targets)."""
+    """Tokens that contribute to the loss (non-pad next-token targets; a masked-LM batch's
+    masked positions, ``train/objective.py``)."""
+    if MLM_LABELS in batch:
+        return count_masked(batch)
     return int((batch["labels"][:, 1:] != -100).sum())
 
 
@@ -120,15 +126,19 @@ def mask_changes_no_counted_logit(batch: Batch) -> bool:
     at all included), and no padded position holds a label. A token of a causal LM attends to
     itself and the positions before it, which in such a row are all real tokens; the padded
     positions it would change predict nothing counted. Left padding (``0..0 1..1``) is not such
-    a batch: without the mask a real token would attend to the padding before it."""
+    a batch: without the mask a real token would attend to the padding before it. Nor is a
+    masked-LM batch (``MLM_LABELS``): an encoder's every token attends to every other, padding
+    included, unless the mask says otherwise."""
+    if MLM_LABELS in batch:
+        return False
     mask = batch["attention_mask"]
     right_padded = bool((mask[:, 1:] <= mask[:, :-1]).all())
     return right_padded and bool((batch["labels"][mask == 0] == -100).all())
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
-    """A host-side batch on ``device``, for the causal LMs the trainer builds, without its
-    attention mask where the mask changes no counted logit (``mask_changes_no_counted_logit``:
+    """A host-side batch on ``device``, without its attention mask where the mask changes no
+    counted logit (``mask_changes_no_counted_logit``:
     the protocol's right-padded batches, packed ones, any batch without padding); the loss's
     masking is the labels' -100 either way. Without a mask, SDPA may take the flash kernel
     (an explicit mask rules it out) and transformers builds no mask on the device (which reads
@@ -152,6 +162,8 @@ def forward_loss_sum(
         logits = model(
             input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")
         ).logits
+    if MLM_LABELS in batch:
+        return masked_loss_sum(logits, batch[MLM_LABELS])
     return loss_sum(logits, batch["labels"])
 
 

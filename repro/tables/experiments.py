@@ -42,6 +42,7 @@ from repro.paper_perplexity import STAND_INS
 from repro.runs import run_dir_fields
 from repro.study_points import fmt_gb, fmt_ppl, load_points, model_order
 from repro.tables.figures import save_figure
+from repro.tables.finetune import finetune_outputs
 from train.update_cosine import PREFIX
 
 # The paper's printed numbers (paper/foam_paper.tex), at 60M, 130M and 350M.
@@ -82,6 +83,8 @@ PAPER_INT8: dict[str, tuple[tuple[float, float], ...]] = {
     "foam8bit": ((28.86, 0.18), (22.66, 0.36), (16.02, 0.86)),
 }
 """``tab:validation_llama_60m-350m_int8``: (PPL, memory in GB)."""
+OUTPUT_FILES = {"alpha": "alpha_curves.md"}
+"""Experiments whose table file is not ``NAME.md`` (``alpha.md`` is ``make_tables``' own)."""
 CURVE_COLUMNS = 6  # evaluation steps a curve is shown at (evenly spaced, the last included)
 
 
@@ -111,7 +114,8 @@ class Found:
 
     def runs(self, experiment: str) -> list[tuple[Run, Any]]:
         """One run per (model, variant) of ``experiment`` and its point (``None``: not run), on
-        the models found that are the experiment's, stand in for one, or are no paper size."""
+        the models found that are the experiment's, stand in for one, or are no paper size.
+        Variants that share a method directory differ in their lr or alpha."""
         sizes = EXPERIMENTS[experiment].models
         chosen = [
             m
@@ -120,8 +124,9 @@ class Found:
         ]
         seen, out = set(), []
         for run in EXPERIMENTS[experiment].runs(chosen, seeds=[0]) if chosen else []:
-            if (run.point.model, run.point.name) not in seen:
-                seen.add((run.point.model, run.point.name))
+            key = (run.point.model, run.point.name, run.point.lr, run.point.alpha)
+            if key not in seen:
+                seen.add(key)
                 out.append((run, self.point(run)))
         return out
 
@@ -402,12 +407,20 @@ def experiment_outputs(
         "residual": lambda: curve_table(found, "residual"),
         "overtrain": lambda: curve_table(found, "overtrain"),
         "combinations": lambda: curve_table(found, "combinations"),
+        "alpha": lambda: curve_table(found, "alpha"),
+        "modulewise_adam": lambda: curve_table(found, "modulewise_adam"),
+        "gpt2_deberta": lambda: curve_table(found, "gpt2_deberta"),
         "cosine": lambda: cosine_table(found),
     }
     if figures is not None:
         figures.mkdir(parents=True, exist_ok=True)
         plot_cosine(found, figures)
-    return {f"{name}.md": make() for name, make in tables.items() if found.cells(name)}
+    outputs = {
+        OUTPUT_FILES.get(name, f"{name}.md"): make()
+        for name, make in tables.items()
+        if found.cells(name)
+    }
+    return {**outputs, **finetune_outputs(root)}
 
 
 def main(argv: list[str] | None = None) -> int:
