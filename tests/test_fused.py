@@ -5,6 +5,7 @@ several steps, for every option, level, fold axis and divisible or non-divisible
 Triton kernel runs in its CPU interpreter (``TRITON_INTERPRET=1``) when triton is installed.
 """
 
+import copy
 import importlib.util
 import itertools
 import os
@@ -354,3 +355,60 @@ def test_steps_run_says_which_step_each_folded_group_took():
     assert eager_optimizer.steps_run() == {"matrices": "eager", "level 0": "eager"}
     assert steps_run(fused_optimizer) == fused_optimizer.steps_run()
     assert steps_run(torch.optim.AdamW([vector])) == {}
+
+
+def test_a_group_of_mixed_shapes_and_step_counts_steps_as_the_eager_one():
+    """One call steps matrices of several shapes and folds; a matrix that had no gradient at
+    one step is a step behind from then on (its own bias corrections), as in the eager step."""
+    needs_cpu_kernel()
+    shapes = [(8, 16), (16, 8), (10, 7), (40, 16)]
+    results = {}
+    for implementation in ("fused", "eager"):
+        params = [torch.nn.Parameter(p) for p in starts(shapes, torch.float32)]
+        optimizer = FOAM(params, lr=1e-2, weight_decay=0.1, implementation=implementation)
+        generator = torch.Generator().manual_seed(1)
+        for step in range(STEPS):
+            grads = gradients(shapes, torch.float32, generator)
+            for k, (p, g) in enumerate(zip(params, grads, strict=True)):
+                p.grad = None if (step, k) == (1, 2) else g
+            optimizer.step()
+        results[implementation] = [[p.detach(), *optimizer.state[p].values()] for p in params]
+    for actual, expected in zip(results["fused"], results["eager"], strict=True):
+        for a, e in zip(actual, expected, strict=True):
+            assert_agree(a, e, torch.float32)
+    assert [state[1].item() for state in results["fused"]] == [STEPS, STEPS, STEPS - 1, STEPS]
+
+
+def test_a_group_decides_its_routes_once_and_again_when_its_gradients_change(monkeypatch):
+    """The kernel call and its tables are made at the first step and kept while the parameters
+    and their gradients' dtypes and layouts stay; a gradient the kernel cannot read as it is (a
+    transposed view), or a loaded state dict, makes them again (and a step after loading
+    continues as the uninterrupted run)."""
+    needs_cpu_kernel()
+    made = []
+    real = fused.kernel_group
+    monkeypatch.setattr(fused, "kernel_group", lambda *a: made.append(a[0]) or real(*a))
+    params = [torch.nn.Parameter(torch.randn(8, 16)) for _ in range(2)]
+    optimizer = FOAM(params, lr=1e-2)
+    for _ in range(3):
+        for p in params:
+            p.grad = torch.randn(8, 16)  # fresh gradient tensors, as after zero_grad()
+        optimizer.step()
+    assert made == ["cpp"]
+    params[0].grad = torch.randn(16, 8).t()
+    optimizer.step()
+    assert made == ["cpp", "cpp"]  # for the other matrix; this one steps eagerly
+    assert optimizer.steps_run() == {"0": "cpp+eager"}
+    saved = copy.deepcopy(optimizer.state_dict())  # as from a file: no tensor shared
+    twin = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    resumed = FOAM(twin, lr=1e-2)
+    resumed.load_state_dict(saved)
+    for p, q in zip(params, twin, strict=True):
+        p.grad = q.grad = torch.randn(8, 16)
+    optimizer.step()
+    resumed.step()
+    for p, q in zip(params, twin, strict=True):
+        assert torch.equal(p, q)
+        assert torch.equal(optimizer.state[p]["exp_avg"], resumed.state[q]["exp_avg"])
+        assert optimizer.state[p]["step"].item() == resumed.state[q]["step"].item() == 5
+    assert made == ["cpp"] * 4  # one each for the loaded optimizer and the stepped one
