@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from test_train_cli import TINY, command, run, train_losses
 
+from foam import fused
 from foam.sharding import shard_dim
 from train.parallelism import compiles_layers, uses_autocast
 
@@ -54,6 +55,17 @@ def test_two_rank_fsdp_equals_one_rank(runs, name):
     sharded, single = runs
     assert len(single[name]["losses"]) == 5
     assert sharded[name]["losses"] == pytest.approx(single[name]["losses"], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", ["foam", "foam_mini"])
+def test_foam_steps_its_shards_with_the_fused_kernel(runs, name):
+    """Each rank's shards take the fused CPU step, as the unsharded matrices do."""
+    sharded, single = runs
+    if not fused.kernel_available("cpu"):
+        pytest.fail("the fused CPU kernel did not build (see the log)")
+    assert sharded[name]["foam_steps"] == single[name]["foam_steps"] == {"matrices": "cpp"}
 
 
 @pytest.mark.slow
