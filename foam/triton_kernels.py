@@ -239,7 +239,7 @@ def _foam_step_kernel(
     eps,
     step_size,
     decay,
-    KINDS: tl.constexpr,  # the launch's `Kind`s: the tile shape and hints of each
+    KINDS: tl.constexpr,  # the launch's `Tiles.kind`s: the tile shape and hints of each
     MEAN_OF_SQUARES: tl.constexpr,
     P_ALIGN: tl.constexpr,  # elements every offset of the tables is a multiple of
     G_ALIGN: tl.constexpr,
@@ -428,7 +428,6 @@ class TritonGroup:
             "MEAN_OF_SQUARES": scalars.mean_of_squares,
             "G_ALIGN": g_align,
             "num_warps": NUM_WARPS,
-            "num_stages": 1,
         }
         return (self.owner.numel(),), args, constants
 
