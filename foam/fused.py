@@ -12,18 +12,21 @@ device fault is caught here) and agree with the eager step. A kernel that fails 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.util
 import itertools
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, Union
 
 import torch
 
 from foam.folding import PAPER_FOLD_AXIS, FoldPlan, fold, make_plan
 from foam.update import StepScalars, eager_step_
+
+if TYPE_CHECKING:
+    from foam.triton_kernels import TritonGroup
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +112,7 @@ def kernel_runs(device: torch.device, kernel: str) -> bool:
             expected = [t.clone() for t in (p, m, v)]
             folds = functools.partial(fold, plan=plan)
             eager_step_(expected[0], p.grad, *expected[1:], plan, folds, corrections, scalars)
-            fused_step([p], [m], [v], [plan], [corrections], scalars, kernel)
+            fused_step([p], [m], [v], [plan], corrections, scalars, kernel)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             for name, actual, reference in zip("pmv", (p, m, v), expected, strict=True):
@@ -132,14 +135,13 @@ def kernel_runs(device: torch.device, kernel: str) -> bool:
 
 
 def covers(p: torch.Tensor, plan: FoldPlan | None, state_dtype: torch.dtype) -> bool:
-    """Whether the fused kernels take ``p``: a folded matrix (block > 1) of a plain contiguous
-    float32/bfloat16 tensor on the CPU or CUDA. Level 0, float16/float64 and sharded (DTensor)
-    parameters take the eager step."""
+    """Whether the fused kernels take ``p`` (a plain tensor: a sharded parameter's local shard,
+    ``plan`` its fold): a folded matrix (block > 1) of a contiguous float32/bfloat16 tensor on
+    the CPU or CUDA. Level 0 and float16/float64 parameters take the eager step."""
     return (
         plan is not None
         and plan.block > 1
         and p.device.type in KERNELS
-        and type(p.data) is torch.Tensor
         and p.dtype in KERNEL_DTYPES
         and state_dtype in KERNEL_DTYPES
         and p.is_contiguous()
@@ -147,8 +149,60 @@ def covers(p: torch.Tensor, plan: FoldPlan | None, state_dtype: torch.dtype) -> 
 
 
 def grad_fits(grad: torch.Tensor) -> bool:
-    """Whether the kernels read ``grad`` as it is (float32/bfloat16, contiguous)."""
+    """Whether the kernels read ``grad`` (a plain tensor) as it is: float32/bfloat16,
+    contiguous."""
     return grad.dtype in KERNEL_DTYPES and grad.is_contiguous()
+
+
+class CppGroup:
+    """Folded matrices on the CPU stepped by one call of the C++ operator; what stays put
+    between steps (tensor lists, geometry) is made once."""
+
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        exp_avgs: list[torch.Tensor],
+        exp_avg_sqs: list[torch.Tensor],
+        plans: list[FoldPlan],
+    ) -> None:
+        self.tensors = params, exp_avgs, exp_avg_sqs
+        self.geometry = [n for plan in plans for n in (plan.rows, plan.cols, plan.axis, plan.block)]
+
+    def step(
+        self, grads: list[torch.Tensor], corrections: tuple[float, float], scalars: StepScalars
+    ) -> None:
+        """One fused FOAM step of every matrix, in place on parameters and states."""
+        params, exp_avgs, exp_avg_sqs = self.tensors
+        torch.ops.foam.step_(
+            params,
+            grads,
+            exp_avgs,
+            exp_avg_sqs,
+            self.geometry,
+            list(corrections) * len(params),
+            scalars.as_list(),
+            scalars.mean_of_squares,
+        )
+
+
+KernelGroup = Union["CppGroup", "TritonGroup"]
+
+
+def kernel_group(
+    kernel: str,
+    params: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    plans: list[FoldPlan],
+) -> KernelGroup:
+    """The fused step of folded matrices of one device and dtypes by ``kernel`` (one of
+    :data:`KERNELS`' values), made once and stepped with ``.step(grads, corrections,
+    scalars)``."""
+    if kernel == "cpp":
+        return CppGroup(params, exp_avgs, exp_avg_sqs, plans)
+    from foam.triton_kernels import TritonGroup
+
+    return TritonGroup(params, exp_avgs, exp_avg_sqs, plans)
 
 
 def fused_step(
@@ -156,29 +210,14 @@ def fused_step(
     exp_avgs: list[torch.Tensor],
     exp_avg_sqs: list[torch.Tensor],
     plans: list[FoldPlan],
-    bias_corrections: list[tuple[float, float]],
+    corrections: tuple[float, float],
     scalars: StepScalars,
     kernel: str | None = None,
 ) -> None:
-    """One FOAM step for folded matrices on one device, in place on params and states, by
-    ``kernel`` (the device's, :data:`KERNELS`, unless given: the probe runs Triton's
-    interpreter on the CPU too)."""
-    grads = [p.grad for p in params]
-    device = params[0].device
-    if (kernel or KERNELS[device.type]) == "triton":
-        from foam.triton_kernels import triton_step
-
-        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            triton_step(params, grads, exp_avgs, exp_avg_sqs, plans, bias_corrections, scalars)
-        return
-    geometry = [n for plan in plans for n in (plan.rows, plan.cols, plan.axis, plan.block)]
-    torch.ops.foam.step_(
-        params,
-        grads,
-        exp_avgs,
-        exp_avg_sqs,
-        geometry,
-        [c for pair in bias_corrections for c in pair],
-        scalars.as_list(),
-        scalars.mean_of_squares,
+    """One FOAM step of folded matrices of one device and dtypes, at one step count, in place
+    on params (their ``.grad`` the gradients) and states, by ``kernel`` (the device's,
+    :data:`KERNELS`, unless given: the probe runs Triton's interpreter on the CPU too)."""
+    group = kernel_group(
+        kernel or KERNELS[params[0].device.type], params, exp_avgs, exp_avg_sqs, plans
     )
+    group.step([p.grad for p in params], corrections, scalars)

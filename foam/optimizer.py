@@ -16,6 +16,7 @@ import torch
 from torch.optim.adamw import adamw as functional_adamw
 
 from foam import fused as fused_foam
+from foam.batching import FoldedBatch, Routes, grad_key
 from foam.errors import OptionError
 from foam.folding import FoldPlan, folded_numel
 from foam.hparams import group_defaults, signature_defaults
@@ -42,6 +43,7 @@ class _Resolved:
     group: dict[str, Any]
     settings: FoamSettings
     ran: set[str] = field(default_factory=set)
+    routes: Routes | None = None
 
 
 class FOAM(DtypeFaithfulOptimizer):
@@ -81,9 +83,13 @@ class FOAM(DtypeFaithfulOptimizer):
     (foam/update.py); ``"fused"`` runs the one-pass kernels of foam/fused.py (C++ on the CPU,
     Triton on CUDA) and raises at construction if the device's kernel cannot build, run and agree
     with the eager step; ``"auto"`` (default) uses them where they apply and warns at construction
-    when they cannot run, those matrices then stepping eagerly. Level 0, float16/float64 and
-    sharded parameters always step eagerly, and so does the release's update. :meth:`steps_run`
-    says which step each group's folded matrices took.
+    when they cannot run, those matrices then stepping eagerly. A sharded (FSDP2) parameter's
+    local shard takes the kernels like any matrix, folded along the axis the shard keeps whole.
+    Level 0, float16/float64 parameters and FOAM-Mini along a sharded dim (its block mean is
+    all-reduced) always step eagerly, and so does the release's update. :meth:`steps_run` says
+    which step each group's folded matrices took. The fused matrices of a group take one kernel
+    call per device and dtypes, with what that needs decided at the group's first step
+    (foam/batching.py).
     """
 
     def __init__(
@@ -202,28 +208,53 @@ class FOAM(DtypeFaithfulOptimizer):
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         loss = run_closure(closure)
         for group in self.param_groups:
-            fused, folded = [], []
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("FOAM does not support sparse gradients")
-                if self._uses_fused_adamw(p, group):
-                    fused.append(p)
-                elif self._uses_fused_step(p, group):
-                    folded.append(p)
-                else:
-                    self._update(p, group)
-            if fused:
-                self._fused_adamw(fused, group)
-            if folded:
-                self._fused_step(folded, group)
+            routes = self._routes(group)
+            if routes.adamw:
+                self._fused_adamw(routes.adamw, group)
+            if routes.folded is not None:
+                routes.folded.step(group, StepScalars.of_group(group))
+                self._entry(group).ran.update(routes.folded.kernels)
+            for p in routes.eager:
+                self._update(p, group)
         return loss
 
+    def _routes(self, group: dict[str, Any]) -> Routes:
+        """``group``'s routes (foam/batching.py), made again when what they depend on changed."""
+        entry = self._entry(group)
+        key = grad_key(group["params"])
+        if entry.routes is None or entry.routes.key != key:
+            entry.routes = None  # the old ones hold kernel tables: free them first
+            entry.routes = self._route(group, key)
+        return entry.routes
+
+    def _route(self, group: dict[str, Any], key: tuple) -> Routes:
+        """Which path each parameter with a gradient takes; the folded matrices' states are made
+        here, before their first step."""
+        routes, folded = Routes(key), []
+        for p, seen in zip(group["params"], key, strict=True):
+            if seen is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError("FOAM does not support sparse gradients")
+            if self._uses_fused_adamw(p, group):
+                routes.adamw.append(p)
+            elif self._uses_fused_step(p, group):
+                fold_of = self.shard_fold_for(p, group)
+                if not self.state[p]:
+                    self._init_state(p, group, fold_of)
+                folded.append((p, self.state[p], fold_of.local))
+            else:
+                routes.eager.append(p)
+        routes.folded = FoldedBatch(folded) if folded else None
+        return routes
+
     def _kernel_covers(self, p: torch.Tensor, group: dict[str, Any]) -> bool:
-        """Whether ``p`` is a matrix the fused kernels take (foam/fused.py ``covers``)."""
-        settings = self.settings_of(group)
-        return fused_foam.covers(p, self.plan_for(p, group), settings.state_dtype_for(p))
+        """Whether ``p`` (its local shard, folded along the axis the shard keeps whole) is a
+        matrix the fused kernels take (foam/fused.py ``covers``); a block that spans the ranks
+        (FOAM-Mini along the sharded dim) needs an all-reduce, so the eager step."""
+        fold_of = self.shard_fold_for(p, group)
+        plan = None if fold_of is None or fold_of.across_ranks else fold_of.local
+        return fused_foam.covers(local(p), plan, self.settings_of(group).state_dtype_for(p))
 
     def _kernel_runs(self, device_type: str, group: dict[str, Any]) -> bool:
         """Whether the fused kernel of ``device_type`` runs here; when it does not, an error
@@ -254,33 +285,9 @@ class FOAM(DtypeFaithfulOptimizer):
             settings.implementation != "eager"
             and settings.kernels_compute
             and self._kernel_covers(p, group)
-            and fused_foam.grad_fits(p.grad)
+            and fused_foam.grad_fits(local(p.grad))
             and self._kernel_runs(p.device.type, group)
         )
-
-    def _fused_step(self, params: list[torch.Tensor], group: dict[str, Any]) -> None:
-        plans, states, corrections = [], [], []
-        for p in params:
-            plan = self.plan_for(p, group)
-            state = self.state[p]
-            if not state:
-                self._init_state(p, group, ShardFold(plan, plan))
-            plans.append(plan)
-            states.append(state)
-            bc1, bc2, _ = self._advance_step(state, group)  # step_scale is 1: see kernels_compute
-            corrections.append((bc1, bc2))
-        scalars = StepScalars.of_group(group)
-        for device in {p.device for p in params}:
-            on = [i for i, p in enumerate(params) if p.device == device]
-            fused_foam.fused_step(
-                [params[i] for i in on],
-                [states[i]["exp_avg"] for i in on],
-                [states[i]["exp_avg_sq"] for i in on],
-                [plans[i] for i in on],
-                [corrections[i] for i in on],
-                scalars,
-            )
-            self._entry(group).ran.add(fused_foam.KERNELS[device.type])
 
     @staticmethod
     def _advance_step(state: dict[str, Any], group: dict[str, Any]) -> tuple[float, float, float]:

@@ -14,10 +14,10 @@ system, since FOAM's case is moving fewer bytes than AdamW:
   once, the parameter written once. Longer blocks (FOAM-Mini of a large matrix) give a program
   one block across a band of rows or columns and walk it twice: once for its sums, once for the
   update.
-* **One launch per group of like matrices.** Matrices with one shape, fold, dtypes and bias
-  corrections (a transformer's q/k/v/o, say) are one launch: the second grid axis picks the
-  matrix, and a table of element offsets from the group's first tensors says where its tensors
-  are.
+* **One launch per step.** All folded matrices of a device and dtypes are one launch over
+  all their tiles, whatever their shapes: a table made once on the device says where each
+  matrix's tensors are, its geometry and its tile *kind* (tile shape, one pass or two), and
+  the kernel has one branch per kind that occurs, so every program runs one compiled shape.
 
 With ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors, which is how the tests check it;
 ``tests/test_triton_codegen.py`` compiles it for sm_90 without a GPU and reads the machine code.
@@ -25,8 +25,10 @@ With ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors, which is how the tes
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Iterator, Sequence
+import contextlib
+import itertools
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +50,12 @@ MIN_ROW_RUN = 32
 sectors); a taller block than that leaves takes two passes over ``ROW_RUN`` columns instead."""
 NUM_WARPS = 4
 VECTOR_BYTES = 16
+VECTOR_ELEMENTS = 8
+"""Entries of the narrowest 128-bit vector (bfloat16): the multiple a row width or block length
+is known to be, for the compiler's vectorisation, up to this."""
+FIELDS = tl.constexpr(9)
+"""Columns of a launch's table: offsets of p, m, v; rows, cols, block, num_blocks; kind; first
+program."""
 
 
 @triton.jit
@@ -120,16 +128,13 @@ def _apply(p_ptrs, live, x, mean, m_hat, v_hat, rho, rho_sq, eps, step_size, dec
 
 
 @triton.jit
-def _foam_step_kernel(
-    p_ptr,  # the group's first matrix and its states; the others by `offsets_ptr`
+def _step_matrix(
+    p_ptr,  # this matrix's tensors
     g_ptr,
     m_ptr,
     v_ptr,
-    offsets_ptr,  # int64 [matrices, 4]: element offsets of each one's p, g, m, v from the first's
-    rows,
-    cols,
-    block,
-    num_blocks,  # along the fold axis
+    program,  # which of the matrix's tiles
+    geometry,  # its rows, cols, block, num_blocks (along the fold axis)
     bc1,
     bc2,
     beta1,
@@ -144,22 +149,24 @@ def _foam_step_kernel(
     FOLD: tl.constexpr,  # tile extent along the fold axis
     OTHER: tl.constexpr,  # tile extent along the other axis
     KP: tl.constexpr,  # one pass: the block padded to a power of two; 0: two passes
-    P_ALIGN: tl.constexpr,  # elements every offset of the table is a multiple of
-    G_ALIGN: tl.constexpr,
-    S_ALIGN: tl.constexpr,
+    COLS_MULTIPLE: tl.constexpr,  # what cols, num_blocks and block are known multiples of
+    BLOCKS_MULTIPLE: tl.constexpr,
+    BLOCK_MULTIPLE: tl.constexpr,
 ):
-    table = offsets_ptr + tl.program_id(1) * 4
-    p_ptr += tl.multiple_of(tl.load(table), P_ALIGN)
-    g_ptr += tl.multiple_of(tl.load(table + 1), G_ALIGN)
-    m_ptr += tl.multiple_of(tl.load(table + 2), S_ALIGN)
-    v_ptr += tl.multiple_of(tl.load(table + 3), S_ALIGN)
+    """One tile of one matrix, in place on its parameter and folded states. The geometry is
+    loaded here, in the kind's branch: a hint marks the op that made a value, so values shared
+    by two branches would take the last branch's hints."""
+    rows = tl.load(geometry).to(tl.int32)
+    cols = tl.multiple_of(tl.load(geometry + 1).to(tl.int32), COLS_MULTIPLE)
+    block = tl.multiple_of(tl.load(geometry + 2).to(tl.int32), BLOCK_MULTIPLE)
+    num_blocks = tl.multiple_of(tl.load(geometry + 3).to(tl.int32), BLOCKS_MULTIPLE)
     if ALONG_COLS:
         length, width, state_cols = cols, rows, num_blocks
     else:
         length, width, state_cols = rows, cols, cols
     other_tiles = tl.cdiv(width, OTHER)
-    fold_tile = tl.program_id(0) // other_tiles  # per program, not per entry
-    other_at = (tl.program_id(0) % other_tiles) * OTHER + tl.arange(0, OTHER)
+    fold_tile = program // other_tiles  # per program, not per entry
+    other_at = (program % other_tiles) * OTHER + tl.arange(0, OTHER)
     other_live = other_at < width
     i = tl.arange(0, FOLD)
 
@@ -187,7 +194,7 @@ def _foam_step_kernel(
                 total_sq += _block_sums(x * x, 1, FOLD, ALONG_COLS)
         count = tl.maximum(tl.minimum(length - start, block), 1).to(tl.float32)
 
-    # the folded moments, read once and written once, by the formulas of foam/optimizer.py's ema_
+    # the folded moments, read once and written once, by the formulas of foam/numerics.py's ema_
     s_at, s_live = _tile(blk, other_at, state_cols, blk < num_blocks, other_live, ALONG_COLS)
     mean = total / count
     m = tl.load(m_ptr + s_at, mask=s_live, other=0.0).to(tl.float32)
@@ -214,45 +221,143 @@ def _foam_step_kernel(
             _apply(p_ptr + at, live, x, mean, m_hat, v_hat, rho, rho_sq, eps, step_size, decay)
 
 
+@triton.jit
+def _foam_step_kernel(
+    p_ptr,  # the launch's first matrix and its states; the others by `table_ptr`
+    g_ptr,  # the first gradient; the others by `g_offsets_ptr`
+    m_ptr,
+    v_ptr,
+    table_ptr,  # int64 [matrices, FIELDS]
+    g_offsets_ptr,  # int64 [matrices]: each gradient's element offset from the first's
+    owner_ptr,  # int32 [programs]: the matrix each program steps
+    bc1,
+    bc2,
+    beta1,
+    beta2,
+    rho,
+    rho_sq,
+    eps,
+    step_size,
+    decay,
+    KINDS: tl.constexpr,  # the launch's `Tiles.kind`s: the tile shape and hints of each
+    MEAN_OF_SQUARES: tl.constexpr,
+    P_ALIGN: tl.constexpr,  # elements every offset of the tables is a multiple of
+    G_ALIGN: tl.constexpr,
+    S_ALIGN: tl.constexpr,
+):
+    program = tl.program_id(0)
+    matrix = tl.load(owner_ptr + program)
+    row = table_ptr + matrix * FIELDS
+    p_ptr += tl.multiple_of(tl.load(row), P_ALIGN)
+    m_ptr += tl.multiple_of(tl.load(row + 1), S_ALIGN)
+    v_ptr += tl.multiple_of(tl.load(row + 2), S_ALIGN)
+    g_ptr += tl.multiple_of(tl.load(g_offsets_ptr + matrix), G_ALIGN)
+    kind = tl.load(row + 7)
+    program -= tl.load(row + 8).to(tl.int32)
+    for k in tl.static_range(len(KINDS)):  # one branch per tile shape; a program takes one
+        if kind == k:
+            _step_matrix(
+                p_ptr,
+                g_ptr,
+                m_ptr,
+                v_ptr,
+                program,
+                row + 3,
+                bc1,
+                bc2,
+                beta1,
+                beta2,
+                rho,
+                rho_sq,
+                eps,
+                step_size,
+                decay,
+                KINDS[k][0],
+                MEAN_OF_SQUARES,
+                KINDS[k][1],
+                KINDS[k][2],
+                KINDS[k][3],
+                KINDS[k][4],
+                KINDS[k][5],
+                KINDS[k][6],
+            )
+
+
 @dataclass(frozen=True)
 class Tiles:
-    """How one group of like matrices is tiled: the kernel's compile-time shape arguments."""
+    """How one matrix is tiled: its ``kind`` (the kernel's compile-time tile shape and hints)
+    and how many programs cover it."""
 
     along_cols: bool
     fold: int
     other: int
     kp: int  # 0: two passes
-    programs: int  # per matrix
+    cols_multiple: int  # of which the row width is a multiple (as far as 128-bit vectors care)
+    blocks_multiple: int  # the same of the number of blocks (an along-columns state's width)
+    block_multiple: int
+    programs: int
+
+    @property
+    def kind(self) -> tuple[bool, int, int, int, int, int, int]:
+        """What ``_step_matrix`` is compiled for (the order the kernel reads): matrices of one
+        kind share a branch."""
+        return (
+            self.along_cols,
+            self.fold,
+            self.other,
+            self.kp,
+            self.cols_multiple,
+            self.blocks_multiple,
+            self.block_multiple,
+        )
 
     @classmethod
     def of(cls, plan: FoldPlan) -> Tiles:
         """Tiles of ``TILE_ELEMENTS``: blocks up to ``ONE_PASS_BLOCK`` (``TILE_ELEMENTS //
         MIN_ROW_RUN`` along the rows) whole in a tile, several to a tile where they are powers
-        of two; rows of up to ``ROW_RUN`` columns where the matrix has them."""
+        of two; rows of up to ``ROW_RUN`` columns where the matrix has them. A longer block is
+        walked twice by each program of a band across it: ``2 * ROW_RUN`` of a row's entries at
+        a time along the columns, ``MIN_ROW_RUN`` columns wide along the rows (FOAM-Mini of a
+        tall matrix: a band per 32 columns, so a 512-wide one has 16 programs, not 4).
+
+        Rows whose width is no multiple of a vector (LLaMA-1B's 5461) start at addresses no
+        128-bit access can reach, so their entries move one at a time, each with its own 64-bit
+        address: those matrices get tiles of half the entries, which keeps the registers of a
+        thread within the occupancy bound."""
         along_cols = plan.axis == 1
         length, width = (plan.cols, plan.rows) if along_cols else (plan.rows, plan.cols)
+        cols_multiple = math.gcd(plan.cols, VECTOR_ELEMENTS)
+        tile = TILE_ELEMENTS if cols_multiple == VECTOR_ELEMENTS else TILE_ELEMENTS // 2
         kp = triton.next_power_of_2(plan.block)
-        if kp > (ONE_PASS_BLOCK if along_cols else TILE_ELEMENTS // MIN_ROW_RUN):
-            kp, fold = 0, ROW_RUN * 2 if along_cols else TILE_ELEMENTS // ROW_RUN
+        if kp > (ONE_PASS_BLOCK if along_cols else tile // MIN_ROW_RUN):
+            kp, fold = 0, ROW_RUN * 2 if along_cols else tile // MIN_ROW_RUN
         elif kp != plan.block:
             fold = kp
         elif along_cols:
             fold = max(kp, min(triton.next_power_of_2(length), ROW_RUN))
         else:
-            fold = max(kp, min(triton.next_power_of_2(length), TILE_ELEMENTS // ROW_RUN))
-        other = max(1, TILE_ELEMENTS // fold)
+            fold = max(kp, min(triton.next_power_of_2(length), tile // ROW_RUN))
+        other = max(1, tile // fold)
         if not along_cols:
             other = min(other, ROW_RUN)
         other = min(other, triton.next_power_of_2(width))
         fold_tiles = plan.num_blocks if kp == 0 else triton.cdiv(plan.num_blocks, fold // kp)
-        return cls(along_cols, fold, other, kp, fold_tiles * triton.cdiv(width, other))
+        return cls(
+            along_cols,
+            fold,
+            other,
+            kp,
+            cols_multiple,
+            math.gcd(plan.num_blocks, VECTOR_ELEMENTS),
+            math.gcd(plan.block, VECTOR_ELEMENTS),
+            fold_tiles * triton.cdiv(width, other),
+        )
 
 
 def _addressing(tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, ...], int]:
     """Each of ``tensors``' element offset from the first's, and the elements every address is a
     multiple of, as far as it matters: a 128-bit vector's worth when all are 16-byte aligned (the
-    caching allocator's blocks are), else 1. Each address is read once: a step of many small
-    matrices is bound by such host work."""
+    caching allocator's blocks are), else 1."""
     size = tensors[0].element_size()
     addresses = [t.data_ptr() for t in tensors]
     aligned = all(a % VECTOR_BYTES == 0 for a in addresses)
@@ -261,77 +366,76 @@ def _addressing(tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, ...], int]:
     )
 
 
-@functools.lru_cache(maxsize=256)
-def _offset_table(addresses: tuple[tuple[int, ...], ...], device: torch.device) -> torch.Tensor:
-    """The launch's table of element offsets on ``device``, made once per set of addresses (the
-    parameters and states stay put; gradients mostly do), so a warm step copies nothing to it."""
-    table = torch.tensor(addresses, dtype=torch.int64)
-    if device.type == "cuda":
-        return table.pin_memory().to(device, non_blocking=True)
-    return table
-
-
-Launch = tuple[tuple[int, int], list[Any], dict[str, Any]]
+Launch = tuple[tuple[int], list[Any], dict[str, Any]]
 """One launch of ``_foam_step_kernel``: its grid, positional and keyword arguments."""
 
 
-def launches(
-    params: list[torch.Tensor],
-    grads: list[torch.Tensor],
-    exp_avgs: list[torch.Tensor],
-    exp_avg_sqs: list[torch.Tensor],
-    plans: list[FoldPlan],
-    bias_corrections: list[tuple[float, float]],
-    scalars: StepScalars,
-) -> Iterator[Launch]:
-    """The launches of one step: one per group of matrices with the same plan, dtypes and bias
-    corrections (what tests/test_triton_codegen.py compiles for sm_90)."""
-    groups: dict[tuple, list[int]] = {}
-    for k, (p, g, m, plan, corrections) in enumerate(
-        zip(params, grads, exp_avgs, plans, bias_corrections, strict=True)
-    ):
-        groups.setdefault((plan, p.dtype, g.dtype, m.dtype, corrections), []).append(k)
-    for (plan, *_, (bc1, bc2)), members in groups.items():
-        tensors = [[ts[k] for k in members] for ts in (params, grads, exp_avgs, exp_avg_sqs)]
-        (p_at, p_align), (g_at, g_align), (m_at, m_align), (v_at, v_align) = map(
-            _addressing, tensors
+class TritonGroup:
+    """Folded matrices of one device and dtypes stepped by one launch of ``_foam_step_kernel``
+    over all their tiles (as torch's fused AdamW steps its tensors in one multi-tensor launch).
+
+    What stays put between steps is on the device from the start: a table of each matrix's
+    parameter and state offsets, geometry, tile kind and first program, and the matrix of each
+    program. A step passes the scalars and refreshes the gradients' offsets only when the
+    gradients moved relative to each other (never, when they live in one persistent buffer), so a
+    warm step allocates nothing, never synchronises and costs the host the same for any number of
+    matrices, beyond reading each gradient's address.
+    """
+
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        exp_avgs: list[torch.Tensor],
+        exp_avg_sqs: list[torch.Tensor],
+        plans: list[FoldPlan],
+    ) -> None:
+        self.tensors = params[0], exp_avgs[0], exp_avg_sqs[0]
+        tiles = [Tiles.of(plan) for plan in plans]
+        self.kinds = tuple(dict.fromkeys(t.kind for t in tiles))
+        (p_at, p_align), (m_at, m_align), (v_at, v_align) = map(
+            _addressing, (params, exp_avgs, exp_avg_sqs)
         )
-        tiles = Tiles.of(plan)
-        args = [
-            *(ts[0] for ts in tensors),
-            _offset_table(
-                tuple(zip(p_at, g_at, m_at, v_at, strict=True)), params[members[0]].device
-            ),
-            plan.rows,
-            plan.cols,
-            plan.block,
-            plan.num_blocks,
-            bc1,
-            bc2,
-            scalars.beta1,
-            scalars.beta2,
-            scalars.rho,
-            scalars.rho_sq,
-            scalars.eps,
-            scalars.step_size,
-            scalars.decay,
-        ]
+        firsts = itertools.accumulate((t.programs for t in tiles), initial=0)
+        geometry = [(plan.rows, plan.cols, plan.block, plan.num_blocks) for plan in plans]
+        rows = [
+            (*at, *shape, self.kinds.index(t.kind), first)
+            for *at, shape, t, first in zip(p_at, m_at, v_at, geometry, tiles, firsts, strict=False)
+        ]  # firsts has one more: the end
+        self.device = device = params[0].device
+        self.table = torch.tensor(rows, dtype=torch.int64).to(device)
+        programs = torch.tensor([t.programs for t in tiles])
+        self.owner = torch.repeat_interleave(
+            torch.arange(len(plans), dtype=torch.int32), programs
+        ).to(device)
+        self.g_offsets = torch.zeros(len(plans), dtype=torch.int64, device=device)
+        self.g_moved_from: tuple[int, ...] | None = None
+        self.constants = {"KINDS": self.kinds, "P_ALIGN": p_align, "S_ALIGN": min(m_align, v_align)}
+
+    def launch(
+        self, grads: list[torch.Tensor], corrections: tuple[float, float], scalars: StepScalars
+    ) -> Launch:
+        """The launch of one step (what tests/test_triton_codegen.py compiles for sm_90)."""
+        offsets, g_align = _addressing(grads)
+        if offsets != self.g_moved_from:
+            self.g_offsets.copy_(torch.tensor(offsets, dtype=torch.int64), non_blocking=True)
+            self.g_moved_from = offsets
+        p, m, v = self.tensors
+        args = [p, grads[0], m, v, self.table, self.g_offsets, self.owner, *corrections]
+        args += [scalars.beta1, scalars.beta2, scalars.rho, scalars.rho_sq, scalars.eps]
+        args += [scalars.step_size, scalars.decay]
         constants = {
-            "ALONG_COLS": tiles.along_cols,
+            **self.constants,
             "MEAN_OF_SQUARES": scalars.mean_of_squares,
-            "FOLD": tiles.fold,
-            "OTHER": tiles.other,
-            "KP": tiles.kp,
-            "P_ALIGN": p_align,
             "G_ALIGN": g_align,
-            "S_ALIGN": min(m_align, v_align),
             "num_warps": NUM_WARPS,
         }
-        yield (tiles.programs, len(members)), args, constants
+        return (self.owner.numel(),), args, constants
 
-
-def triton_step(*step: Any) -> None:
-    """One fused FOAM step for every matrix, in place on params and states; the arguments are
-    ``launches``'s (the same as foam/fused.py's ``fused_step``, with the gradients second)."""
-    for grid, args, constants in launches(*step):
-        _foam_step_kernel[grid](*args, **constants)
+    def step(
+        self, grads: list[torch.Tensor], corrections: tuple[float, float], scalars: StepScalars
+    ) -> None:
+        """One fused FOAM step of every matrix, in place on parameters and states."""
+        grid, args, constants = self.launch(grads, corrections, scalars)
+        on_gpu = self.device.type == "cuda"  # Triton launches on the current GPU
+        with torch.cuda.device(self.device) if on_gpu else contextlib.nullcontext():
+            _foam_step_kernel[grid](*args, **constants)

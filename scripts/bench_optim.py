@@ -13,6 +13,10 @@ their times are those of the steps between refreshes.
     python scripts/bench_optim.py                       # llama_60m + llama_130m, fp32 + bf16
     python scripts/bench_optim.py --models llama_60m --dtypes bf16 --methods adamw_fused foam2
     python scripts/bench_optim.py --out results/bench/optim_cpu.md
+    python scripts/bench_optim.py --host-cost --models llama_60m llama_1b llama_7b
+
+``--host-cost`` measures instead what FOAM's fused step costs the host, the kernels stubbed
+(repro/bench_host_cost.py): one kernel call per matrix against one per step.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 import foam
 from foam.profiling import peak_transient_bytes
 from models import available_models, build_model, load_model_config
+from repro.bench_host_cost import report as host_cost_report
 from repro.bench_methods import DEFAULT_LABELS, available_labels, builder
 from repro.bench_report import Machine, command_line, publish
 from train.metrics import synchronize
@@ -168,7 +173,17 @@ def main() -> None:
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None, help="also write the tables here")
+    parser.add_argument(
+        "--host-cost",
+        action="store_true",
+        help="FOAM-2's host work per step with the kernels stubbed: one call per matrix against "
+        "one per step, at each model's number of matrices (uses --models, --rounds, --steps)",
+    )
     args = parser.parse_args()
+    if args.host_cost:
+        header = f"# FOAM step: host cost\n\nCommand: `{command_line()}`\n\n"
+        publish(header + host_cost_report(args.models, args.rounds, args.steps), args.out)
+        return
 
     machine = Machine(args.device)
     sections, headline = [], []

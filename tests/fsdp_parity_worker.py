@@ -1,7 +1,8 @@
 """Run by ``tests/test_fsdp.py``: under ``torchrun --nproc_per_node 2`` (gloo, CPU) train a tiny
 LLaMA with FSDP2 on two ranks; as a plain process, the same model unsharded on the whole batch.
-Prints one JSON line per optimizer: the loss curve and the bytes of its moments on rank 0 (step
-counters left out: every rank holds all of them), or the refusal.
+Prints one JSON line per optimizer: the loss curve, the bytes of its moments on rank 0 (step
+counters left out: every rank holds all of them) and which step FOAM's matrices took
+(``foam.steps_run``), or the refusal.
 
 Each rank takes half of every global batch as two micro-batches (so gradient accumulation is
 exercised); the reference takes the whole batch as two micro-batches. Under FSDP2 the record also
@@ -87,7 +88,9 @@ def grads_sharded_between_micro_batches(model: torch.nn.Module) -> list[bool]:
     return seen
 
 
-def train(name: str, world: int, rank: int, sharded: bool) -> tuple[list[float], int, list[bool]]:
+def train(
+    name: str, world: int, rank: int, sharded: bool
+) -> tuple[list[float], int, list[bool], dict]:
     model = tiny_model()
     replica = parallelize(
         model,
@@ -118,7 +121,7 @@ def train(name: str, world: int, rank: int, sharded: bool) -> tuple[list[float],
         local(s["step"]).numel() * s["step"].element_size() for s in optimizer.state.values()
     )
     moments = foam.state_bytes(optimizer) - steps  # without step counters
-    return losses, moments, sharded_grads
+    return losses, moments, sharded_grads, foam.steps_run(optimizer)
 
 
 def main(names: list[str]) -> None:
@@ -129,7 +132,7 @@ def main(names: list[str]) -> None:
     rank, world = (dist.get_rank(), dist.get_world_size()) if sharded else (0, 1)
     for name in names:
         try:
-            losses, state_bytes, sharded_grads = train(name, world, rank, sharded)
+            losses, state_bytes, sharded_grads, foam_steps = train(name, world, rank, sharded)
         except foam.sharding.ShardingNotSupported as err:
             if rank == 0:
                 print(json.dumps({"optimizer": name, "refused": str(err)}), flush=True)
@@ -140,6 +143,7 @@ def main(names: list[str]) -> None:
                 "losses": losses,
                 "moment_bytes": state_bytes,
                 "sharded_grads_between_micro_batches": sharded_grads,
+                "foam_steps": foam_steps,
             }
             print(json.dumps(record), flush=True)
     if sharded:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from test_train_cli import TINY, command, run, train_losses
 
+from foam import fused
 from foam.sharding import shard_dim
 from train.parallelism import compiles_layers, uses_autocast
 
@@ -54,6 +55,17 @@ def test_two_rank_fsdp_equals_one_rank(runs, name):
     sharded, single = runs
     assert len(single[name]["losses"]) == 5
     assert sharded[name]["losses"] == pytest.approx(single[name]["losses"], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", ["foam", "foam_mini"])
+def test_foam_steps_its_shards_with_the_fused_kernel(runs, name):
+    """Each rank's shards take the fused CPU step, as the unsharded matrices do."""
+    sharded, single = runs
+    if not fused.kernel_available("cpu"):
+        pytest.fail("the fused CPU kernel did not build (see the log)")
+    assert sharded[name]["foam_steps"] == single[name]["foam_steps"] == {"matrices": "cpp"}
 
 
 @pytest.mark.slow
@@ -467,3 +479,93 @@ def test_foam_mini_across_ranks_steps_a_rank_with_an_empty_shard(tmp_path):
         p.grad = grad
         optimizer.step()
     torch.testing.assert_close(results["sharded"], p.detach(), rtol=1e-6, atol=1e-7)
+
+
+# -- the fused FOAM step on each rank's shard ---------------------------------------------------
+
+# (shape, sharded dim, group): folded along the unsharded dim (columns, then rows), along the
+# sharded dim in blocks that fit a rank's rows, a matrix of which rank 1 holds no row, and
+# FOAM-Mini along the unsharded dim and along the sharded one (a block mean over the ranks).
+SHARDED_MATRICES = [
+    ((8, 16), 0, "matrices"),
+    ((16, 8), 1, "matrices"),
+    ((16, 8), 0, "matrices"),
+    ((1, 12), 0, "matrices"),
+    ((6, 16), 0, "mini"),
+    ((12, 4), 0, "mini"),
+]
+
+
+def sharded_inputs() -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+    """Each matrix's start and three gradients."""
+    generator = torch.Generator().manual_seed(0)
+    return [
+        (
+            torch.randn(shape, generator=generator),
+            [torch.randn(shape, generator=generator) for _ in range(3)],
+        )
+        for shape, _, _ in SHARDED_MATRICES
+    ]
+
+
+def _fused_on_two_ranks(rank: int, init_file: str, results) -> None:
+    """Three steps of FOAM-2 and FOAM-Mini on ``SHARDED_MATRICES`` over 2 ranks, fused (the
+    default) and eager: the whole parameters and moments of each, and what ran."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import foam
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,))
+    inputs = sharded_inputs()
+    for implementation in ("auto", "eager"):
+        params = [
+            torch.nn.Parameter(distribute_tensor(weight, mesh, [Shard(dim)]))
+            for (weight, _), (_, dim, _) in zip(inputs, SHARDED_MATRICES, strict=True)
+        ]
+        named = list(zip(params, (name for *_, name in SHARDED_MATRICES), strict=True))
+        groups = [
+            {"params": [p for p, of in named if of == name], "name": name, "level": level}
+            for name, level in (("matrices", 2), ("mini", "mini"))
+        ]
+        optimizer = foam.FOAM(groups, lr=1e-2, weight_decay=0.1, implementation=implementation)
+        for step in range(3):
+            for p, (_, grads), (_, dim, _) in zip(params, inputs, SHARDED_MATRICES, strict=True):
+                p.grad = distribute_tensor(grads[step], mesh, [Shard(dim)])
+            optimizer.step()
+        keys = ("exp_avg", "exp_avg_sq")
+        whole = [
+            [p.detach().full_tensor(), *(optimizer.state[p][k].full_tensor() for k in keys)]
+            for p in params
+        ]
+        if rank == 0:
+            results[implementation] = (whole, foam.steps_run(optimizer))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_each_rank_steps_its_shards_with_the_fused_kernel_as_the_eager_step(tmp_path):
+    """Under FSDP2 each rank's shard of a matrix goes through the fused CPU kernel, folded along
+    the axis the shard keeps whole (or in blocks that fit the shard), and ends where the eager
+    sharded step ends; only FOAM-Mini along the sharded dim, whose block mean is all-reduced,
+    stays eager. ``foam_steps`` says so."""
+    from test_fused import assert_agree
+
+    results = mp.Manager().dict()
+    context = mp.spawn(
+        _fused_on_two_ranks, args=(str(tmp_path / "init"), results), nprocs=2, join=False
+    )
+    deadline = time.monotonic() + 120
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("the ranks did not finish within 120 s")
+    (fused, fused_ran), (eager, eager_ran) = results["auto"], results["eager"]
+    assert fused_ran == {"matrices": "cpp", "mini": "cpp+eager"}
+    assert eager_ran == {"matrices": "eager", "mini": "eager"}
+    for actual, expected in zip(fused, eager, strict=True):
+        for a, e in zip(actual, expected, strict=True):
+            assert_agree(a, e, torch.float32)

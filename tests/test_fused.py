@@ -5,6 +5,7 @@ several steps, for every option, level, fold axis and divisible or non-divisible
 Triton kernel runs in its CPU interpreter (``TRITON_INTERPRET=1``) when triton is installed.
 """
 
+import copy
 import importlib.util
 import itertools
 import os
@@ -114,7 +115,12 @@ def test_cpu_kernel_matches_eager(shape, level, dtype, options):
 def test_auto_uses_the_kernel_and_level_zero_stays_eager(monkeypatch):
     needs_cpu_kernel()
     calls = []
-    monkeypatch.setattr(fused, "fused_step", lambda params, *a: calls.append(len(params)))
+
+    def kernel_group(kernel, params, *tensors):
+        calls.append(len(params))
+        return SimpleNamespace(step=lambda *step: None)
+
+    monkeypatch.setattr(fused, "kernel_group", kernel_group)
     matrices = [torch.nn.Parameter(torch.randn(8, 8)) for _ in range(3)]
     for p in matrices:
         p.grad = torch.randn(8, 8)
@@ -159,9 +165,8 @@ TRITON_GROUPS = [
 
 
 def triton_run(shapes, level, dtype, moment_dtype: torch.dtype, **options):
-    """``run_all``'s steps through ``triton_step`` directly, all matrices in one call a step."""
-    from foam.triton_kernels import triton_step
-
+    """``run_all``'s steps through one Triton kernel group made before the first (all matrices in
+    one launch a step, the gradients fresh tensors each time)."""
     params = starts(shapes, dtype)
     optimizer = FOAM([torch.nn.Parameter(p) for p in params], lr=1e-2, level=level, **options)
     group = optimizer.param_groups[0]
@@ -169,13 +174,11 @@ def triton_run(shapes, level, dtype, moment_dtype: torch.dtype, **options):
     exp_avgs = [torch.zeros(plan.folded_shape, dtype=moment_dtype) for plan in plans]
     exp_avg_sqs = [torch.zeros_like(m) for m in exp_avgs]
     scalars = fused.StepScalars.of_group(group)
+    kernel = fused.kernel_group("triton", params, exp_avgs, exp_avg_sqs, plans)
     generator = torch.Generator().manual_seed(1)
     for t in range(1, STEPS + 1):
         corrections = (1 - 0.9**t, 1 - 0.95**t) if group["bias_correction"] else (1.0, 1.0)
-        grads = gradients(shapes, dtype, generator)
-        triton_step(
-            params, grads, exp_avgs, exp_avg_sqs, plans, [corrections] * len(plans), scalars
-        )
+        kernel.step(gradients(shapes, dtype, generator), corrections, scalars)
     return list(zip(params, exp_avgs, exp_avg_sqs, strict=True))
 
 
@@ -195,31 +198,32 @@ def check_triton_kernel() -> None:
     print("the probe passes")
 
 
-def test_like_matrices_share_one_launch():
-    """One launch per shape (and dtypes and bias corrections), its grid's second axis the
-    matrices: FOAM-2 of a LLaMA layer's seven matrices is three launches."""
+def test_one_launch_steps_every_matrix_of_any_shape():
+    """FOAM-2 of a LLaMA layer's seven matrices (three shapes, folded along the columns or the
+    rows) is one launch: a program per tile of each matrix, each program's matrix in a table
+    made with the group, a kernel branch per tile kind."""
     triton_kernels = pytest.importorskip("foam.triton_kernels")
     shapes = [(64, 64)] * 4 + [(172, 64)] * 2 + [(64, 172)]
     plans = [make_plan(shape, 2, "larger") for shape in shapes]
     params = [torch.zeros(shape) for shape in shapes]
     states = [torch.zeros(plan.folded_shape) for plan in plans]
+    group = triton_kernels.TritonGroup(params, states, states, plans)
     scalars = fused.StepScalars.of_group(FOAM(params).param_groups[0])
-    corrections = [(1.0, 1.0)] * len(shapes)
-    launches = list(
-        triton_kernels.launches(params, params, states, states, plans, corrections, scalars)
-    )
-    assert [grid[1] for grid, _, _ in launches] == [4, 2, 1]
-    corrections[0] = (0.1, 0.05)  # a matrix at another step count
-    launches = list(
-        triton_kernels.launches(params, params, states, states, plans, corrections, scalars)
-    )
-    assert [grid[1] for grid, _, _ in launches] == [1, 3, 2, 1]
+    (programs,), _, constants = group.launch(params, (1.0, 1.0), scalars)
+    tiles = [triton_kernels.Tiles.of(plan) for plan in plans]
+    assert programs == sum(t.programs for t in tiles)
+    assert group.owner.bincount().tolist() == [t.programs for t in tiles]
+    assert constants["KINDS"] == tuple(dict.fromkeys(t.kind for t in tiles))
+    assert {kind[0] for kind in constants["KINDS"]} == {True, False}  # both fold axes
+    firsts = group.table[:, 8].tolist()
+    assert firsts == [sum(t.programs for t in tiles[:k]) for k in range(len(tiles))]
 
 
 def test_a_launch_addresses_each_matrix_from_the_first_and_vectorises_only_aligned_ones():
-    """The offsets table holds each matrix's (parameter, gradient, m, v) element offsets from the
-    launch's first tensors, and a tensor list gets a 128-bit vector hint only when every address
-    in it is 16-byte aligned (here: views into one buffer, at hand-picked element offsets)."""
+    """The table holds each matrix's parameter, m and v element offsets from the launch's first
+    tensors, the gradients' are refreshed by a step where they moved, and a tensor list gets a
+    128-bit vector hint only when every address in it is 16-byte aligned (here: views into one
+    buffer, at hand-picked element offsets)."""
     triton_kernels = pytest.importorskip("foam.triton_kernels")
     plan = make_plan((4, 8), 2, "larger")
     buffer = torch.zeros(256)  # the caching allocators' blocks are 16-byte aligned
@@ -228,18 +232,40 @@ def test_a_launch_addresses_each_matrix_from_the_first_and_vectorises_only_align
     m = [buffer[136:144].view(plan.folded_shape), buffer[149:157].view(plan.folded_shape)]
     v = [buffer[160:168].view(plan.folded_shape), buffer[168:176].view(plan.folded_shape)]
     scalars = fused.StepScalars.of_group(FOAM(params).param_groups[0])
-    [(grid, args, constants)] = triton_kernels.launches(
-        params, grads, m, v, [plan, plan], [(1.0, 1.0)] * 2, scalars
-    )
-    assert grid[1] == 2
-    assert args[4].tolist() == [[0, 0, 0, 0], [32, -35, 13, 8]]
+    group = triton_kernels.TritonGroup(params, m, v, [plan, plan])
+    _, args, constants = group.launch(grads, (1.0, 1.0), scalars)
+    assert group.table[:, :3].tolist() == [[0, 0, 0], [32, 13, 8]]
+    assert args[5].tolist() == [0, -35]
     # float32: 4 elements to a 16-byte vector; the second gradient and m start off it
     assert (constants["P_ALIGN"], constants["G_ALIGN"], constants["S_ALIGN"]) == (4, 1, 1)
+    _, args, constants = group.launch(params, (1.0, 1.0), scalars)  # the gradients moved
+    assert args[5].tolist() == [0, 32] and constants["G_ALIGN"] == 4
     bf16 = [t.to(torch.bfloat16) for t in params]  # fresh, aligned storages
-    [(_, _, constants)] = triton_kernels.launches(
-        bf16, bf16, v, m, [plan, plan], [(1.0, 1.0)] * 2, scalars
+    _, _, constants = triton_kernels.TritonGroup(bf16, v, m, [plan, plan]).launch(
+        bf16, (1.0, 1.0), scalars
     )  # both moments decide the states' hint: here the second one is misaligned
     assert (constants["P_ALIGN"], constants["G_ALIGN"], constants["S_ALIGN"]) == (8, 8, 1)
+
+
+def test_a_warm_launch_makes_no_tensor(monkeypatch):
+    """Once the gradients stay put, a step's launch allocates nothing and copies nothing to the
+    device (so it can be captured in a CUDA graph): every table is the group's own."""
+    triton_kernels = pytest.importorskip("foam.triton_kernels")
+    plans = [make_plan(shape, 2, "larger") for shape in ((8, 16), (16, 8))]
+    params = [torch.zeros(plan.rows, plan.cols) for plan in plans]
+    grads = [torch.zeros_like(p) for p in params]
+    states = [torch.zeros(plan.folded_shape) for plan in plans]
+    scalars = fused.StepScalars.of_group(FOAM(params).param_groups[0])
+    group = triton_kernels.TritonGroup(params, states, states, plans)
+    _, first, _ = group.launch(grads, (1.0, 1.0), scalars)
+
+    def no_tensor(*args, **kwargs):
+        raise AssertionError("a warm launch made a tensor")
+
+    monkeypatch.setattr(triton_kernels.torch, "tensor", no_tensor)
+    monkeypatch.setattr(torch.Tensor, "copy_", no_tensor)
+    _, warm, _ = group.launch(grads, (0.5, 0.25), scalars)
+    assert all(a is b for a, b in zip(first[4:7], warm[4:7], strict=True))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
@@ -260,7 +286,7 @@ def test_a_triton_kernel_that_does_not_compile_sends_cuda_to_the_eager_step(monk
     def no_kernel(*args):
         raise RuntimeError("PTX .version 8.4 does not support .target sm_60")
 
-    monkeypatch.setitem(sys.modules, "foam.triton_kernels", SimpleNamespace(triton_step=no_kernel))
+    monkeypatch.setitem(sys.modules, "foam.triton_kernels", SimpleNamespace(TritonGroup=no_kernel))
     with caplog.at_level("WARNING", logger="foam.fused"):
         assert not fused.triton_runs(torch.device("cpu"))
     assert "does not run on cpu (RuntimeError: PTX .version 8.4" in caplog.text
@@ -329,3 +355,60 @@ def test_steps_run_says_which_step_each_folded_group_took():
     assert eager_optimizer.steps_run() == {"matrices": "eager", "level 0": "eager"}
     assert steps_run(fused_optimizer) == fused_optimizer.steps_run()
     assert steps_run(torch.optim.AdamW([vector])) == {}
+
+
+def test_a_group_of_mixed_shapes_and_step_counts_steps_as_the_eager_one():
+    """One call steps matrices of several shapes and folds; a matrix that had no gradient at
+    one step is a step behind from then on (its own bias corrections), as in the eager step."""
+    needs_cpu_kernel()
+    shapes = [(8, 16), (16, 8), (10, 7), (40, 16)]
+    results = {}
+    for implementation in ("fused", "eager"):
+        params = [torch.nn.Parameter(p) for p in starts(shapes, torch.float32)]
+        optimizer = FOAM(params, lr=1e-2, weight_decay=0.1, implementation=implementation)
+        generator = torch.Generator().manual_seed(1)
+        for step in range(STEPS):
+            grads = gradients(shapes, torch.float32, generator)
+            for k, (p, g) in enumerate(zip(params, grads, strict=True)):
+                p.grad = None if (step, k) == (1, 2) else g
+            optimizer.step()
+        results[implementation] = [[p.detach(), *optimizer.state[p].values()] for p in params]
+    for actual, expected in zip(results["fused"], results["eager"], strict=True):
+        for a, e in zip(actual, expected, strict=True):
+            assert_agree(a, e, torch.float32)
+    assert [state[1].item() for state in results["fused"]] == [STEPS, STEPS, STEPS - 1, STEPS]
+
+
+def test_a_group_decides_its_routes_once_and_again_when_its_gradients_change(monkeypatch):
+    """The kernel call and its tables are made at the first step and kept while the parameters
+    and their gradients' dtypes and layouts stay; a gradient the kernel cannot read as it is (a
+    transposed view), or a loaded state dict, makes them again (and a step after loading
+    continues as the uninterrupted run)."""
+    needs_cpu_kernel()
+    made = []
+    real = fused.kernel_group
+    monkeypatch.setattr(fused, "kernel_group", lambda *a: made.append(a[0]) or real(*a))
+    params = [torch.nn.Parameter(torch.randn(8, 16)) for _ in range(2)]
+    optimizer = FOAM(params, lr=1e-2)
+    for _ in range(3):
+        for p in params:
+            p.grad = torch.randn(8, 16)  # fresh gradient tensors, as after zero_grad()
+        optimizer.step()
+    assert made == ["cpp"]
+    params[0].grad = torch.randn(16, 8).t()
+    optimizer.step()
+    assert made == ["cpp", "cpp"]  # for the other matrix; this one steps eagerly
+    assert optimizer.steps_run() == {"0": "cpp+eager"}
+    saved = copy.deepcopy(optimizer.state_dict())  # as from a file: no tensor shared
+    twin = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    resumed = FOAM(twin, lr=1e-2)
+    resumed.load_state_dict(saved)
+    for p, q in zip(params, twin, strict=True):
+        p.grad = q.grad = torch.randn(8, 16)
+    optimizer.step()
+    resumed.step()
+    for p, q in zip(params, twin, strict=True):
+        assert torch.equal(p, q)
+        assert torch.equal(optimizer.state[p]["exp_avg"], resumed.state[q]["exp_avg"])
+        assert optimizer.state[p]["step"].item() == resumed.state[q]["step"].item() == 5
+    assert made == ["cpp"] * 4  # one each for the loaded optimizer and the stepped one

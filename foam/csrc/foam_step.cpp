@@ -1,6 +1,6 @@
 // One fused FOAM step for a list of folded matrices on the CPU (FOAM_SPEC section 2).
 //
-// The eager step in foam/optimizer.py makes about ten full-size passes per matrix (fold, two
+// The eager step in foam/update.py makes about ten full-size passes per matrix (fold, two
 // EMAs, residual, square, sqrt, divide, update) through full-size temporaries. Here each matrix
 // is read once for the fold and once for the update, from a cache-sized slice, and the folded
 // states are updated in the same pass: per element the step reads the gradient and the parameter
@@ -75,7 +75,7 @@ struct Scalars {
 };
 
 // Updates n folded moments from their blocks' gradient sums and sums of squares (blocks of len
-// entries), with the formulas of torch's lerp_ and mul_/addcmul_ (foam/optimizer.py ema_).
+// entries), with the formulas of torch's lerp_ and mul_/addcmul_ (foam/numerics.py ema_).
 // Writes each block's mean gradient and bias-corrected moments. The second moment's source is a
 // template parameter: a branch inside the loop keeps GCC from vectorising it for bfloat16 states.
 template <bool kMeanOfSquares, typename S>
