@@ -175,3 +175,12 @@ def test_foams_update_reads_only_the_leaves_it_builds_on():
     assert graph["foam.update"] <= {"foam.folding", "foam.numerics"}
     assert graph["foam.folding"] | graph["foam.numerics"] <= {"foam.errors"}
     assert graph["foam.errors"] == set()
+
+
+def test_raising_a_config_error_needs_no_config_checker():
+    """train/errors.py is a leaf; the modules that only raise a config error import it, not
+    train/config.py (which pulls in foam, models, the loggers and parallelism)."""
+    graph = module_graph("train")
+    assert graph["train.errors"] == set()
+    raisers = ("data", "corpus", "tokenizer", "checkpoint", "update_cosine", "step_stats")
+    assert [m for m in raisers if "train.config" in graph[f"train.{m}"]] == []

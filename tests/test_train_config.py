@@ -19,13 +19,13 @@ from repro.methods import ABLATIONS
 from train.cli_errors import composition_error_message, discard_refused_run_dir
 from train.config import (
     CONFIG_DIR,
-    ConfigError,
     accumulation_steps,
     build_optimizer,
     check_config,
     optimizer_hparams,
     options,
 )
+from train.errors import ConfigError
 from train.schema import DESCRIPTIVE_OPTIM_KEYS, paper_value, register_configs
 
 OPTIMS = options("optim")

@@ -57,7 +57,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.stateful import Stateful
 
 from train import distributed as dist
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.seeding import rng_state, set_rng_state
 from train.state import TrainState
 from train.summary import git_sha

@@ -23,6 +23,7 @@ import models
 from foam.errors import OptionError
 from foam.schedule import check_schedule
 from foam.sharding import ShardingNotSupported
+from train.errors import ConfigError
 from train.loggers import WANDB_MODES
 from train.parallelism import check_parallelism
 from train.schema import DESCRIPTIVE_OPTIM_KEYS, unknown_key_message
@@ -32,10 +33,6 @@ PARAM_DTYPES = {"bf16": torch.bfloat16, "bf16_mixed": torch.float32, "fp32": tor
 """``trainer.precision`` -> the dtype the weights (and so the optimizer's states) are held in."""
 PRECISIONS = tuple(PARAM_DTYPES)
 LOGGERS = ("wandb", "none")
-
-
-class ConfigError(ValueError):
-    """An invalid configuration; the message starts with the key to fix."""
 
 
 def options(group: str) -> list[str]:

@@ -47,10 +47,8 @@ from typing import Any
 
 import torch
 
-from train.config import ConfigError
 from train.corpus import (
     SKIP_REASONS,
-    DataSourceError,
     Source,
     count_skip,
     describe_skips,
@@ -58,6 +56,7 @@ from train.corpus import (
     open_sources,
 )
 from train.distributed import failure_stops_every_rank, is_initialized, scatter_from_rank0
+from train.errors import ConfigError, DataSourceError
 from train.schema import DataConfig, data_config
 from train.tokenizer import Tokenizer, build_tokenizer
 

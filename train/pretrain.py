@@ -54,7 +54,6 @@ from train.cli_errors import (
 )
 from train.config import (
     PARAM_DTYPES,
-    ConfigError,
     accumulation_steps,
     build_optimizer,
     check_config,
@@ -68,6 +67,7 @@ from train.data import (
     build_val_batches,
     prove_data,
 )
+from train.errors import ConfigError, TrainingDiverged
 from train.estimate import StepSetup, StepTimeEstimate, estimate_step_time
 from train.evaluate import evaluate
 from train.export import HF_DIR, export_hf, unsharded_model
@@ -104,7 +104,7 @@ from train.schedule import build_scheduler
 from train.schema import register_configs
 from train.seeding import seed_everything
 from train.state import TrainState
-from train.step import LossSum, TrainingDiverged, loss_sum_for, train_step
+from train.step import LossSum, loss_sum_for, train_step
 from train.step_stats import IntervalStats, StepStats
 from train.summary import (
     build_summary,

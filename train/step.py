@@ -33,10 +33,6 @@ from train.parallelism import no_gradient_sync
 Batch = dict[str, torch.Tensor]
 
 
-class TrainingDiverged(RuntimeError):
-    """The loss or gradient norm stopped being finite: the run stops before anything is saved."""
-
-
 LossSum = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """(logits, labels) -> the summed next-token loss: ``next_token_loss_sum`` or its compiled form."""
 
