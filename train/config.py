@@ -24,15 +24,15 @@ from foam.errors import OptionError
 from foam.schedule import check_schedule
 from foam.sharding import ShardingNotSupported
 from train.errors import ConfigError
-from train.loggers import WANDB_MODES
-from train.parallelism import check_parallelism
-from train.schema import DESCRIPTIVE_OPTIM_KEYS, unknown_key_message
+from train.schema import DESCRIPTIVE_OPTIM_KEYS, Precision, unknown_key_message
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-PARAM_DTYPES = {"bf16": torch.bfloat16, "bf16_mixed": torch.float32, "fp32": torch.float32}
+PARAM_DTYPES = {
+    Precision.bf16: torch.bfloat16,
+    Precision.bf16_mixed: torch.float32,
+    Precision.fp32: torch.float32,
+}
 """``trainer.precision`` -> the dtype the weights (and so the optimizer's states) are held in."""
-PRECISIONS = tuple(PARAM_DTYPES)
-LOGGERS = ("wandb", "none")
 
 
 def options(group: str) -> list[str]:
@@ -100,13 +100,8 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
     _check_device(t.device)
     with _trainer_errors():
         check_schedule(t.max_steps, t.warmup_ratio, t.min_lr_ratio)
-        check_parallelism(t.parallelism)
     accumulation_steps(t.global_batch_size, t.micro_batch_size, world_size)
     _require(t.grad_clip >= 0, f"trainer.grad_clip must be >= 0 (0 = off), got {t.grad_clip}")
-    _require(
-        t.precision in PRECISIONS,
-        f"trainer.precision must be one of {PRECISIONS}, got {t.precision!r}",
-    )
     for key in ("eval_every", "save_every", "keep_last", "log_every"):
         _require(t[key] >= 0, f"trainer.{key} must be >= 0, got {t[key]}")
     _require(
@@ -124,13 +119,6 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
     _require(
         1 < seq_len <= max_pos,
         f"data.seq_len must be in (1, model.max_position_embeddings={max_pos}], got {seq_len}",
-    )
-    _require(
-        cfg.logger.name in LOGGERS, f"logger must be one of {LOGGERS}, got {cfg.logger.name!r}"
-    )
-    _require(
-        cfg.logger.mode in WANDB_MODES,
-        f"logger.mode must be one of {WANDB_MODES}, got {cfg.logger.mode!r}",
     )
     _require(
         0 <= t.seed < 2**32, f"trainer.seed must be in [0, 2**32) (numpy's range), got {t.seed}"

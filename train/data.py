@@ -14,8 +14,9 @@ see `train/corpus.py`):
   with no padding; documents are not truncated.
 
 Batches are dicts of LongTensor[B, T]: `input_ids`; `attention_mask` (1 for real tokens);
-`labels` = `input_ids` with padding set to -100. Labels are **not shifted**: position t holds
-token t, and the trainer shifts (logits[:, :-1] predict labels[:, 1:]), as HF's causal-LM loss does.
+`labels` = `input_ids` with padding set to `IGNORE_INDEX` (-100, `train/objective.py`). Labels
+are **not shifted**: position t holds token t, and the trainer shifts (logits[:, :-1] predict
+labels[:, 1:]), as HF's causal-LM loss does.
 Right padding is what lets the trainer leave the mask out (``train.step.to_device``): in a causal
 LM no real token sees the padding after it.
 
@@ -57,7 +58,8 @@ from train.corpus import (
 )
 from train.distributed import failure_stops_every_rank, is_initialized, scatter_from_rank0
 from train.errors import ConfigError, DataSourceError
-from train.schema import DataConfig, data_config
+from train.objective import IGNORE_INDEX
+from train.schema import PROTOCOL_SEED, DataConfig, data_config
 from train.tokenizer import Tokenizer, build_tokenizer
 
 __all__ = [
@@ -71,8 +73,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100
-VALIDATION_SHUFFLE_SEED = 42  # the protocol's; the validation set does not follow the run's seed
 STATE_VERSION = 1
 # Fingerprint keys that follow from the others (the split mode from the source and the world
 # size), so a checkpoint written before they were recorded is compared without them.
@@ -430,7 +430,7 @@ def rederive_position(saved: list[dict], fingerprint: dict) -> dict:
 
 
 def _shuffle_seed(cfg: DataConfig, seed: int) -> int:
-    """The protocol shuffles with 42 whatever the run's seed; `shuffle_seed: null` uses `seed`."""
+    """The protocol shuffles with ``PROTOCOL_SEED`` whatever the run's seed; `shuffle_seed: null` uses `seed`."""
     return seed if cfg.shuffle_seed is None else cfg.shuffle_seed
 
 
@@ -625,7 +625,7 @@ def build_val_batches(
     ``trainer.test_tokens`` asks: a split no choice of a study was made on).
 
     Same shuffle buffer, tokenization and batch format as training, but always the protocol's
-    seed (``VALIDATION_SHUFFLE_SEED``): runs that train on other orders (``data.shuffle_seed``)
+    seed (``PROTOCOL_SEED``): runs that train on other orders (``data.shuffle_seed``)
     are scored on the same tokens, and so are runs on other world sizes (``ValBatches``). The
     data is read lazily on first iteration, then kept in memory so every evaluation sees the same
     tokens.
@@ -639,7 +639,7 @@ def build_val_batches(
             shuffle_buffer=cfg.shuffle_buffer,
             rank=0,
             world_size=1,
-            seed=VALIDATION_SHUFFLE_SEED,
+            seed=PROTOCOL_SEED,
         ),
         tokenizer,
         micro_batch_size=micro_batch_size,
