@@ -111,7 +111,17 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ),
 }
 
-COPIED = ("foam", "train", "models", "repro", "configs", "tests", "scripts", "pyproject.toml")
+COPIED = (
+    "foam",
+    "train",
+    "models",
+    "repro",
+    "tools",
+    "configs",
+    "tests",
+    "scripts",
+    "pyproject.toml",
+)
 PRELOADED = (  # heavy third-party imports done once in the parent (never the project's own code)
     "torch",
     "torch.distributed",
@@ -124,7 +134,7 @@ PRELOADED = (  # heavy third-party imports done once in the parent (never the pr
     "transformers.models.llama.modeling_llama",
     "transformers.models.qwen2.modeling_qwen2",
 )
-# The mutated packages (repro/, this tool, is loaded here and never mutated).
+# The mutated packages (tools/, where this tool lives, and repro/ are never mutated).
 PROJECT_PACKAGES = ("foam", "train", "models")
 
 SWAPPED_OPS: dict[type, type] = {
