@@ -142,7 +142,8 @@ def headline_lines(model_name: str, dtype: str, results: list[Result]) -> list[s
     ]
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's options: what to time (models, dtypes, methods) and how often."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--models",
@@ -179,7 +180,11 @@ def main() -> None:
         help="FOAM-2's host work per step with the kernels stubbed: one call per matrix against "
         "one per step, at each model's number of matrices (uses --models, --rounds, --steps)",
     )
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if args.host_cost:
         header = f"# FOAM step: host cost\n\nCommand: `{command_line()}`\n\n"
         publish(header + host_cost_report(args.models, args.rounds, args.steps), args.out)
