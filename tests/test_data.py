@@ -19,8 +19,9 @@ import torch
 from omegaconf.errors import ConfigKeyError
 
 from train import corpus, data, tokenizer
-from train.data import build_tokenizer, build_train_loader, build_val_batches, rank_stream
+from train.data import build_tokenizer, build_train_loader, rank_stream
 from train.errors import ConfigError, DataSourceError
+from train.val_batches import build_val_batches
 
 REPO = Path(__file__).resolve().parents[1]
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
@@ -703,8 +704,17 @@ def test_a_paper_size_model_with_the_fallback_tokenizer_is_refused_before_it_is_
 
 
 def test_module_exports():
-    for name in ("build_tokenizer", "build_train_loader", "build_val_batches", "TrainLoader"):
-        assert hasattr(data, name)
+    """The train loader's module and the evaluation sets' module each name what they export."""
+    from train import val_batches
+
+    assert set(data.__all__) == {
+        "build_tokenizer",
+        "build_train_loader",
+        "TrainLoader",
+        "prove_data",
+    }
+    assert all(hasattr(data, name) for name in data.__all__)
+    assert callable(val_batches.build_val_batches) and isinstance(val_batches.ValBatches, type)
 
 
 def _position(rank: int, world_size: int, records: int, carry: list | None = None) -> dict:
@@ -713,7 +723,7 @@ def _position(rank: int, world_size: int, records: int, carry: list | None = Non
 
 
 def test_rederive_position_two_ranks_to_one_and_back():
-    from train.data import rederive_position
+    from train.data_position import rederive_position
 
     two = [{**_position(r, 2, 6), "stats": {"records": 6, "tokens": 18}} for r in (0, 1)]
     one = rederive_position(two, {"seq_len": 8, "rank": 0, "world_size": 1, "split": "records"})
@@ -732,7 +742,7 @@ def test_rederive_position_two_ranks_to_one_and_back():
     ],
 )
 def test_rederive_position_refuses_what_it_cannot_make_exact(saved, reason):
-    from train.data import rederive_position
+    from train.data_position import rederive_position
 
     mine = {"seq_len": 8, "rank": 0, "world_size": 4, "split": "records"}
     if "evenly" not in reason:

@@ -209,3 +209,12 @@ def test_raising_a_config_error_needs_no_config_checker():
     assert graph["train.errors"] == set()
     raisers = ("data", "corpus", "tokenizer", "checkpoint", "update_cosine", "step_stats")
     assert [m for m in raisers if "train.config" in graph[f"train.{m}"]] == []
+
+
+def test_the_data_pipeline_reads_one_way():
+    """Records -> rows (batcher) under the train loader (data) and the evaluation sets
+    (val_batches); the resume arithmetic (data_position) knows no loader."""
+    graph = module_graph("train")
+    assert not {"train.data", "train.val_batches"} & graph["train.batcher"]
+    assert not {"train.data", "train.val_batches"} & graph["train.data_position"]
+    assert "train.val_batches" not in graph["train.data"]

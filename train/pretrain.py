@@ -60,13 +60,7 @@ from train.config import (
     optimizer_hparams,
 )
 from train.corpus import describe_source, open_sources_on_ranks
-from train.data import (
-    TrainLoader,
-    ValBatches,
-    build_train_loader,
-    build_val_batches,
-    prove_data,
-)
+from train.data import TrainLoader, build_train_loader, prove_data
 from train.errors import ConfigError, TrainingDiverged
 from train.estimate import StepSetup, StepTimeEstimate, estimate_step_time
 from train.evaluate import evaluate
@@ -115,6 +109,7 @@ from train.summary import (
 )
 from train.tokenizer import Tokenizer, build_tokenizer_on_ranks
 from train.update_cosine import track_update_cosine
+from train.val_batches import ValBatches, build_val_batches
 
 log = logging.getLogger("train.pretrain")
 
