@@ -18,7 +18,7 @@ MUTATE_ARGS ?=
 # installs that offline into GPU_SITE, proves it imports, runs, and writes everything into DIR as
 # each section ends (default results/bench/gpu_<device>/).
 # GPU_PYTHON: this checkout's venv where there is one (a dev machine), else the machine's python3,
-# which finds repro/ (scripts/gpu_check.py's logic) on PYTHONPATH.
+# which finds tools/ (scripts/gpu_check.py's logic) on PYTHONPATH.
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 GPU_WHEELS ?= gpu-wheels
 GPU_BOX_PYTHON ?= 3.12

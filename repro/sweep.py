@@ -28,17 +28,19 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import models
-from repro.experiments import GPUS, MFU, experiment_runs, listing, plan
+from repro.experiments import GPUS, MFU, Run, experiment_runs, listing, plan
 from repro.finetune_grid import FINETUNE_EXPERIMENTS, finetune_plan, finetune_todo
 from repro.methods import PAPER_SWEEP, sweeps_alpha
 from repro.runs import REPO, Point, collect, train_command
 from train.cli_errors import check_choices
 from train.config import options
 from train.preemption import install_stop_signals, received_signal
+from train.schema import PROTOCOL_SEED
 from train.summary import DIVERGED_FILE, uncommitted_changes
 
 # The early warnings a SLURM job asks for with --signal; a job stopped by one requeues itself.
@@ -142,7 +144,9 @@ def submit_slurm(points: list[tuple[list[str], Path]], args: argparse.Namespace)
         print(f"submitted {job.job_id}: {shlex.join(cmd)}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: what to plan (a grid or an experiment), how to launch it, and modes
+    that launch nothing (``--list``, ``--collect``, ``--dry-run``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="with --experiment: instead of its sizes")
     parser.add_argument(
@@ -167,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep each optim config's alpha (the paper's per-method value) instead of sweeping it",
     )
-    parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default: 42")
+    parser.add_argument(
+        "--seeds", nargs="+", type=int, default=None, help=f"default: {PROTOCOL_SEED}"
+    )
     parser.add_argument(
         "--name", default=None, help="method directory for a variant of one method (ablations)"
     )
@@ -196,8 +202,79 @@ def main(argv: list[str] | None = None) -> int:
         help="copy the finished runs under --root here (summary, config, metrics), run nothing",
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every point (after --)")
-    args = parser.parse_args(argv)
+    return parser
 
+
+Planned = list[tuple[Point, Sequence[str]]]
+"""Each point with the overrides its run adds to the command line's."""
+Todo = list[tuple[list[str], Path]]
+"""Each point still to run: its torchrun command and run directory."""
+
+
+def plan_points(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[list[Run] | None, Planned]:
+    """The points of ``--experiment`` (with its runs, for the dry-run's plan) or of the lr x
+    alpha grid of ``--model``; neither given is a usage error."""
+    check_choices(parser, "model", [args.model] if args.model else [], models.available_models())
+    if args.experiment:
+        runs = experiment_runs(parser, args)
+        return runs, [(run.point, run.overrides) for run in runs]
+    if not args.model:
+        parser.error("give --model (the lr x alpha grid) or --experiment NAME (--list names them)")
+    alphas = [] if args.config_alpha else args.alphas
+    methods = args.methods or list(PAPER_SWEEP)
+    check_choices(parser, "optim", methods, options("optim"))
+    seeds = args.seeds or [PROTOCOL_SEED]
+    points = grid(args.model, methods, args.lrs, alphas, seeds, args.name)
+    return None, [(point, ()) for point in points]
+
+
+def pending(planned: Planned, args: argparse.Namespace) -> Todo:
+    """The planned points not finished (no ``summary.json``) and not diverged, as commands; each
+    skipped point is printed."""
+    todo = []
+    for point, extra in planned:
+        run_dir = point.run_dir(args.root)
+        if (run_dir / "summary.json").exists():
+            print(f"done, skipped: {run_dir}")
+            continue
+        if (run_dir / DIVERGED_FILE).exists():
+            print(f"diverged, skipped: {run_dir}")
+            continue
+        todo.append((train_command(point, run_dir, args.nproc, [*extra, *args.overrides]), run_dir))
+    return todo
+
+
+def dry_run(runs: list[Run] | None, planned: Planned, todo: Todo, args: argparse.Namespace) -> str:
+    """``--dry-run``'s report: an experiment's plan (tokens, GPU-hours), else one command a line."""
+    if runs is not None:
+        return plan(runs, {run_dir: cmd for cmd, run_dir in todo}, args)
+    lines = [
+        f"# {args.model}: {len(todo)} of {len(planned)} points to run "
+        f"({len(planned) - len(todo)} done or diverged), one command per line"
+    ]
+    return "\n".join([*lines, *(shlex.join(cmd) for cmd, _ in todo)])
+
+
+def launch(parser: argparse.ArgumentParser, args: argparse.Namespace, todo: Todo) -> int:
+    """Run the points locally or submit them to SLURM, from a committed tree only (unless
+    ``--allow-dirty``), so that every summary's ``git_sha`` names the code that ran."""
+    dirty = uncommitted_changes()
+    if dirty and todo and not args.allow_dirty:
+        parser.error(
+            "the tree has uncommitted changes, so the runs could not be traced to a commit; "
+            f"commit them or pass --allow-dirty:\n{dirty}"
+        )
+    if args.launcher == "slurm":
+        submit_slurm(todo, args)
+        return 0
+    return run_local([cmd for cmd, _ in todo], args.jobs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.list:
         print(listing())
         return 0
@@ -212,52 +289,14 @@ def main(argv: list[str] | None = None) -> int:
     if (
         args.experiment in FINETUNE_EXPERIMENTS
     ):  # train/finetune.py runs; --model: a hub name or DIR
-        runs, todo = finetune_todo(parser, args)
+        runs, finetunes = finetune_todo(parser, args)
         if args.dry_run:
-            print(finetune_plan(runs, todo, args, args.mfu or MFU, GPUS))
+            print(finetune_plan(runs, finetunes, args, args.mfu or MFU, GPUS))
             return 0
-        return run_local(list(todo.values()), args.jobs)
-    check_choices(parser, "model", [args.model] if args.model else [], models.available_models())
-    if args.experiment:
-        runs = experiment_runs(parser, args)
-        planned = [(run.point, run.overrides) for run in runs]
-    elif args.model:
-        alphas = [] if args.config_alpha else args.alphas
-        methods = args.methods or list(PAPER_SWEEP)
-        check_choices(parser, "optim", methods, options("optim"))
-        points = grid(args.model, methods, args.lrs, alphas, args.seeds or [42], args.name)
-        planned = [(point, ()) for point in points]
-    else:
-        parser.error("give --model (the lr x alpha grid) or --experiment NAME (--list names them)")
-    todo = []
-    for point, extra in planned:
-        run_dir = point.run_dir(args.root)
-        if (run_dir / "summary.json").exists():
-            print(f"done, skipped: {run_dir}")
-            continue
-        if (run_dir / DIVERGED_FILE).exists():
-            print(f"diverged, skipped: {run_dir}")
-            continue
-        todo.append((train_command(point, run_dir, args.nproc, [*extra, *args.overrides]), run_dir))
-
-    if args.dry_run and args.experiment:
-        print(plan(runs, {run_dir: cmd for cmd, run_dir in todo}, args))
-        return 0
+        return run_local(list(finetunes.values()), args.jobs)
+    runs, planned = plan_points(parser, args)
+    todo = pending(planned, args)
     if args.dry_run:
-        print(
-            f"# {args.model}: {len(todo)} of {len(planned)} points to run "
-            f"({len(planned) - len(todo)} done or diverged), one command per line"
-        )
-        for cmd, _ in todo:
-            print(shlex.join(cmd))
+        print(dry_run(runs, planned, todo, args))
         return 0
-    dirty = uncommitted_changes()
-    if dirty and todo and not args.allow_dirty:
-        parser.error(
-            "the tree has uncommitted changes, so the runs could not be traced to a commit; "
-            f"commit them or pass --allow-dirty:\n{dirty}"
-        )
-    if args.launcher == "slurm":
-        submit_slurm(todo, args)
-        return 0
-    return run_local([cmd for cmd, _ in todo], args.jobs)
+    return launch(parser, args, todo)

@@ -1,6 +1,6 @@
 """End-to-end training throughput: tokens/s and peak memory of each optimizer, as ratios to AdamW.
 
-The command line of ``repro.bench_train``, which holds the logic (``--help`` for its options).
+The command line of ``tools.bench_train``, which holds the logic (``--help`` for its options).
 
     python scripts/bench_train.py                                  # llama_1m, fp32, CPU
     python scripts/bench_train.py --compile --out results/bench/train_cpu.md
@@ -8,7 +8,7 @@ The command line of ``repro.bench_train``, which holds the logic (``--help`` for
         --optimizers adamw foam2 foam_mini                         # throughput at a cap (CUDA)
 """
 
-from repro.bench_train import main
+from tools.bench_train import main
 
 if __name__ == "__main__":
     main()

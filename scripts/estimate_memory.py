@@ -1,6 +1,6 @@
 """Estimated pre-training memory (BF16 weights + optimizer states), as the FOAM paper's tables.
 
-The command line of ``repro.estimate_memory``, which holds the logic.
+The command line of ``repro.tables.memory``, which holds the logic.
 
     python scripts/estimate_memory.py                 # the paper's tables, as markdown
     python scripts/estimate_memory.py --compare       # + the paper's numbers, deltas and errata
@@ -9,7 +9,7 @@ The command line of ``repro.estimate_memory``, which holds the logic.
 
 import sys
 
-from repro.estimate_memory import main
+from repro.tables.memory import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,7 @@
 """Mutation testing of the modules whose bugs cost users most: inject one plausible bug at a time
 and check that the fast tests of that module notice it.
 
-The command line of ``repro.mutate``, which holds the logic.
+The command line of ``tools.mutate``, which holds the logic.
 
     python scripts/mutate.py                       # every target below (make mutate)
     python scripts/mutate.py foam/schedule.py      # one module
@@ -12,7 +12,7 @@ The command line of ``repro.mutate``, which holds the logic.
 import os
 import sys
 
-from repro.mutate import main
+from tools.mutate import main
 
 if __name__ == "__main__":
     try:

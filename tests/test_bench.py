@@ -1,4 +1,4 @@
-"""repro/bench_methods.py, scripts/bench_optim.py and bench_train.py: the optimizers they compare are the
+"""tools/bench_methods.py, scripts/bench_optim.py and bench_train.py: the optimizers they compare are the
 ones a training run builds, and both benchmarks run end to end through their command lines."""
 
 import os
@@ -92,7 +92,7 @@ def test_bench_optim_end_to_end(tmp_path):
     assert report.startswith(
         "# Optimizer step benchmark\n\nCommand: `python scripts/bench_optim.py --models llama_tiny "
     )
-    assert "\n\nDevice: cpu (1 threads), torch " in report  # repro/bench_report.py
+    assert "\n\nDevice: cpu (1 threads), torch " in report  # tools/bench_report.py
     assert "* llama_tiny fp32: foam2 / fused AdamW = " in report
     rows = table_rows(report)
     assert set(rows) == {"adamw_fused", "adamw_foreach", "foam2", "foam2_eager", "galore_1_4"}

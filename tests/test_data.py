@@ -19,8 +19,9 @@ import torch
 from omegaconf.errors import ConfigKeyError
 
 from train import corpus, data, tokenizer
-from train.config import ConfigError
-from train.data import build_tokenizer, build_train_loader, build_val_batches, rank_stream
+from train.data import build_tokenizer, build_train_loader, rank_stream
+from train.errors import ConfigError, DataSourceError
+from train.val_batches import build_val_batches
 
 REPO = Path(__file__).resolve().parents[1]
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
@@ -308,19 +309,19 @@ def test_a_file_without_one_usable_record_names_the_path_and_the_skips(tmp_path,
     # 6 bad records, of which val_fraction=0.1 holds some out for validation
     message = rf"data\.path={re.escape(str(bad))}: 0 of the first \d train records hold usable "
     message += r"text \(\d records skipped \(bad_json: \d"
-    with pytest.raises(corpus.DataSourceError, match=message):
+    with pytest.raises(DataSourceError, match=message):
         build_train_loader(c, tok, micro_batch_size=2, rank=0, world_size=1, seed=0)
-    with pytest.raises(corpus.DataSourceError, match=message):
+    with pytest.raises(DataSourceError, match=message):
         build_tokenizer(cfg(path=str(bad), tokenizer="spm"), 32000)
 
 
 def test_missing_path_and_unreachable_hub_fail_at_startup(tmp_path, tok, monkeypatch):
-    with pytest.raises(corpus.DataSourceError, match="data=embedded"):
+    with pytest.raises(DataSourceError, match="data=embedded"):
         build_train_loader(
             cfg(path=str(tmp_path / "nope")), tok, micro_batch_size=2, rank=0, world_size=1, seed=0
         )
     monkeypatch.setattr(corpus, "hub_reachable", lambda timeout=3.0: False)
-    with pytest.raises(corpus.DataSourceError, match=r"data=local data\.path=DIR"):
+    with pytest.raises(DataSourceError, match=r"data=local data\.path=DIR"):
         build_train_loader(cfg(name="c4"), tok, micro_batch_size=2, rank=0, world_size=1, seed=0)
 
     def refuse(*args, **kwargs):
@@ -330,7 +331,7 @@ def test_missing_path_and_unreachable_hub_fail_at_startup(tmp_path, tok, monkeyp
 
     monkeypatch.setattr(corpus, "hub_reachable", lambda timeout=3.0: True)
     monkeypatch.setattr(datasets, "load_dataset", refuse)
-    with pytest.raises(corpus.DataSourceError, match="data=embedded"):
+    with pytest.raises(DataSourceError, match="data=embedded"):
         build_val_batches(
             cfg(name="c4"), tok, micro_batch_size=2, rank=0, world_size=1, max_tokens=10
         )
@@ -347,7 +348,7 @@ def test_a_corpus_of_mostly_undecodable_records_is_refused_with_the_counts(tmp_p
     train = corpus.open_source(cfg(path=str(garbage)), "train")
     usable = sum(corpus.is_usable(r["text"]) for r in train)
     assert usable > 0  # which is why a check of "any usable text" would let it through
-    with pytest.raises(corpus.DataSourceError) as err:
+    with pytest.raises(DataSourceError) as err:
         corpus.open_sources(cfg(path=str(garbage)))
     message = str(err.value)
     assert re.match(rf"data\.path={re.escape(str(garbage))}: \d+ of the first \d+ train", message)
@@ -357,7 +358,7 @@ def test_a_corpus_of_mostly_undecodable_records_is_refused_with_the_counts(tmp_p
 def test_a_split_half_usable_passes_and_yields_its_first_usable_texts(tmp_path):
     records = [{"text": "kept"}, {"text": None, "error": "bad_json"}, {"text": "also kept"}]
     assert corpus.check_usable(records * 2, "x", "validation") == ("kept", "also kept") * 2
-    with pytest.raises(corpus.DataSourceError, match="1 of the first 3 train records"):
+    with pytest.raises(DataSourceError, match="1 of the first 3 train records"):
         corpus.check_usable([records[0], records[1], records[1]], "x", "train")
 
 
@@ -367,7 +368,7 @@ def test_one_pass_must_fill_a_micro_batch_and_the_proof_batch_is_the_first(tmp_p
     (tmp_path / "three_val.jsonl").write_text(json.dumps({"text": "held out"}) + "\n")
     c = cfg(path=str(tmp_path), val_fraction=None)
     loader = build_train_loader(c, tok, micro_batch_size=4, rank=0, world_size=1, seed=0)
-    with pytest.raises(corpus.DataSourceError, match="one pass over this rank's training data"):
+    with pytest.raises(DataSourceError, match="one pass over this rank's training data"):
         loader.check_one_pass_fills()
     proven = build_train_loader(c, tok, micro_batch_size=3, rank=0, world_size=1, seed=0)
     proven.check_one_pass_fills()
@@ -385,7 +386,7 @@ class _EosOnly(tokenizer.Tokenizer):
 
 def test_a_validation_set_with_nothing_to_predict_is_refused(tok):
     source = corpus.Source(None, None, "data=x", validation_sample=("a", "b"))
-    with pytest.raises(corpus.DataSourceError, match="data=x: the first 2 validation documents"):
+    with pytest.raises(DataSourceError, match="data=x: the first 2 validation documents"):
         data.check_scoreable(source, _EosOnly(), seq_len=32, pack=False)
     data.check_scoreable(source, _EosOnly(), seq_len=32, pack=True)  # packed: one row of 2
     data.check_scoreable(source, tok, seq_len=32, pack=False)
@@ -484,7 +485,7 @@ def test_a_validation_set_smaller_than_the_world_size_is_refused_on_every_rank(c
     c = cfg(path=str(c4_dir))
     for rank in range(4):  # one row of at least 1 token: 1 row, 4 ranks
         v = build_val_batches(c, tok, micro_batch_size=2, rank=rank, world_size=4, max_tokens=1)
-        with pytest.raises(corpus.DataSourceError, match="1 rows, fewer than the 4 ranks"):
+        with pytest.raises(DataSourceError, match="1 rows, fewer than the 4 ranks"):
             list(v)
 
 
@@ -560,14 +561,14 @@ def test_sentencepiece_fallback_trains_caches_and_round_trips(tmp_path, monkeypa
     again = build_tokenizer(dict(c, tokenizer_cache_dir=str(tmp_path / "b")), 32000)
     assert next((tmp_path / "b" / "tokenizers").glob("*.model")).read_bytes() == model.read_bytes()
     assert again.encode(text) == ids
-    with pytest.raises(corpus.DataSourceError, match="tokenizer=spm"):
+    with pytest.raises(DataSourceError, match="tokenizer=spm"):
         build_tokenizer(dict(c, tokenizer_fallback=False), 32000)
 
 
 def test_a_tokenizer_far_smaller_than_the_vocabulary_is_refused_unless_allowed(cache_dir):
     """The embedded text fills a few thousand pieces: enough for llama_2m's 4096, not for 32000."""
     c = cfg(name="embedded", tokenizer_cache_dir=str(cache_dir), allow_small_tokenizer=False)
-    with pytest.raises(corpus.DataSourceError, match=r"data\.allow_small_tokenizer: tokenizer "):
+    with pytest.raises(DataSourceError, match=r"data\.allow_small_tokenizer: tokenizer "):
         build_tokenizer(c, 32000)
     assert build_tokenizer(c, 4096).vocab_size > 4096 * tokenizer.SMALL_TOKENIZER_SHARE
     assert build_tokenizer(dict(c, allow_small_tokenizer=True), 32000).vocab_size < 16000
@@ -579,7 +580,7 @@ def test_a_piece_count_sentencepiece_cannot_train_is_a_config_error(cache_dir, p
     SentencePiece's RuntimeError."""
     c = cfg(name="embedded", tokenizer_cache_dir=str(cache_dir), spm_vocab_size=pieces)
     with pytest.raises(
-        corpus.DataSourceError, match=rf"data\.spm_vocab_size={pieces}: .*{re.escape(reason)}"
+        DataSourceError, match=rf"data\.spm_vocab_size={pieces}: .*{re.escape(reason)}"
     ):
         build_tokenizer(c, 4096)
 
@@ -703,8 +704,17 @@ def test_a_paper_size_model_with_the_fallback_tokenizer_is_refused_before_it_is_
 
 
 def test_module_exports():
-    for name in ("build_tokenizer", "build_train_loader", "build_val_batches", "TrainLoader"):
-        assert hasattr(data, name)
+    """The train loader's module and the evaluation sets' module each name what they export."""
+    from train import val_batches
+
+    assert set(data.__all__) == {
+        "build_tokenizer",
+        "build_train_loader",
+        "TrainLoader",
+        "prove_data",
+    }
+    assert all(hasattr(data, name) for name in data.__all__)
+    assert callable(val_batches.build_val_batches) and isinstance(val_batches.ValBatches, type)
 
 
 def _position(rank: int, world_size: int, records: int, carry: list | None = None) -> dict:
@@ -713,7 +723,7 @@ def _position(rank: int, world_size: int, records: int, carry: list | None = Non
 
 
 def test_rederive_position_two_ranks_to_one_and_back():
-    from train.data import rederive_position
+    from train.data_position import rederive_position
 
     two = [{**_position(r, 2, 6), "stats": {"records": 6, "tokens": 18}} for r in (0, 1)]
     one = rederive_position(two, {"seq_len": 8, "rank": 0, "world_size": 1, "split": "records"})
@@ -732,7 +742,7 @@ def test_rederive_position_two_ranks_to_one_and_back():
     ],
 )
 def test_rederive_position_refuses_what_it_cannot_make_exact(saved, reason):
-    from train.data import rederive_position
+    from train.data_position import rederive_position
 
     mine = {"seq_len": 8, "rank": 0, "world_size": 4, "split": "records"}
     if "evenly" not in reason:
@@ -747,7 +757,7 @@ def test_ranks_that_loaded_different_tokenizers_are_refused():
     """A rank whose hub request failed would fall back alone: it would train on other token ids."""
     tokenizer.check_same_tokenizer(["t5-base"] * 4)
     with pytest.raises(
-        corpus.DataSourceError, match=r"t5-base on ranks \[0, 1, 3\]; spm:x on ranks \[2\]"
+        DataSourceError, match=r"t5-base on ranks \[0, 1, 3\]; spm:x on ranks \[2\]"
     ):
         tokenizer.check_same_tokenizer(["t5-base", "t5-base", "spm:x", "t5-base"])
 

@@ -13,9 +13,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import models
 from train.checkpoint import load_model_weights
-from train.data import build_val_batches
 from train.evaluate import evaluate
 from train.tokenizer import HFTokenizer
+from train.val_batches import build_val_batches
 
 export_hf_main = runpy.run_path(str(REPO / "scripts" / "export_hf.py"))["main"]
 

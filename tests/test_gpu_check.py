@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from repro import gpu_check, gpu_deps
-from repro.gpu_check import TRAIN_METHODS, Report, run_step, targets
-from repro.gpu_deps import REQUIRED, conflicting, distribution_of, install, missing
+from tools.gpu_check import TRAIN_METHODS, Report, run_step, targets
+from tools.gpu_deps import REQUIRED, conflicting, distribution_of, install, missing
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,6 +1,6 @@
-"""Imports flow one way (DESIGN.md): scripts -> repro -> train -> {foam, models} -> torch; no script
-imports another; inside foam/ the baselines do not import each other; foam/ and repro/ have no
-import cycles."""
+"""Imports flow one way (DESIGN.md): scripts -> {repro, tools} -> train -> {foam, models} -> torch;
+nothing imports tools/ but scripts and tests; no script imports another; inside foam/ the
+baselines do not import each other; foam/, repro/ and tools/ have no import cycles."""
 
 import ast
 import sys
@@ -29,20 +29,24 @@ ALLOWED = {
         "numpy",
         "psutil",
         "peft",  # the fine-tuning recipes' LoRA baseline (train/finetune_methods.py)
+        "safetensors",  # one model file from a checkpoint (train/consolidate.py)
         "foam",
         "models",
         "train",
     },
     "repro": {"torch", "numpy", "hydra", "omegaconf", "foam", "models", "train", "repro"},
+    "tools": {"torch", "hydra", "yaml", "foam", "models", "train", "repro", "tools"},
 }
 # Optional accelerators foam/ may import lazily, inside the function that needs them; and what
-# repro/ imports only where a command needs it (figures, statistics, SLURM, the mutants' pytest).
+# repro/ and tools/ import only where a command needs it (figures, statistics, SLURM, the
+# mutants' pytest).
 LAZY_OPTIONAL = {
     "foam": {"bitsandbytes"},
-    "repro": {"matplotlib", "scipy", "submitit", "pytest"},
+    "repro": {"matplotlib", "scipy", "submitit"},
+    "tools": {"matplotlib", "pytest"},
 }
 # What scripts/ may import of the project: packages, never another script.
-PROJECT_PACKAGES = {"foam", "models", "train", "repro"}
+PROJECT_PACKAGES = {"foam", "models", "train", "repro", "tools"}
 # Modules that import an optional accelerator at module level and are themselves imported only
 # lazily (test_foam_imports_without_optional_packages checks `import foam` loads none of them).
 OPTIONAL_MODULES = {"foam/triton_kernels.py": {"triton"}}
@@ -98,6 +102,27 @@ def test_scripts_import_packages_not_scripts():
     assert not bad, f"scripts import scripts: {bad}"
 
 
+def test_nothing_but_scripts_and_tests_imports_tools():
+    """tools/ serves the framework without being it: the library, the trainer and the
+    reproduction never depend on a benchmark, the GPU check or the mutation tester."""
+    bad = [
+        f"{path.relative_to(ROOT)}: {module}"
+        for package in ("foam", "models", "train", "repro")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for module, _ in imports(path)
+        if module == "tools"
+    ]
+    assert not bad, bad
+
+
+def test_scripts_are_thin_entry_points():
+    """Every script is at most 30 lines: its logic lives in a package, where tests reach it."""
+    long = {
+        p.name: n for p in ROOT.glob("scripts/*.py") if (n := len(p.read_text().splitlines())) > 30
+    }
+    assert not long, long
+
+
 def test_baselines_do_not_import_each_other():
     """What two baselines share lives in a module they both import (foam.lowrank, ...)."""
     baselines = ROOT / "foam" / "baselines"
@@ -146,9 +171,9 @@ def module_graph(package: str) -> dict[str, set[str]]:
     return graph
 
 
-@pytest.mark.parametrize("package", ["foam", "repro"])
+@pytest.mark.parametrize("package", ["foam", "repro", "tools"])
 def test_no_import_cycle_inside_a_package(package):
-    """No import cycle inside foam/ or repro/, lazy imports included: a cycle makes the order in
+    """No import cycle inside foam/, repro/ or tools/, lazy imports included: a cycle makes the order in
     which modules load matter, and hides which one owns what."""
     graph = module_graph(package)
     cycles = []
@@ -175,3 +200,21 @@ def test_foams_update_reads_only_the_leaves_it_builds_on():
     assert graph["foam.update"] <= {"foam.folding", "foam.numerics"}
     assert graph["foam.folding"] | graph["foam.numerics"] <= {"foam.errors"}
     assert graph["foam.errors"] == set()
+
+
+def test_raising_a_config_error_needs_no_config_checker():
+    """train/errors.py is a leaf; the modules that only raise a config error import it, not
+    train/config.py (which pulls in foam, models, the loggers and parallelism)."""
+    graph = module_graph("train")
+    assert graph["train.errors"] == set()
+    raisers = ("data", "corpus", "tokenizer", "checkpoint", "update_cosine", "step_stats")
+    assert [m for m in raisers if "train.config" in graph[f"train.{m}"]] == []
+
+
+def test_the_data_pipeline_reads_one_way():
+    """Records -> rows (batcher) under the train loader (data) and the evaluation sets
+    (val_batches); the resume arithmetic (data_position) knows no loader."""
+    graph = module_graph("train")
+    assert not {"train.data", "train.val_batches"} & graph["train.batcher"]
+    assert not {"train.data", "train.val_batches"} & graph["train.data_position"]
+    assert "train.val_batches" not in graph["train.data"]

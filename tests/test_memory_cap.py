@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from repro.memory_cap import CapResult, Trial, cap_table, largest_fitting, search
+from tools.memory_cap import CapResult, Trial, cap_table, largest_fitting, search
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,7 +77,7 @@ def test_the_memory_cap_needs_a_cuda_device():
 
 
 def test_each_round_of_the_throughput_benchmark_starts_with_the_next_optimizer():
-    from repro.bench_train import round_order
+    from tools.bench_train import round_order
 
     runners = ["adamw", "foam2", "foam_mini"]
     firsts = [round_order(runners, i)[0] for i in range(4)]

@@ -1,4 +1,4 @@
-"""repro/mutate.py stays usable: its module -> tests map and its list of equivalent mutants
+"""tools/mutate.py stays usable: its module -> tests map and its list of equivalent mutants
 point at code and tests that exist (a refactor that moves a module must update them)."""
 
 import ast

@@ -1,4 +1,4 @@
-"""scripts/plot_runs.py: one PNG of loss, val PPL, lr and tokens/s for any set of run directories."""
+"""tools/plot_runs.py: one PNG of loss, val PPL, lr and tokens/s for any set of run directories."""
 
 import json
 import math
@@ -6,7 +6,7 @@ import runpy
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-plot_runs = runpy.run_path(str(REPO / "scripts" / "plot_runs.py"))
+plot_runs = runpy.run_path(str(REPO / "tools" / "plot_runs.py"))
 
 
 def fake_run(path: Path, optim: str, lr: float, steps: int = 6, summary: bool = True) -> Path:

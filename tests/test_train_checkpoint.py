@@ -17,7 +17,7 @@ import torch.distributed.checkpoint as dcp
 import foam
 import models
 from train import checkpoint as ckpt
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.state import TrainState
 
 

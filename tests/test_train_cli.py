@@ -220,6 +220,10 @@ CONFIG_ERRORS = {
         "+optim=foam2 trainer.max_steps=abc",
         "trainer.max_steps=abc: Value 'abc' of type 'str' could not be converted to Integer",
     ),
+    "choice-outside-its-set": (
+        "+optim=foam2 trainer.precision=fp16",
+        "trainer.precision=fp16: Invalid value 'fp16', expected one of [bf16, bf16_mixed, fp32]",
+    ),
     "unresolvable-value": (
         "+optim=foam2 optim.lr=${typo}",
         "optim.lr: Interpolation key 'typo' not found",

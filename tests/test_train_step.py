@@ -15,10 +15,10 @@ import torch.multiprocessing as mp
 import models
 from foam.profiling import peak_transient_bytes
 from train.distributed import wrap_ddp
+from train.errors import TrainingDiverged
 from train.objective import MLM_LABELS
 from train.step import (
     StepResult,
-    TrainingDiverged,
     accumulate_gradients,
     grad_norm,
     grad_norm_and_clip,

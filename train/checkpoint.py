@@ -26,8 +26,8 @@ atomic on POSIX). A process killed mid-save leaves at most a stale ``.tmp_*`` di
 is never mistaken for a checkpoint and is removed on the next save.
 
 Resuming on another world size: model and optimizer reshard; the data position is re-derived by
-``train.data.rederive_position`` (or refused with the reason); each rank's RNG state is that of
-the saved rank with its number, rank 0's for ranks the saved run did not have.
+``train.data_position.rederive_position`` (or refused with the reason); each rank's RNG state is
+that of the saved rank with its number, rank 0's for ranks the saved run did not have.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.stateful import Stateful
 
 from train import distributed as dist
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.seeding import rng_state, set_rng_state
 from train.state import TrainState
 from train.summary import git_sha

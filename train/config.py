@@ -23,19 +23,16 @@ import models
 from foam.errors import OptionError
 from foam.schedule import check_schedule
 from foam.sharding import ShardingNotSupported
-from train.loggers import WANDB_MODES
-from train.parallelism import check_parallelism
-from train.schema import DESCRIPTIVE_OPTIM_KEYS, unknown_key_message
+from train.errors import ConfigError
+from train.schema import DESCRIPTIVE_OPTIM_KEYS, Precision, unknown_key_message
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-PARAM_DTYPES = {"bf16": torch.bfloat16, "bf16_mixed": torch.float32, "fp32": torch.float32}
+PARAM_DTYPES = {
+    Precision.bf16: torch.bfloat16,
+    Precision.bf16_mixed: torch.float32,
+    Precision.fp32: torch.float32,
+}
 """``trainer.precision`` -> the dtype the weights (and so the optimizer's states) are held in."""
-PRECISIONS = tuple(PARAM_DTYPES)
-LOGGERS = ("wandb", "none")
-
-
-class ConfigError(ValueError):
-    """An invalid configuration; the message starts with the key to fix."""
 
 
 def options(group: str) -> list[str]:
@@ -82,7 +79,22 @@ def _check_schema_keys(cfg: DictConfig) -> None:
 
 
 def check_config(cfg: DictConfig, world_size: int) -> None:
-    """Raise ConfigError on the first problem found."""
+    """Raise ConfigError on the first problem found: what is selected and set, then each group's
+    own rules, the model's and the optimizer's from the library that owns them."""
+    _check_composed(cfg)
+    try:
+        models.validate_model_config(cfg.model)
+    except ValueError as err:
+        raise ConfigError(f"model={cfg.model.name}: {err}") from None
+    with _optimizer_errors(cfg.optim):  # its rules that need no model, before any data is read
+        foam.check_hparams(cfg.optim.name, **optimizer_hparams(cfg.optim))
+        foam.fold_axis_of(cfg.optim)  # the model is sharded for it before the optimizer exists
+    _check_trainer(cfg.trainer, world_size, data_name=cfg.data.name)
+    _check_data(cfg.data, max_positions=cfg.model.max_position_embeddings)
+
+
+def _check_composed(cfg: DictConfig) -> None:
+    """``+model=`` and ``+optim=`` given, no required key left unset, no key past the schema."""
     for group, flag in (("model", "+model"), ("optim", "+optim")):
         _require(
             group in cfg,
@@ -92,24 +104,15 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
     missing = sorted(OmegaConf.missing_keys(cfg))
     _require(not missing, f"{missing[0] if missing else ''}: required, set it on the command line")
     _check_schema_keys(cfg)
-    try:
-        models.validate_model_config(cfg.model)
-    except ValueError as err:
-        raise ConfigError(f"model={cfg.model.name}: {err}") from None
-    with _optimizer_errors(cfg.optim):  # its rules that need no model, before any data is read
-        foam.check_hparams(cfg.optim.name, **optimizer_hparams(cfg.optim))
-        foam.fold_axis_of(cfg.optim)  # the model is sharded for it before the optimizer exists
-    t = cfg.trainer
+
+
+def _check_trainer(t: DictConfig, world_size: int, data_name: str) -> None:
+    """The run's protocol: device, schedule, batch arithmetic, intervals, budgets and seed."""
     _check_device(t.device)
     with _trainer_errors():
         check_schedule(t.max_steps, t.warmup_ratio, t.min_lr_ratio)
-        check_parallelism(t.parallelism)
     accumulation_steps(t.global_batch_size, t.micro_batch_size, world_size)
     _require(t.grad_clip >= 0, f"trainer.grad_clip must be >= 0 (0 = off), got {t.grad_clip}")
-    _require(
-        t.precision in PRECISIONS,
-        f"trainer.precision must be one of {PRECISIONS}, got {t.precision!r}",
-    )
     for key in ("eval_every", "save_every", "keep_last", "log_every"):
         _require(t[key] >= 0, f"trainer.{key} must be >= 0, got {t[key]}")
     _require(
@@ -119,21 +122,9 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
     _require(t.eval_tokens > 0, f"trainer.eval_tokens must be positive, got {t.eval_tokens}")
     _require(t.test_tokens >= 0, f"trainer.test_tokens must be >= 0 (0 = off), got {t.test_tokens}")
     _require(
-        t.test_tokens == 0 or cfg.data.name == "local",
-        f"trainer.test_tokens needs data=local (a mirror with test files); data={cfg.data.name} "
+        t.test_tokens == 0 or data_name == "local",
+        f"trainer.test_tokens needs data=local (a mirror with test files); data={data_name} "
         "has no test split",
-    )
-    seq_len, max_pos = cfg.data.seq_len, cfg.model.max_position_embeddings
-    _require(
-        1 < seq_len <= max_pos,
-        f"data.seq_len must be in (1, model.max_position_embeddings={max_pos}], got {seq_len}",
-    )
-    _require(
-        cfg.logger.name in LOGGERS, f"logger must be one of {LOGGERS}, got {cfg.logger.name!r}"
-    )
-    _require(
-        cfg.logger.mode in WANDB_MODES,
-        f"logger.mode must be one of {WANDB_MODES}, got {cfg.logger.mode!r}",
     )
     _require(
         0 <= t.seed < 2**32, f"trainer.seed must be in [0, 2**32) (numpy's range), got {t.seed}"
@@ -143,10 +134,19 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
         "trainer.eval_micro_batch_size must be positive, or null for trainer.micro_batch_size, "
         f"got {t.eval_micro_batch_size}",
     )
-    for key in ("num_workers", "shuffle_buffer"):
-        _require(cfg.data[key] >= 0, f"data.{key} must be >= 0 (0 = off), got {cfg.data[key]}")
+
+
+def _check_data(data: DictConfig, max_positions: int) -> None:
+    """Rows the model can take, reader settings, and a tokenizer named."""
     _require(
-        cfg.data.tokenizer.strip() != "",
+        1 < data.seq_len <= max_positions,
+        f"data.seq_len must be in (1, model.max_position_embeddings={max_positions}], "
+        f"got {data.seq_len}",
+    )
+    for key in ("num_workers", "shuffle_buffer"):
+        _require(data[key] >= 0, f"data.{key} must be >= 0 (0 = off), got {data[key]}")
+    _require(
+        data.tokenizer.strip() != "",
         "data.tokenizer is empty: name one (t5-base, spm for the project's SentencePiece, or a "
         "path to a tokenizer directory or SentencePiece model)",
     )

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlparse
 
-from train.config import ConfigError
+from train.errors import DataSourceError
 from train.schema import DataConfig, data_config
 
 logger = logging.getLogger(__name__)
@@ -58,10 +58,6 @@ MIN_USABLE_SHARE = 0.5
 VALIDATION_SAMPLE = 8  # usable validation texts kept to prove the set scoreable once tokenized
 
 Record = dict[str, Any]
-
-
-class DataSourceError(ConfigError):
-    """The data source cannot be opened or holds no usable text; the message names the key."""
 
 
 def _bad(reason: str) -> Record:

@@ -14,22 +14,24 @@ see `train/corpus.py`):
   with no padding; documents are not truncated.
 
 Batches are dicts of LongTensor[B, T]: `input_ids`; `attention_mask` (1 for real tokens);
-`labels` = `input_ids` with padding set to -100. Labels are **not shifted**: position t holds
-token t, and the trainer shifts (logits[:, :-1] predict labels[:, 1:]), as HF's causal-LM loss does.
+`labels` = `input_ids` with padding set to `IGNORE_INDEX` (-100, `train/objective.py`). Labels
+are **not shifted**: position t holds token t, and the trainer shifts (logits[:, :-1] predict
+labels[:, 1:]), as HF's causal-LM loss does.
 Right padding is what lets the trainer leave the mask out (``train.step.to_device``): in a causal
 LM no real token sees the padding after it.
 
 Ranks see disjoint training data: `split_dataset_by_node` gives whole shards (files) to ranks
 when the shard count divides the world size, otherwise every rank keeps one record in
-`world_size`. The validation set is the same rows for every world size: each rank reads the whole
-validation stream and scores rows `rank::world_size` (`ValBatches`).
+`world_size`. The validation set is the same rows for every world size: rank 0 reads the whole
+validation stream and each rank scores rows `rank::world_size` (`train/val_batches.py`).
 
 Proven before step 1 (``prove_data``): the training split fills one micro-batch in a single pass
 (the loader reads its first batch at start-up and hands it out first), and some validation
 document has a token to predict; otherwise the run stops with one line (a config error).
 
-Resume: the train loader's position is (epoch, raw records consumed from this rank's stream,
-tokens carried into the next batch). `load_state_dict` rebuilds the stream of that epoch and
+Records become rows in `train/batcher.py`. Resume: the train loader's position is (epoch, raw
+records consumed from this rank's stream, tokens carried into the next batch; carried to another
+world size by `train/data_position.py`). `load_state_dict` rebuilds the stream of that epoch and
 skips the consumed records without tokenizing them, so the following batches are exactly those
 of an uninterrupted run. Finite data restarts a new epoch via `IterableDataset.set_epoch`, which
 reshuffles deterministically.
@@ -47,38 +49,22 @@ from typing import Any
 
 import torch
 
-from train.config import ConfigError
-from train.corpus import (
-    SKIP_REASONS,
-    DataSourceError,
-    Source,
-    count_skip,
-    describe_skips,
-    open_source,
-    open_sources,
-)
-from train.distributed import failure_stops_every_rank, is_initialized, scatter_from_rank0
+from train.batcher import Batcher, new_stats, produce, snapshot
+from train.corpus import Source, describe_skips, open_sources
+from train.data_position import DERIVED_FINGERPRINT_KEYS, STATE_VERSION, rederive_position
+from train.distributed import failure_stops_every_rank
+from train.errors import ConfigError, DataSourceError
 from train.schema import DataConfig, data_config
 from train.tokenizer import Tokenizer, build_tokenizer
 
 __all__ = [
     "TrainLoader",
-    "ValBatches",
-    "build_tokenizer",
+    "build_tokenizer",  # where repro/make_corpus.py imports it from
     "build_train_loader",
-    "build_val_batches",
     "prove_data",
 ]
 
 logger = logging.getLogger(__name__)
-
-IGNORE_INDEX = -100
-VALIDATION_SHUFFLE_SEED = 42  # the protocol's; the validation set does not follow the run's seed
-STATE_VERSION = 1
-# Fingerprint keys that follow from the others (the split mode from the source and the world
-# size), so a checkpoint written before they were recorded is compared without them.
-DERIVED_FINGERPRINT_KEYS = ("split",)
-_READ_CHUNK = 256  # raw records tokenized together (batch encoding is much faster per document)
 
 
 def split_mode(split: Any, world_size: int) -> str:
@@ -102,95 +88,6 @@ def rank_stream(
         ds = split_dataset_by_node(ds, rank=rank, world_size=world_size)
     ds.set_epoch(epoch)  # after the split, which builds a new dataset at epoch 0
     return ds
-
-
-def _new_stats() -> dict[str, int]:
-    stats = {"epoch": 0, "records": 0, "documents": 0, "truncated": 0, "tokens": 0, "skipped": 0}
-    stats.update({f"skipped_{r}": 0 for r in SKIP_REASONS})
-    return stats
-
-
-class _Batcher:
-    """Turns tokenized documents into fixed-shape batches (truncate+pad, or pack)."""
-
-    def __init__(self, tokenizer: Tokenizer, batch_size: int, seq_len: int, pack: bool):
-        self.B, self.T, self.pack = batch_size, seq_len, pack
-        self.pad, self.eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-
-    def add(self, carry: list[list[int]], ids: list[int], stats: dict) -> list[list[list[int]]]:
-        """Add one document to `carry` (in place); return the completed batches' rows."""
-        T, B = self.T, self.B
-        if not self.pack:
-            if len(ids) > T:
-                ids = [*ids[: T - 1], self.eos]
-                stats["truncated"] += 1
-            carry.append(ids)
-            if len(carry) < B:
-                return []
-            rows = carry[:]
-            carry.clear()
-            return [rows]
-        if not carry:
-            carry.append([])
-        buf = carry[0]
-        buf.extend(ids)
-        out = []
-        while len(buf) >= B * T:
-            out.append([buf[i * T : (i + 1) * T] for i in range(B)])
-            del buf[: B * T]
-        return out
-
-    def tensors(self, rows: list[list[int]]) -> dict[str, torch.Tensor]:
-        ids = torch.full((len(rows), self.T), self.pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), self.T), dtype=torch.long)
-        for r, row in enumerate(rows):
-            ids[r, : len(row)] = torch.tensor(row, dtype=torch.long)
-            mask[r, : len(row)] = 1
-        labels = ids.masked_fill(mask == 0, IGNORE_INDEX)
-        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
-
-
-def _produce(
-    records: Iterator[dict],
-    tokenizer: Tokenizer,
-    batcher: _Batcher,
-    state: dict,
-) -> Iterator[tuple[list[list[int]], dict]]:
-    """Yield (rows, state after these rows) over `records`, updating `state` as it goes.
-
-    `state["records"]` counts raw records (good or bad) consumed in this epoch; `state["carry"]`
-    holds tokens of consumed documents not yet in a batch. Records are read and tokenized in
-    chunks, but the state attached to a batch counts only the records up to that batch, so a
-    restore at any batch boundary is exact.
-    """
-    stats = state["stats"]
-    while True:
-        chunk = list(itertools.islice(records, _READ_CHUNK))
-        if not chunk:
-            return
-        texts = [r.get("text") for r in chunk]
-        good = [t for t in texts if isinstance(t, str) and t.strip()]
-        encoded = iter(tokenizer.encode_batch(good) if good else [])
-        for rec, text in zip(chunk, texts, strict=True):
-            state["records"] += 1
-            stats["records"] += 1
-            if not (isinstance(text, str) and text.strip()):
-                count_skip(stats, rec)
-                continue
-            ids = next(encoded)
-            stats["documents"] += 1
-            for rows in batcher.add(state["carry"], ids, stats):
-                stats["tokens"] += sum(len(r) for r in rows)
-                yield rows, _snapshot(state)
-
-
-def _snapshot(state: dict) -> dict:
-    return {
-        "epoch": state["epoch"],
-        "records": state["records"],
-        "carry": [list(c) for c in state["carry"]],
-        "stats": dict(state["stats"]),
-    }
 
 
 class TrainLoader:
@@ -218,11 +115,11 @@ class TrainLoader:
         self._open_stream = open_stream
         self._label = label
         self.tokenizer = tokenizer
-        self._batcher = _Batcher(tokenizer, micro_batch_size, seq_len, pack)
+        self._batcher = Batcher(tokenizer, micro_batch_size, seq_len, pack)
         self._threaded = num_workers > 0
         self._prefetch = max(1, prefetch)
         self._fingerprint = fingerprint or {}
-        self._state = {"epoch": 0, "records": 0, "carry": [], "stats": _new_stats()}
+        self._state = {"epoch": 0, "records": 0, "carry": [], "stats": new_stats()}
         self._first: tuple[list[list[int]], dict] | None = None  # read by check_one_pass_fills
         self._gen: Iterator[tuple[list[list[int]], dict]] | None = None
         self._queue: queue.Queue | None = None
@@ -239,7 +136,7 @@ class TrainLoader:
 
     def _epochs(self, start: dict) -> Iterator[tuple[list[list[int]], dict]]:
         """Batches from `start` on, across epochs; the first epoch skips consumed records."""
-        state = _snapshot(start)
+        state = snapshot(start)
         while True:
             stream = iter(self._open_stream(state["epoch"]))
             skipped = sum(1 for _ in itertools.islice(stream, state["records"]))
@@ -249,7 +146,7 @@ class TrainLoader:
                     f"the checkpoint consumed {state['records']} (did the data change?)"
                 )
             before = state["stats"]["documents"]
-            yield from _produce(stream, self.tokenizer, self._batcher, state)
+            yield from produce(stream, self.tokenizer, self._batcher, state)
             if skipped == 0 and state["stats"]["documents"] == before:
                 raise DataSourceError(
                     f"{self._label}: no usable training documents on this rank: "
@@ -325,7 +222,7 @@ class TrainLoader:
         return {
             "version": STATE_VERSION,
             "config": dict(self._fingerprint),
-            **_snapshot(self._state),
+            **snapshot(self._state),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -344,7 +241,7 @@ class TrainLoader:
                 f"now): {diff}; resume with the same data config, batch size and world size"
             )
         self.close()
-        stats = _new_stats()
+        stats = new_stats()
         stats.update(state["stats"])
         self._state = {
             "epoch": int(state["epoch"]),
@@ -381,57 +278,8 @@ class TrainLoader:
             pass
 
 
-def rederive_position(saved: list[dict], fingerprint: dict) -> dict:
-    """This rank's position (``fingerprint`` is its loader's) from the positions a run on
-    ``len(saved)`` ranks checkpointed: raises ``ValueError`` saying why when it cannot be exact.
-
-    The stream is shuffled before it is split one record per rank, round-robin, so while every
-    rank has consumed the same number ``n`` of records of the epoch and holds no partial batch,
-    the records consumed are exactly the first ``n x ranks`` of the shuffled stream, whatever the
-    world size: a run on ``M`` ranks continues at ``n x ranks / M`` records per rank. Sources split
-    by whole files (file count divisible by the world size), packed rows and ranks that skipped
-    different numbers of unusable records break this. Counters (``stats``) are summed into rank 0.
-    """
-    ranks, world_size = len(saved), fingerprint["world_size"]
-    ignored = ("rank", "world_size")
-    config = {k: v for k, v in saved[0].get("config", {}).items() if k not in ignored}
-    mine = {k: v for k, v in fingerprint.items() if k not in ignored}
-    if "shards" in (config.pop("split", None), mine.pop("split")):
-        raise ValueError(
-            "the source is split among ranks by whole files, which depends on the world size; "
-            f"resume on {ranks} rank(s)"
-        )
-    if config != mine:
-        diff = {k: (config.get(k), v) for k, v in mine.items() if config.get(k) != v}
-        raise ValueError(f"the data settings differ (saved, now): {diff}")
-    positions = {(s["epoch"], s["records"], bool(s["carry"])) for s in saved}
-    epoch, records, carry = positions.pop()
-    if positions or carry:
-        raise ValueError(
-            "the ranks stopped at different points of the stream (packed rows, or unusable "
-            f"records skipped unevenly); resume on {ranks} rank(s)"
-        )
-    total = records * ranks
-    if total % world_size:
-        raise ValueError(f"{total} records consumed do not split evenly over {world_size} ranks")
-    stats = _new_stats()
-    if fingerprint["rank"] == 0:
-        for s in saved:
-            for key, value in s["stats"].items():
-                stats[key] = stats.get(key, 0) + value
-    stats["epoch"] = epoch
-    return {
-        "version": STATE_VERSION,
-        "config": dict(fingerprint),
-        "epoch": epoch,
-        "records": total // world_size,
-        "carry": [],
-        "stats": stats,
-    }
-
-
 def _shuffle_seed(cfg: DataConfig, seed: int) -> int:
-    """The protocol shuffles with 42 whatever the run's seed; `shuffle_seed: null` uses `seed`."""
+    """The protocol's fixed shuffle seed whatever the run's seed; ``shuffle_seed: null``: ``seed``."""
     return seed if cfg.shuffle_seed is None else cfg.shuffle_seed
 
 
@@ -493,164 +341,6 @@ def build_train_loader(
             split=split_mode(source.train, world_size),
         ),
         label=source.label,
-    )
-
-
-class ValBatches:
-    """A fixed validation set: built on first iteration, then re-iterated from memory.
-
-    The set is the same rows for every world size and micro-batch size, so runs on different
-    numbers of GPUs are scored on the same tokens: rank 0 reads the whole (unsplit) shuffled
-    validation stream, cuts it into rows (one per document, or packed rows of ``seq_len``) until
-    ``max_tokens`` non-pad tokens or the end of the split, and sends each rank its rows
-    ``rank::world_size``. Rows are stored as int32 ids plus lengths (~50 MB for the protocol's
-    10M tokens over all ranks); masks and labels are rebuilt per batch. The last batch may have
-    fewer rows, and ranks may hold different numbers of batches: reduce sums of loss and token
-    counts once after the loop, not per batch.
-    """
-
-    def __init__(
-        self,
-        records: Callable[[], Iterable[dict]],
-        tokenizer: Tokenizer,
-        *,
-        micro_batch_size: int,
-        seq_len: int,
-        pack: bool,
-        max_tokens: int,
-        rank: int = 0,
-        world_size: int = 1,
-        label: str = "data",
-        split: str = "validation",
-    ):
-        self._records = records
-        self._label = label
-        self._split = split
-        self._tokenizer = tokenizer
-        self._batcher = _Batcher(tokenizer, micro_batch_size, seq_len, pack)
-        self._rows = _Batcher(tokenizer, 1, seq_len, pack)  # one row at a time: no batch rounding
-        self._max_tokens = max_tokens
-        self._rank, self._world_size = rank, world_size
-        self._ids: torch.Tensor | None = None
-        self._lens: torch.Tensor | None = None
-        self.stats: dict[str, int] = _new_stats()
-
-    def _read_set(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The whole set: every row's ids (padded to ``seq_len``) and its length."""
-        state = {"epoch": 0, "records": 0, "carry": [], "stats": self.stats}
-        rows: list[list[int]] = []
-        tokens = 0
-        produced = _produce(iter(self._records()), self._tokenizer, self._rows, state)
-        for (row,), _ in produced:
-            rows.append(row)
-            tokens += len(row)
-            if tokens >= self._max_tokens:
-                break
-        else:
-            tail = [row for row in state["carry"] if row]  # packing: the last, partial row
-            rows += tail
-            self.stats["tokens"] += sum(len(row) for row in tail)
-        if not rows:
-            raise DataSourceError(
-                f"{self._label}: no usable {self._split} documents: {describe_skips(self.stats)}"
-            )
-        if len(rows) < self._world_size:
-            raise DataSourceError(
-                f"{self._label}: the {self._split} set has {len(rows)} rows, fewer than the "
-                f"{self._world_size} ranks that share it; give more {self._split} data"
-            )
-        ids = torch.full((len(rows), self._batcher.T), self._batcher.pad, dtype=torch.int32)
-        for r, row in enumerate(rows):
-            ids[r, : len(row)] = torch.tensor(row, dtype=torch.int32)
-        return ids, torch.tensor([len(row) for row in rows], dtype=torch.int32)
-
-    def _build(self) -> None:
-        """Rank 0 reads the set and hands each rank ``r`` its rows ``r::world_size`` (every rank
-        at the same evaluation: collective; an error on rank 0 is raised on every rank).
-
-        One reader, so the ranks share one set whatever each of them could read, and the hub
-        and the tokenizer serve it once per run instead of once per rank. Without a process
-        group (one process, or a rank simulated in a test) the rank reads it itself.
-        """
-        shares = None
-        with failure_stops_every_rank(DataSourceError):
-            if self._rank == 0 or not is_initialized():
-                ids, lens = self._read_set()
-                n, tokens = self._world_size, int(lens.sum())
-                shares = [
-                    (ids[r::n].clone(), lens[r::n].clone(), len(lens), tokens) for r in range(n)
-                ]
-        self._ids, self._lens, rows, tokens = scatter_from_rank0(shares, self._rank)
-        logger.info(
-            "data: %s set of %d sequences, %d tokens; %d sequences, %d tokens on this rank",
-            self._split,
-            rows,
-            tokens,
-            len(self._lens),
-            int(self._lens.sum()),
-        )
-
-    def __len__(self) -> int:
-        if self._ids is None:
-            self._build()
-        return -(-self._ids.shape[0] // self._batcher.B)
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        if self._ids is None:
-            self._build()
-        B, T = self._batcher.B, self._batcher.T
-        positions = torch.arange(T)
-        for start in range(0, self._ids.shape[0], B):
-            ids = self._ids[start : start + B].long()
-            mask = (positions[None, :] < self._lens[start : start + B, None]).long()
-            yield {
-                "input_ids": ids,
-                "labels": ids.masked_fill(mask == 0, IGNORE_INDEX),
-                "attention_mask": mask,
-            }
-
-
-def build_val_batches(
-    data_cfg: DataConfig | Any,
-    tokenizer: Tokenizer,
-    *,
-    micro_batch_size: int,
-    rank: int,
-    world_size: int,
-    max_tokens: int,
-    source: Source | None = None,
-    split: str = "validation",
-) -> ValBatches:
-    """This rank's share of a fixed evaluation set of about `max_tokens` non-pad tokens in all,
-    from the validation split (every evaluation) or the test split (the final one only, where
-    ``trainer.test_tokens`` asks: a split no choice of a study was made on).
-
-    Same shuffle buffer, tokenization and batch format as training, but always the protocol's
-    seed (``VALIDATION_SHUFFLE_SEED``): runs that train on other orders (``data.shuffle_seed``)
-    are scored on the same tokens, and so are runs on other world sizes (``ValBatches``). The
-    data is read lazily on first iteration, then kept in memory so every evaluation sees the same
-    tokens.
-    """
-    cfg = data_config(data_cfg)
-    source = source or open_sources(cfg)
-    records = source.validation if split == "validation" else open_source(cfg, split)
-    return ValBatches(
-        lambda: rank_stream(
-            records,
-            shuffle_buffer=cfg.shuffle_buffer,
-            rank=0,
-            world_size=1,
-            seed=VALIDATION_SHUFFLE_SEED,
-        ),
-        tokenizer,
-        micro_batch_size=micro_batch_size,
-        seq_len=cfg.seq_len,
-        pack=cfg.pack,
-        max_tokens=int(max_tokens),
-        rank=rank,
-        world_size=world_size,
-        label=source.label,
-        split=split,
     )
 
 

@@ -38,8 +38,8 @@ from omegaconf import DictConfig
 import models
 from train import distributed as dist
 from train.config import build_optimizer
-from train.data import IGNORE_INDEX
 from train.metrics import matmul_kind, peak_flops, synchronize
+from train.objective import IGNORE_INDEX
 from train.parallelism import compile_decoder_layers
 from train.schedule import build_scheduler
 from train.step import loss_sum_for, train_step

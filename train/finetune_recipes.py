@@ -35,6 +35,7 @@ from train.finetune_tasks import (
     mmlu_question,
     mmlu_subject,
 )
+from train.objective import IGNORE_INDEX
 
 GLUE_MAX_LENGTH, MMLU_MAX_LENGTH, MMLU_BATCH = 256, 2048, 16
 METRICS = {"accuracy": accuracy, "matthews": matthews_correlation, "pearson": pearson_correlation}
@@ -164,7 +165,7 @@ def mmlu_features(data: Any, tokenizer: Any, max_length: int) -> Any:
         answer = len(ids) - len(
             tokenizer(text[len(context) :], add_special_tokens=False)["input_ids"]
         )
-        labels = [-100] * answer + ids[answer:]
+        labels = [IGNORE_INDEX] * answer + ids[answer:]
         return {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels}
 
     return data.map(encode, remove_columns=data.column_names)
@@ -207,7 +208,7 @@ def run_mmlu(args: argparse.Namespace, setting: MethodSetting) -> dict[str, Any]
         load_split(MMLU_HUB, "all", MMLU_TRAIN, args.data_dir), tokenizer, max_length
     )
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=default_dtype())
-    collator = DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)
+    collator = DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=IGNORE_INDEX)
     model, counts = train(
         model,
         setting,

@@ -42,10 +42,6 @@ class JsonlWriter:
         self._file.close()
 
 
-WANDB_MODES = ("auto", "online", "offline", "disabled")
-"""``logger.mode``: wandb's own modes, and ``auto`` (online when logged in, else offline)."""
-
-
 def _wandb_logged_in() -> bool:
     if os.environ.get("WANDB_API_KEY"):
         return True

@@ -49,8 +49,9 @@ from torch.distributed.tensor import Shard
 import foam
 from foam.sharding import shard_dim
 from train.distributed import barrier_for_slow_io, wrap_ddp
+from train.schema import Parallelism
 
-PARALLELISMS = ("ddp", "fsdp")
+PARALLELISMS = tuple(p.value for p in Parallelism)
 
 
 def check_parallelism(parallelism: str) -> None:

@@ -54,20 +54,14 @@ from train.cli_errors import (
 )
 from train.config import (
     PARAM_DTYPES,
-    ConfigError,
     accumulation_steps,
     build_optimizer,
     check_config,
     optimizer_hparams,
 )
 from train.corpus import describe_source, open_sources_on_ranks
-from train.data import (
-    TrainLoader,
-    ValBatches,
-    build_train_loader,
-    build_val_batches,
-    prove_data,
-)
+from train.data import TrainLoader, build_train_loader, prove_data
+from train.errors import ConfigError, TrainingDiverged
 from train.estimate import StepSetup, StepTimeEstimate, estimate_step_time
 from train.evaluate import evaluate
 from train.export import HF_DIR, export_hf, unsharded_model
@@ -104,7 +98,7 @@ from train.schedule import build_scheduler
 from train.schema import register_configs
 from train.seeding import seed_everything
 from train.state import TrainState
-from train.step import LossSum, TrainingDiverged, loss_sum_for, train_step
+from train.step import LossSum, loss_sum_for, train_step
 from train.step_stats import IntervalStats, StepStats
 from train.summary import (
     build_summary,
@@ -115,6 +109,7 @@ from train.summary import (
 )
 from train.tokenizer import Tokenizer, build_tokenizer_on_ranks
 from train.update_cosine import track_update_cosine
+from train.val_batches import ValBatches, build_val_batches
 
 log = logging.getLogger("train.pretrain")
 

@@ -2,8 +2,9 @@
 
 ``configs/config.yaml`` lists ``config_schema`` first in its defaults, so every group it composes
 (``model``, ``data``, ``trainer``, ``logger``) is merged into its dataclass: a key the dataclass
-does not have, or a value of the wrong type, is refused by Hydra at compose time with the key's
-name. The dataclasses hold the defaults; a YAML option states only what makes it that option.
+does not have, a value of the wrong type, or a choice outside its enum (``Precision``, ...), is
+refused by Hydra at compose time with the key's name. The enums are ``StrEnum``: a member equals
+and prints as its string, so code and records compare and write ``"bf16"`` as before. The dataclasses hold the defaults; a YAML option states only what makes it that option.
 
 Optim configs are checked against the optimizer itself: each registered optimizer gets a schema
 ``optim_schema/<name>`` generated from ``foam.available_optimizers()`` (its keywords and their
@@ -21,6 +22,7 @@ import dataclasses
 import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -33,6 +35,40 @@ from foam.schedule import MIN_LR_RATIO, WARMUP_RATIO
 DESCRIPTIVE_OPTIM_KEYS = ("name", "paper_lr")
 # The ConfigStore group of the optimizer schemas (outside ``optim``: not a choice of ``+optim=``).
 OPTIM_SCHEMA_GROUP = "optim_schema"
+PROTOCOL_SEED = 42
+"""The paper's seed ("All experiments use a random seed of 42"): the default of the run's and the
+training stream's seeds, and always the validation set's order, so runs score the same documents."""
+
+
+class Precision(StrEnum):
+    """``trainer.precision``: what the weights, gradients and states are held and computed in."""
+
+    bf16 = "bf16"
+    bf16_mixed = "bf16_mixed"
+    fp32 = "fp32"
+
+
+class Parallelism(StrEnum):
+    """``trainer.parallelism``: how the model is spread over ranks (``train/parallelism.py``)."""
+
+    ddp = "ddp"
+    fsdp = "fsdp"
+
+
+class LoggerName(StrEnum):
+    """``logger.name``: the metric sink besides ``metrics.jsonl``."""
+
+    wandb = "wandb"
+    none = "none"
+
+
+class WandbMode(StrEnum):
+    """``logger.mode``: wandb's own modes, and ``auto`` (online when logged in, else offline)."""
+
+    auto = "auto"
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"
 
 
 @dataclass
@@ -95,7 +131,7 @@ class DataConfig:
     """Train with a tokenizer of less than half the model's vocabulary (``train/tokenizer.py``)."""
     val_fraction: float | None = None
     """Records held out for validation when the source has no validation split."""
-    shuffle_seed: int | None = 42
+    shuffle_seed: int | None = PROTOCOL_SEED
     """The training stream's order: the protocol's fixed seed; null: the run's seed. The
     validation set is always drawn with the protocol's seed, whatever this is."""
     shuffle_buffer: int = 1000
@@ -119,14 +155,14 @@ class TrainerConfig:
     min_lr_ratio: float = MIN_LR_RATIO
     grad_clip: float = 0.0
     """0 = off (the paper); GaLore's 7B recipe uses 1.0."""
-    precision: str = "bf16"
+    precision: Precision = Precision.bf16
     """bf16 = pure bf16 (weights, grads, states; the paper) | bf16_mixed | fp32. bf16_mixed keeps
     fp32 weights but computes differently per parallelism: DDP (and any one-rank run) autocasts,
     so the matmuls run in bf16 while the residual stream and norms stay fp32; FSDP2 on two or
     more ranks casts the weights to bf16 (``MixedPrecisionPolicy``), so the residual stream is
     bf16 too."""
     grad_checkpointing: bool = False
-    parallelism: str = "ddp"
+    parallelism: Parallelism = Parallelism.ddp
     """ddp (replicate the model on every rank) | fsdp (FSDP2: shard parameters, gradients and
     optimizer states; see train/parallelism.py)."""
     compile: bool | None = None
@@ -161,7 +197,7 @@ class TrainerConfig:
     save_final: bool = True
     resume: str | None = "auto"
     """auto = the run directory's newest checkpoint, if any | a path | none."""
-    seed: int = 42
+    seed: int = PROTOCOL_SEED
     device: str = "auto"
     """auto = cuda:LOCAL_RANK when available, else cpu."""
 
@@ -170,10 +206,10 @@ class TrainerConfig:
 class LoggerConfig:
     """Metric sinks besides ``metrics.jsonl`` (always written): ``wandb`` or ``none``."""
 
-    name: str = MISSING
+    name: LoggerName = MISSING
     project: str = "foam-pretrain"
     entity: str | None = None
-    mode: str = "auto"
+    mode: WandbMode = WandbMode.auto
     """auto: online when logged in (WANDB_API_KEY or ~/.netrc), else offline; WANDB_MODE overrides."""
     run_name: str | None = None
     """Null: the run directory's name."""

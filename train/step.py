@@ -27,14 +27,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from foam.sharding import local
 from train.distributed import all_reduce_sum
-from train.objective import MLM_LABELS, count_masked, masked_loss_sum
+from train.objective import IGNORE_INDEX, MLM_LABELS, count_masked, masked_loss_sum
 from train.parallelism import no_gradient_sync
 
 Batch = dict[str, torch.Tensor]
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss or gradient norm stopped being finite: the run stops before anything is saved."""
 
 
 LossSum = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -47,7 +43,7 @@ LOSS_CHUNK_BYTES = 2**28
 
 
 class _ChunkedCrossEntropySum(torch.autograd.Function):
-    """Summed cross-entropy of ``logits`` [N, V] against ``targets`` [N] (-100: not counted),
+    """Summed cross-entropy of ``logits`` [N, V] against ``targets`` [N] (``IGNORE_INDEX``: not counted),
     ``rows`` positions at a time: each chunk is cast to float32 on its own, the forward keeps
     only the log-sum-exp of each position (N floats), and the backward writes the gradient
     (softmax minus one-hot, times the incoming scalar) chunk by chunk straight into one tensor
@@ -56,7 +52,7 @@ class _ChunkedCrossEntropySum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, rows: int) -> torch.Tensor:
         lse = torch.cat([part.float().logsumexp(-1) for part in logits.split(rows)])
-        counted = targets != -100
+        counted = targets != IGNORE_INDEX
         picked = logits.gather(1, targets.clamp(min=0)[:, None]).squeeze(1).float()
         ctx.save_for_backward(logits, targets, lse)
         ctx.rows = rows
@@ -68,7 +64,7 @@ class _ChunkedCrossEntropySum(torch.autograd.Function):
         grad = torch.empty_like(logits)
         for start in range(0, logits.size(0), ctx.rows):
             rows = slice(start, start + ctx.rows)
-            counted = (targets[rows] != -100).float()[:, None]
+            counted = (targets[rows] != IGNORE_INDEX).float()[:, None]
             softmax = (logits[rows].float() - lse[rows, None]).exp_()
             softmax.scatter_add_(1, targets[rows].clamp(min=0)[:, None], -counted)
             grad[rows] = softmax.mul_(counted * grad_total)
@@ -79,16 +75,16 @@ def next_token_loss_sum(
     logits: torch.Tensor, labels: torch.Tensor, *, chunk_rows: int | None = None
 ) -> torch.Tensor:
     """Summed cross-entropy of position t predicting label t+1 (labels are aligned with the
-    inputs; -100 marks padding), in float32 like transformers' own loss.
+    inputs; ``IGNORE_INDEX`` marks padding), in float32 like transformers' own loss.
 
-    The labels are shifted (one -100 column appended), not the logits, which slicing would copy.
+    The labels are shifted (one ``IGNORE_INDEX`` column appended), not the logits, which slicing would copy.
     The positions are taken ``chunk_rows`` at a time (by default as many as ``LOSS_CHUNK_BYTES``
     of float32 logits hold, ``_ChunkedCrossEntropySum``): only a chunk is ever in float32, and
     the gradient is in the logits' dtype. Compiled (``loss_sum_for``), inductor fuses each
     chunk's cast and reductions into one read of it.
     """
     flat = logits.flatten(0, 1)
-    targets = F.pad(labels[:, 1:], (0, 1), value=-100).flatten()
+    targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX).flatten()
     rows = chunk_rows or max(1, LOSS_CHUNK_BYTES // (4 * flat.size(-1)))
     return _ChunkedCrossEntropySum.apply(flat, targets, rows)
 
@@ -109,7 +105,7 @@ def count_targets(batch: Batch) -> int:
     masked positions, ``train/objective.py``)."""
     if MLM_LABELS in batch:
         return count_masked(batch)
-    return int((batch["labels"][:, 1:] != -100).sum())
+    return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
 
 
 def to_device_async(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -133,14 +129,14 @@ def mask_changes_no_counted_logit(batch: Batch) -> bool:
         return False
     mask = batch["attention_mask"]
     right_padded = bool((mask[:, 1:] <= mask[:, :-1]).all())
-    return right_padded and bool((batch["labels"][mask == 0] == -100).all())
+    return right_padded and bool((batch["labels"][mask == 0] == IGNORE_INDEX).all())
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
     """A host-side batch on ``device``, without its attention mask where the mask changes no
     counted logit (``mask_changes_no_counted_logit``:
     the protocol's right-padded batches, packed ones, any batch without padding); the loss's
-    masking is the labels' -100 either way. Without a mask, SDPA may take the flash kernel
+    masking is the labels' ``IGNORE_INDEX`` either way. Without a mask, SDPA may take the flash kernel
     (an explicit mask rules it out) and transformers builds no mask on the device (which reads
     the mask back to the host once or twice per forward). A left-padded batch keeps its mask."""
     keep_mask = "attention_mask" in batch and not mask_changes_no_counted_logit(batch)

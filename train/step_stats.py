@@ -8,7 +8,7 @@ or saves.
 
 The tradeoff, for divergence: a non-finite loss or gradient norm is noticed at that read, not at
 the step it happened. The steps in between still update the weights in memory (with garbage), but
-the run stops with :class:`~train.step.TrainingDiverged` naming the first bad step *before*
+the run stops with :class:`~train.errors.TrainingDiverged` naming the first bad step *before*
 any evaluation or checkpoint of those weights, because the trainer reads the stats before every
 save and every evaluation. The cost is at most ``trainer.log_every - 1`` wasted steps; the last
 checkpoint stays the newest good state to resume from.
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from train.step import StepResult, TrainingDiverged
+from train.errors import TrainingDiverged
+from train.step import StepResult
 
 
 @dataclass(frozen=True)

@@ -38,13 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from train.corpus import (
-    DataSourceError,
     Source,
     count_skip,
     describe_skips,
     hub_reachable,
     open_sources,
 )
+from train.errors import DataSourceError
 from train.schema import DataConfig, data_config
 
 logger = logging.getLogger(__name__)

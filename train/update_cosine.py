@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 import foam
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.parallelism import is_sharded
 
 PREFIX = "update_cosine/"

@@ -4,7 +4,7 @@ fixed number of bytes, and its tokens/s (``scripts/bench_train.py --memory-cap G
 The paper's case for FOAM is that the memory it saves buys a larger batch, or a larger model, on
 the same GPU. Peak bytes alone do not say what that is worth; the tokens/s each optimizer reaches
 at the largest micro-batch that fits the same cap do. This module holds the search and the
-report; ``repro/bench_train.py`` runs the trials on a CUDA device.
+report; ``tools/bench_train.py`` runs the trials on a CUDA device.
 """
 
 from __future__ import annotations

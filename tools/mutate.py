@@ -111,7 +111,17 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ),
 }
 
-COPIED = ("foam", "train", "models", "repro", "configs", "tests", "scripts", "pyproject.toml")
+COPIED = (
+    "foam",
+    "train",
+    "models",
+    "repro",
+    "tools",
+    "configs",
+    "tests",
+    "scripts",
+    "pyproject.toml",
+)
 PRELOADED = (  # heavy third-party imports done once in the parent (never the project's own code)
     "torch",
     "torch.distributed",
@@ -124,7 +134,7 @@ PRELOADED = (  # heavy third-party imports done once in the parent (never the pr
     "transformers.models.llama.modeling_llama",
     "transformers.models.qwen2.modeling_qwen2",
 )
-# The mutated packages (repro/, this tool, is loaded here and never mutated).
+# The mutated packages (tools/, where this tool lives, and repro/ are never mutated).
 PROJECT_PACKAGES = ("foam", "train", "models")
 
 SWAPPED_OPS: dict[type, type] = {
@@ -412,6 +422,70 @@ def preload() -> None:
         raise RuntimeError(f"project modules were imported before forking: {leaked}")
 
 
+def run_mutants(
+    modules: list[str], mutants: list[Mutant], timeout_factor: float
+) -> list[dict] | None:
+    """Each mutant's outcome, its tests run on a temporary copy of the repository (None when a
+    module's tests fail before any mutant: nothing can be learned from its mutants then)."""
+    results: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="mutate_") as tmp:
+        workdir = Path(tmp) / "repo"
+        workdir.mkdir()
+        prepare_copy(workdir)
+        os.environ["PYTHONPATH"] = str(workdir)  # subprocesses (the CLI tests) import the copy
+        log_file = Path(tmp) / "pytest.log"
+        timeouts: dict[str, float] = {}
+        for module in modules:
+            outcome, secs = run_tests(workdir, TARGETS[module], 1800, log_file)
+            if outcome != "passed":
+                print(log_file.read_text()[-3000:])
+                print(f"the tests of {module} fail without any mutant: fix them first")
+                return None
+            timeouts[module] = timeout_factor * secs + 60
+            print(f"{module}: tests pass unmutated in {secs:.1f} s", flush=True)
+        for m in mutants:
+            target = workdir / m.module
+            original = target.read_text()
+            target.write_text(m.apply(original))
+            try:
+                outcome, secs = run_in_stages(
+                    workdir, TARGETS[m.module], timeouts[m.module], log_file
+                )
+            finally:
+                target.write_text(original)
+            status = {"passed": "SURVIVED", "failed": "killed", "timeout": "timeout"}
+            if outcome == "passed" and m.key in EQUIVALENT:
+                status["passed"] = "equivalent"
+            verdict = status[outcome]
+            results.append({**asdict(m), "outcome": verdict, "seconds": round(secs, 1)})
+            print(
+                f"{m.id:4d} {verdict:<16} {secs:6.1f}s {m.module}:{m.line}: "
+                f"{m.description} | {m.source_line}",
+                flush=True,
+            )
+    return results
+
+
+def report(results: list[dict], path: Path | None) -> int:
+    """Print the tally and every timed-out and surviving mutant; 1 when any survived."""
+    counts = {k: sum(r["outcome"] == k for r in results) for k in ("killed", "timeout")}
+    survivors = [r for r in results if r["outcome"] == "SURVIVED"]
+    equivalent = [r for r in results if r["outcome"] == "equivalent"]
+    print(
+        f"\n{len(results)} mutants: {counts['killed']} killed, {counts['timeout']} timed out "
+        f"(counted as detected: check them on a quiet machine), {len(equivalent)} equivalent "
+        f"(listed in EQUIVALENT), {len(survivors)} survived"
+    )
+    for r in [r for r in results if r["outcome"] == "timeout"]:
+        print(f"  TIMEOUT  {r['id']}: {r['module']}:{r['line']}: {r['description']}")
+    for r in survivors:
+        print(f"  SURVIVED {r['id']}: {r['module']}:{r['line']}: {r['description']}")
+        print(f"           {r['source_line']}  ->  {r['replacement']}")
+    if path:
+        path.write_text(json.dumps(results, indent=1))
+    return 1 if survivors else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("modules", nargs="*", help=f"modules to mutate (default: {list(TARGETS)})")
@@ -447,55 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     preload()
-    results: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="mutate_") as tmp:
-        workdir = Path(tmp) / "repo"
-        workdir.mkdir()
-        prepare_copy(workdir)
-        os.environ["PYTHONPATH"] = str(workdir)  # subprocesses (the CLI tests) import the copy
-        log_file = Path(tmp) / "pytest.log"
-        timeouts: dict[str, float] = {}
-        for module in modules:
-            outcome, secs = run_tests(workdir, TARGETS[module], 1800, log_file)
-            if outcome != "passed":
-                print(log_file.read_text()[-3000:])
-                print(f"the tests of {module} fail without any mutant: fix them first")
-                return 2
-            timeouts[module] = args.timeout_factor * secs + 60
-            print(f"{module}: tests pass unmutated in {secs:.1f} s", flush=True)
-        for m in mutants:
-            target = workdir / m.module
-            original = target.read_text()
-            target.write_text(m.apply(original))
-            try:
-                outcome, secs = run_in_stages(
-                    workdir, TARGETS[m.module], timeouts[m.module], log_file
-                )
-            finally:
-                target.write_text(original)
-            status = {"passed": "SURVIVED", "failed": "killed", "timeout": "timeout"}
-            if outcome == "passed" and m.key in EQUIVALENT:
-                status["passed"] = "equivalent"
-            verdict = status[outcome]
-            results.append({**asdict(m), "outcome": verdict, "seconds": round(secs, 1)})
-            print(
-                f"{m.id:4d} {verdict:<16} {secs:6.1f}s {m.module}:{m.line}: "
-                f"{m.description} | {m.source_line}",
-                flush=True,
-            )
-    counts = {k: sum(r["outcome"] == k for r in results) for k in ("killed", "timeout")}
-    survivors = [r for r in results if r["outcome"] == "SURVIVED"]
-    equivalent = [r for r in results if r["outcome"] == "equivalent"]
-    print(
-        f"\n{len(results)} mutants: {counts['killed']} killed, {counts['timeout']} timed out "
-        f"(counted as detected: check them on a quiet machine), {len(equivalent)} equivalent "
-        f"(listed in EQUIVALENT), {len(survivors)} survived"
-    )
-    for r in [r for r in results if r["outcome"] == "timeout"]:
-        print(f"  TIMEOUT  {r['id']}: {r['module']}:{r['line']}: {r['description']}")
-    for r in survivors:
-        print(f"  SURVIVED {r['id']}: {r['module']}:{r['line']}: {r['description']}")
-        print(f"           {r['source_line']}  ->  {r['replacement']}")
-    if args.report:
-        args.report.write_text(json.dumps(results, indent=1))
-    return 1 if survivors else 0
+    results = run_mutants(modules, mutants, args.timeout_factor)
+    if results is None:
+        return 2
+    return report(results, args.report)

@@ -13,7 +13,7 @@ measures the compiled model alone.
 
 ``--memory-cap GIB`` asks instead which optimizer trains more tokens per second within GIB of GPU
 memory: for each, with and without gradient checkpointing, the largest micro-batch whose steps
-fit the cap (``repro/memory_cap.py``'s search; the process may allocate no more than the cap, so a
+fit the cap (``tools/memory_cap.py``'s search; the process may allocate no more than the cap, so a
 step beyond it runs out of memory), and the tokens/s at it. It needs a CUDA device.
 
     python scripts/bench_train.py                                  # llama_1m, fp32, CPU
@@ -40,9 +40,9 @@ import torch
 import foam
 from foam.profiling import peak_transient_bytes
 from models import available_models, build_model, enable_gradient_checkpointing, load_model_config
-from repro.bench_methods import DEFAULT_LABELS, available_labels, builder
-from repro.bench_report import Machine, command_line, publish
-from repro.memory_cap import CapResult, Trial, cap_table, search
+from tools.bench_methods import DEFAULT_LABELS, available_labels, builder
+from tools.bench_report import Machine, command_line, publish
+from tools.memory_cap import CapResult, Trial, cap_table, search
 from train.metrics import peak_memory, reset_peak_memory, synchronize
 from train.parallelism import compile_decoder_layers
 from train.step import Batch, accumulate_gradients, loss_sum_for
@@ -278,7 +278,7 @@ def parser() -> argparse.ArgumentParser:
         default=list(DEFAULT_OPTIMIZERS),
         choices=available_labels(),
         metavar="LABEL",
-        help="optim config names, NAME_eager, adamw_fused, adamw_foreach (repro/bench_methods.py);"
+        help="optim config names, NAME_eager, adamw_fused, adamw_foreach (tools/bench_methods.py);"
         " default: every method of the paper's tables",
     )
     parser.add_argument("--batch-size", type=int, default=8)

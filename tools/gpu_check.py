@@ -1,7 +1,7 @@
 """``make gpu-check OUT=DIR``: the one prepared run for a lent GPU, offline, with the machine's
 own torch; everything it makes lands in DIR as each section finishes.
 
-``make gpu-deps`` (``repro/gpu_deps.py``) first installs offline what the machine lacks and proves
+``make gpu-deps`` (``tools/gpu_deps.py``) first installs offline what the machine lacks and proves
 it imports. ``run`` (at most ``--budget-s`` seconds, 8 minutes by default) then runs, in this
 order, each section written to DIR as soon as it ends:
 
@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro import gpu_deps
+from tools import gpu_deps
 
 REPO = Path(__file__).resolve().parents[1]
 
