@@ -39,6 +39,7 @@ def study(tmp_path) -> tuple[Path, Path]:
         write_run(
             v4, "final", "muon_modulewise", "lr0.08_alpha0.03125", seed, 77.0, MUON_TEST[seed]
         )
+    write_run(v4, "final", "apollo_1_4", "lr0.04_alpha0.25_gap20", 0, 80.0, 80.0)  # walking
     # FOAM-3 in Q2: two points with 3 seeds; validation prefers 0.03125, the test the other
     for seed in range(3):
         write_run(v4, "final", "foam3", "lr0.04_alpha0.03125", seed, 81.0, 95.0 + seed)
@@ -57,7 +58,7 @@ def test_q1_pairs_eight_seeds_on_the_test_split_holm_over_the_question(study):
     assert f"{mean:+.2f}" in q1 and "(n=8)" in q1
     p = ttest_rel(FOAM2_TEST, MUON_TEST).pvalue
     assert f"| {p:.3f} |" in q1  # the only comparison with both rows run: Holm over one
-    assert "APOLLO-1/4 | not run yet" in q1
+    assert "APOLLO-1/4 | not complete yet" in q1
 
 
 def test_a_point_is_chosen_on_validation_never_on_the_test_split(study):
@@ -82,4 +83,4 @@ def test_make_tables_writes_v4_and_its_provenance(study, tmp_path):
     out = tmp_path / "tables"
     assert make_tables([str(v4), "--v4", str(v3), "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["provenance.md", "v4.md"]
-    assert "| abc1234 | spm:test | 22 |" in (out / "provenance.md").read_text()
+    assert "| abc1234 | spm:test | 23 |" in (out / "provenance.md").read_text()

@@ -8,7 +8,8 @@ number on the test split that no choice was made on, the validation number besid
   the Q3 order (Q3's seeds resampled, Q1's means held fixed).
 
 A row's point is the one its walk ended at: the most seeds, then the lowest **validation** mean
-(never the test mean, which chose nothing). Before the tables, the check the amendment rests on:
+(never the test mean, which chose nothing); a row enters its question once that point has all
+the question's seeds. Before the tables, the check the amendment rests on:
 every v4 run that repeats a v3 run (same point and seed) with its validation perplexity.
 """
 
@@ -24,7 +25,7 @@ import numpy as np
 from repro.paired_stats import ORDER_SEEDS
 from repro.paper_perplexity import paper_ppl
 from repro.study_points import CONTROL, Point, fmt_ppl, row_label, row_of
-from repro.study_v4 import FULL, LONG, Q1_ROWS, Q2_ROWS, Q3_ROWS, SEEDS, SHARED_LR, Row
+from repro.study_v4 import FULL, LONG, Q1_ROWS, Q1_SEEDS, Q2_ROWS, Q3_ROWS, SEEDS, SHARED_LR, Row
 from repro.tables.views import bootstrap_tau, kendall_tau, paired_lines, reversed_pairs, tau_line
 
 MODEL = "llama_2m"
@@ -63,12 +64,14 @@ def restricted(point: Point, seeds: tuple[int, ...]) -> Point:
     )
 
 
-def question_best(points: list[Point], stage: str, rows: tuple[Row, ...], keep, seeds=None) -> Best:
+def question_best(points: list[Point], stage: str, rows: tuple[Row, ...], keep, seeds) -> Best:
+    """Each row's walked point read over ``seeds``, once it has all of them: a row still walking
+    (its seed-0 runs) or still running its seeds is not in the question yet."""
     best: Best = {}
     for row in rows:
         point = walked(points, stage, table_row(row), keep)
-        if point is not None:
-            best[(MODEL, table_row(row))] = point if seeds is None else restricted(point, seeds)
+        if point is not None and set(seeds) <= set(point.ppl_by_seed):
+            best[(MODEL, table_row(row))] = restricted(point, seeds)
     return best
 
 
@@ -81,7 +84,7 @@ def rows_table(best: Best, rows: tuple[Row, ...]) -> list[str]:
         name = table_row(row)
         point = best.get((MODEL, name))
         if point is None:
-            lines.append(f"| {row_label(name)} | not run yet | - | - | - | - |")
+            lines.append(f"| {row_label(name)} | not complete yet | - | - | - | - |")
             continue
         theirs = paper_row(name)
         k, paper = point.key, None if theirs is None else paper_ppl(MODEL, theirs)
@@ -151,9 +154,9 @@ def v4_table(v4: list[Point], v3: list[Point]) -> str:
     """``v4.md``: ``v4`` read on the test split (``load_points(..., "final_test_ppl")``), ``v3``
     the v3 runs (validation) for the reproduction check."""
     shared_lr = lambda p: p.key.lr == SHARED_LR  # noqa: E731
-    q1 = question_best(v4, FULL, Q1_ROWS, lambda p: True)
-    q2 = question_best(v4, FULL, Q2_ROWS, shared_lr, seeds=SEEDS)
-    q3 = question_best(v4, LONG, Q3_ROWS, lambda p: True)
+    q1 = question_best(v4, FULL, Q1_ROWS, lambda p: True, Q1_SEEDS)
+    q2 = question_best(v4, FULL, Q2_ROWS, shared_lr, SEEDS)
+    q3 = question_best(v4, LONG, Q3_ROWS, lambda p: True, SEEDS)
     head = [
         "# v4 (PROTOCOL.md, amendment of 2026-11-28): every number on the test split",
         "",
