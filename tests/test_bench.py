@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from foam.optimizer import FOAM
 from models import build_model, load_model_config
-from repro import bench_methods
+from tools import bench_methods
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from repro import gpu_check, gpu_deps
+from tools import gpu_check, gpu_deps
 from tools.gpu_check import TRAIN_METHODS, Report, run_step, targets
 from tools.gpu_deps import REQUIRED, conflicting, distribution_of, install, missing
 

@@ -88,7 +88,7 @@ def test_each_round_of_the_throughput_benchmark_starts_with_the_next_optimizer()
 def test_a_trial_trains_the_real_model_at_each_size_the_search_asks_for():
     """The CUDA trial's code on the CPU (no cap to run out of: sizes above 3 stand for OOM): the
     trial at the size found is kept, its tokens/s and peak measured."""
-    from repro import bench_train
+    from tools import bench_train
 
     args = bench_train.parser().parse_args(
         ["--model", "llama_tiny", "--steps", "1", "--seq-len", "16", "--device", "cpu"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from repro import mutate
+from tools import mutate
 
 REPO = Path(__file__).resolve().parents[1]
 
