@@ -5,8 +5,8 @@ and Python's documentation, 5% of documents for validation by a hash of their UR
 split from later releases of the same manuals. ``long`` is v4's Q3 corpus ("Q3, twenty tokens
 per parameter"): more than 42M training tokens from other packages (``postgresql-doc-*`` and
 ``perl-doc`` never: they are reserved for an independent check), 1% of documents each for
-validation and test by the same hash. ``/work/notes/corpus_survey.md``-style surveys chose its
-packages: the largest English manuals in Debian, one release of each.
+validation and test by the same hash. A survey (words kept per package after cleaning) chose its
+packages: the largest English manuals in Debian, one release of each, in one directory each.
 """
 
 from __future__ import annotations
@@ -471,6 +471,42 @@ LONG_PACKAGES = (
         "usr/share/doc/varnish/html/_sources",
         "https://varnish-cache.org/docs/7.7/",
         RST,
+    ),
+    Package(
+        "libreoffice-help-en-us",
+        "4:25.2.3-2+deb13u6",
+        "b4717e7f944765f323ac80d91300f0b8fb21802e0570078186b79372675868e3",
+        (DEBIAN + "libr/libreoffice/", DEBIAN_SECURITY + "libr/libreoffice/"),
+        "usr/share/libreoffice/help/en-US",
+        "https://help.libreoffice.org/25.2/en-US/",
+        HTML,
+    ),
+    Package(
+        "libvirt-doc",
+        "11.3.0-3+deb13u3",
+        "9bead28c675bb72b79ad7c43df952d62349c11d95be87d696291a7389c8c497c",
+        (DEBIAN + "libv/libvirt/", DEBIAN_SECURITY + "libv/libvirt/"),
+        "usr/share/doc/libvirt-doc/html",
+        "https://libvirt.org/",
+        HTML,
+    ),
+    Package(
+        "postfix-doc",
+        "3.10.13-0+deb13u1",
+        "7249e06fd1601c5b2dfc76470ee38271445656099d1c87072dd27fb1405cf350",
+        (DEBIAN + "p/postfix/", DEBIAN_SECURITY + "p/postfix/"),
+        "usr/share/doc/postfix/html",
+        "https://www.postfix.org/",
+        HTML,
+    ),
+    Package(
+        "maxima-doc",
+        "5.47.0-7",
+        "f495fdefd2a849c074d563a7c81dbcaba1ac317ff50423661a462666ffff1e46",
+        (DEBIAN + "m/maxima/", DEBIAN_SECURITY + "m/maxima/"),
+        "usr/share/doc/maxima-doc/html",
+        "https://maxima.sourceforge.io/docs/manual/",
+        HTML,
     ),
 )
 

@@ -1,19 +1,23 @@
 """Build a local C4-format corpus from Debian's documentation packages (no Hugging Face hub needed).
 
-The CPU reproduction (``results/repro/PROTOCOL.md``) needs several million tokens of real English
-prose that no run sees twice. Debian's ``linux-doc-6.1`` and ``python3.11-doc`` packages ship the
-reStructuredText sources of the Linux kernel's and of Python's documentation (about 3,700 documents,
-4.4M words before cleaning; the kernel's alone are too few tokens); this script turns them into the layout of
-``allenai/c4`` (``en/c4-train.*.json.gz`` and ``en/c4-validation.*.json.gz``, one JSON record per
-document with ``text``, ``timestamp`` and ``url``), so training reads them through
-``data=local data.path=OUT`` exactly as it would read a C4 mirror.
+The CPU reproduction (``results/repro/PROTOCOL.md``) needs millions of tokens of real English
+prose that no run sees twice. Debian's documentation packages ship the manuals of large projects;
+this script turns a pinned set of them (a corpus of ``repro.corpora``: ``--corpus study``, the
+default, or ``--corpus long``, v4's Q3 corpus) into the layout of ``allenai/c4``
+(``en/c4-{train,validation,test}.*.json.gz``, one JSON record per document with ``text``,
+``timestamp`` and ``url``), so training reads them through ``data=local data.path=OUT`` exactly
+as it would read a C4 mirror.
 
-A test split (``en/c4-test.*.json.gz``, scored only where ``trainer.test_tokens`` asks) comes from
-later releases of the same manuals (``TEST_PACKAGES``): their documents that the study's packages
-do not have (neither at their path nor moved), their paragraphs deduplicated against the whole
-mirror. So the test text is
-of the same kind as the rest and was never read by any run or any choice the study made, and the
-train and validation splits (and their digest) are exactly what they were without it.
+The study's mirror is the reStructuredText sources of the Linux kernel's and of Python's
+documentation (``linux-doc-6.1``, ``python3.11-doc``: about 3,700 documents, 4.4M words before
+cleaning; the kernel's alone are too few tokens). Its test split (scored only where
+``trainer.test_tokens`` asks) comes from later releases of the same manuals: their documents that
+the study's packages do not have (neither at their path nor moved), their paragraphs
+deduplicated against the whole mirror. So the test text is of the same kind as the rest and was
+never read by any run or any choice the study made, and the train and validation splits (and
+their digest) are exactly what they were without it. The long corpus, ten times larger, reads
+some forty manuals, most of them only as rendered HTML pages (``repro.html_paragraphs``), and
+holds out 1% of its documents for validation and 1% for test by the hash of their URL.
 
 Cleaning follows the spirit of C4's filters on markup: paragraphs are re-joined from wrapped lines;
 directives, literal (code) blocks, tables, heading underlines and link targets are dropped; inline
@@ -21,7 +25,7 @@ roles and hyperlinks keep their text; a paragraph is kept only when it ends in t
 and has at least three words; a document needs at least three kept paragraphs. Paragraphs that
 appeared earlier in the corpus are dropped (exact dedup after whitespace normalisation), and so
 are documents whose cleaned text is empty afterwards. Translations are left out. Documents are
-assigned to validation by a hash of their path, so the split is stable across rebuilds.
+assigned to validation (and test) by a hash of their URL, so the split is stable across rebuilds.
 """
 
 from __future__ import annotations
