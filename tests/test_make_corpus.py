@@ -60,11 +60,11 @@ And a third paragraph makes the document long enough to keep.
 """
 
 
-def write_packages(root: Path, docs: dict[str, str]) -> None:
-    """``docs`` by ``package/relative/path`` (the .rst.txt suffix is added)."""
-    packages = (package for corpus in corpora.CORPORA.values() for package in corpus.packages)
-    study = corpora.CORPORA["study"].test_packages
-    by_name = {package.name: package for package in (*packages, *study)}
+def write_packages(
+    root: Path, docs: dict[str, str], corpus: corpora.Corpus = corpora.CORPORA["study"]
+) -> None:
+    """``docs`` by ``package/relative/path`` of ``corpus``'s packages (their suffix is added)."""
+    by_name = {package.name: package for package in (*corpus.packages, *corpus.test_packages)}
     for key, text in docs.items():
         name, relative = key.split("/", 1)
         path = root / by_name[name].sources / (relative + by_name[name].suffix)
@@ -325,7 +325,7 @@ def test_the_long_corpus_splits_by_hash_and_reads_html_pages(tmp_path):
             "".join(f"<p>Paragraph {j} of the pages, number {words}.</p>" for j in range(3))
             + "<p>A footer line that every page repeats.</p>"
         )
-    write_packages(tmp_path / "unpacked", docs)
+    write_packages(tmp_path / "unpacked", docs, long)
     for package in long.packages:  # every package must be there; the others are empty here
         (tmp_path / "unpacked" / package.sources).mkdir(parents=True, exist_ok=True)
     out = tmp_path / "mirror"
