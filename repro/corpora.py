@@ -3,7 +3,7 @@
 ``study`` is the CPU reproduction's mirror (``results/repro/PROTOCOL.md``, "Data"): the kernel's
 and Python's documentation, 5% of documents for validation by a hash of their URL, and a test
 split from later releases of the same manuals. ``long`` is v4's Q3 corpus ("Q3, twenty tokens
-per parameter"): more than 42M training tokens from other packages (``postgresql-doc-*`` and
+per parameter"): at least 42M training tokens asked, from other packages (``postgresql-doc-*`` and
 ``perl-doc`` never: they are reserved for an independent check), 1% of documents each for
 validation and test by the same hash. A survey (words kept per package after cleaning) chose its
 packages: the largest English manuals in Debian, one release of each, in one directory each.
