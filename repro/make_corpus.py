@@ -1,19 +1,23 @@
 """Build a local C4-format corpus from Debian's documentation packages (no Hugging Face hub needed).
 
-The CPU reproduction (``results/repro/PROTOCOL.md``) needs several million tokens of real English
-prose that no run sees twice. Debian's ``linux-doc-6.1`` and ``python3.11-doc`` packages ship the
-reStructuredText sources of the Linux kernel's and of Python's documentation (about 3,700 documents,
-4.4M words before cleaning; the kernel's alone are too few tokens); this script turns them into the layout of
-``allenai/c4`` (``en/c4-train.*.json.gz`` and ``en/c4-validation.*.json.gz``, one JSON record per
-document with ``text``, ``timestamp`` and ``url``), so training reads them through
-``data=local data.path=OUT`` exactly as it would read a C4 mirror.
+The CPU reproduction (``results/repro/PROTOCOL.md``) needs millions of tokens of real English
+prose that no run sees twice. Debian's documentation packages ship the manuals of large projects;
+this script turns a pinned set of them (a corpus of ``repro.corpora``: ``--corpus study``, the
+default, or ``--corpus long``, v4's Q3 corpus) into the layout of ``allenai/c4``
+(``en/c4-{train,validation,test}.*.json.gz``, one JSON record per document with ``text``,
+``timestamp`` and ``url``), so training reads them through ``data=local data.path=OUT`` exactly
+as it would read a C4 mirror.
 
-A test split (``en/c4-test.*.json.gz``, scored only where ``trainer.test_tokens`` asks) comes from
-later releases of the same manuals (``TEST_PACKAGES``): their documents that the study's packages
-do not have (neither at their path nor moved), their paragraphs deduplicated against the whole
-mirror. So the test text is
-of the same kind as the rest and was never read by any run or any choice the study made, and the
-train and validation splits (and their digest) are exactly what they were without it.
+The study's mirror is the reStructuredText sources of the Linux kernel's and of Python's
+documentation (``linux-doc-6.1``, ``python3.11-doc``: about 3,700 documents, 4.4M words before
+cleaning; the kernel's alone are too few tokens). Its test split (scored only where
+``trainer.test_tokens`` asks) comes from later releases of the same manuals: their documents that
+the study's packages do not have (neither at their path nor moved), their paragraphs
+deduplicated against the whole mirror. So the test text is of the same kind as the rest and was
+never read by any run or any choice the study made, and the train and validation splits (and
+their digest) are exactly what they were without it. The long corpus, ten times larger, reads
+some forty manuals, most of them only as rendered HTML pages (``repro.html_paragraphs``), and
+holds out 1% of its documents for validation and 1% for test by the hash of their URL.
 
 Cleaning follows the spirit of C4's filters on markup: paragraphs are re-joined from wrapped lines;
 directives, literal (code) blocks, tables, heading underlines and link targets are dropped; inline
@@ -21,7 +25,7 @@ roles and hyperlinks keep their text; a paragraph is kept only when it ends in t
 and has at least three words; a document needs at least three kept paragraphs. Paragraphs that
 appeared earlier in the corpus are dropped (exact dedup after whitespace normalisation), and so
 are documents whose cleaned text is empty afterwards. Translations are left out. Documents are
-assigned to validation by a hash of their path, so the split is stable across rebuilds.
+assigned to validation (and test) by a hash of their URL, so the split is stable across rebuilds.
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-SUFFIX = ".rst.txt"
+from repro.corpora import CORPORA, RST, Corpus, Package
+from repro.html_paragraphs import html_paragraphs
+
 MANIFEST = "corpus.json"  # beside en/: what the mirror was built from, and its digest
 TERMINAL = (".", "!", "?", '"', "'", ":")  # C4 keeps lines ending in terminal punctuation
 MIN_WORDS = 3
@@ -121,56 +127,10 @@ class CorpusError(Exception):
     """The pinned sources cannot be had or are not where they should be (a one-line reason)."""
 
 
-DEBIAN = "http://deb.debian.org/debian/pool/main/"
-DEBIAN_SECURITY = "http://deb.debian.org/debian-security/pool/updates/main/"
-
-
-@dataclass(frozen=True)
-class Package:
-    """A Debian package that ships Sphinx ``_sources``, pinned to one build of it.
-
-    The pin is what makes a rebuild on a fresh machine give the same corpus: Debian replaces a
-    package's files in its pool with each point release, and a study spread over several working
-    sessions must not train its later runs on other text than its earlier ones. The pool paths
-    are tried in order; the file must match ``sha256``.
-    """
-
-    name: str
-    version: str
-    sha256: str
-    pools: tuple[str, ...]  # directories that may hold the .deb, e.g. DEBIAN + "l/linux/"
-    sources: str  # the _sources directory inside the unpacked package
-    url_root: str
-
-    @property
-    def deb(self) -> str:
-        return f"{self.name}_{self.version}_all.deb"
-
-
-PACKAGES = (
-    Package(
-        "linux-doc-6.1",
-        "6.1.170-3",
-        "8a0e80e4f14407d0d96058b9eec7afa4ae57e6408d3f4e2bed35462d14b99342",
-        (DEBIAN + "l/linux/", DEBIAN_SECURITY + "l/linux/"),
-        "usr/share/doc/linux-doc-6.1/html/_sources",
-        "https://www.kernel.org/doc/html/v6.1/",
-    ),
-    Package(
-        "python3.11-doc",
-        "3.11.2-6+deb12u8",
-        "50eb63e7f636c4281e9ce1b8f10386f1def42159eddce34fc1f41c46261df71b",
-        (DEBIAN + "p/python3.11/", DEBIAN_SECURITY + "p/python3.11/"),
-        "usr/share/doc/python3.11/html/_sources",
-        "https://docs.python.org/3.11/",
-    ),
-)
-
-
 @dataclass(frozen=True)
 class Document:
     package: Package
-    path: str  # relative to the package's _sources, without the .rst.txt suffix
+    path: str  # relative to the package's sources, without the suffix
     text: str
     timestamp: str
 
@@ -244,42 +204,29 @@ def keeps(paragraph: str) -> bool:
     return non_ascii <= MAX_NON_ASCII * len(paragraph) and "{" not in paragraph
 
 
-# Later releases of the same two manuals, for the test split only (module docstring).
-TEST_PACKAGES = (
-    Package(
-        "linux-doc-6.12",
-        "6.12.107-1",
-        "bc1d4603031c1f668f2189a9abb561a135c87f52b1f1ff93c05b1fe875275816",
-        (DEBIAN + "l/linux/", DEBIAN_SECURITY + "l/linux/"),
-        "usr/share/doc/linux-doc-6.12/html/_sources",
-        "https://www.kernel.org/doc/html/v6.12/",
-    ),
-    Package(
-        "python3.13-doc",
-        "3.13.5-2+deb13u5",
-        "a8a924637eeb25e666df5bbf7660ae09eb280be9effa39f9f6929e7a452bf65c",
-        (DEBIAN + "p/python3.13/", DEBIAN_SECURITY + "p/python3.13/"),
-        "usr/share/doc/python3.13/html/_sources",
-        "https://docs.python.org/3.13/",
-    ),
-)
 SPLIT_DIGESTS = ("train", "validation")  # what ``corpus_digest`` covers: the study's pinned text
 
 
 def source_files(
-    unpacked: Path, packages: tuple[Package, ...] = PACKAGES
+    unpacked: Path, packages: tuple[Package, ...]
 ) -> Iterator[tuple[Package, Path, Path]]:
-    """``(package, its _sources root, file)`` for every source file, in a stable order."""
+    """``(package, its documents' root, file)`` for every document file, in a stable order."""
     for package in packages:
         root = unpacked / package.sources
         if not root.is_dir():
             raise CorpusError(f"{package.name}: no {root}; unpack it with dpkg -x")
-        for file in sorted(root.rglob("*" + SUFFIX)):
-            yield package, root, file
+        for file in sorted(root.rglob("*" + package.suffix)):
+            if file.is_file():  # a manual may have a directory named like a page
+                yield package, root, file
 
 
-def relative_path(root: Path, file: Path) -> str:
-    return file.relative_to(root).as_posix()[: -len(SUFFIX)]
+def relative_path(package: Package, root: Path, file: Path) -> str:
+    return file.relative_to(root).as_posix()[: -len(package.suffix)]
+
+
+def paragraphs(package: Package, source: str) -> Iterable[str]:
+    """A document's candidate paragraphs, read as its package's format."""
+    return prose_paragraphs(source) if package.suffix == RST else html_paragraphs(source)
 
 
 def document_key(path: str) -> str:
@@ -291,7 +238,7 @@ def document_key(path: str) -> str:
 def documents(
     unpacked: Path,
     timestamp: str,
-    packages: tuple[Package, ...] = PACKAGES,
+    packages: tuple[Package, ...],
     seen: set[str] | None = None,
     exclude: frozenset[str] = frozenset(),
 ) -> Iterator[Document]:
@@ -300,11 +247,11 @@ def documents(
     skipped whole."""
     seen = set() if seen is None else seen
     for package, root, file in source_files(unpacked, packages):
-        relative = relative_path(root, file)
+        relative = relative_path(package, root, file)
         if relative.startswith("translations/") or document_key(relative) in exclude:
             continue
         kept = []
-        for paragraph in prose_paragraphs(file.read_text(encoding="utf-8", errors="replace")):
+        for paragraph in paragraphs(package, file.read_text(encoding="utf-8", errors="replace")):
             key = paragraph.lower()
             if keeps(paragraph) and key not in seen:
                 seen.add(key)
@@ -313,9 +260,23 @@ def documents(
             yield Document(package, relative, "\n".join(kept), timestamp)
 
 
+def percentile(key: str) -> int:
+    """A document's place in 0..99 by a hash of its address (its package and path): the split
+    is stable across rebuilds and independent of the other documents."""
+    return int(hashlib.sha256(key.encode()).hexdigest(), 16) % 100
+
+
 def is_validation(key: str, percent: int) -> bool:
-    """Stable split by a hash of the document's address (its package and path)."""
-    return int(hashlib.sha256(key.encode()).hexdigest(), 16) % 100 < percent
+    return percentile(key) < percent
+
+
+def split_of(key: str, validation_percent: int, test_percent: int) -> str:
+    """``validation`` for the lowest ``validation_percent`` percentiles, ``test`` for the next
+    ``test_percent``, ``train`` for the rest."""
+    place = percentile(key)
+    if place < validation_percent:
+        return "validation"
+    return "test" if place < validation_percent + test_percent else "train"
 
 
 def shard_order(doc: Document) -> str:
@@ -369,14 +330,36 @@ def download(package: Package, workdir: Path) -> Path:
     )
 
 
-def test_documents(unpacked: Path, timestamp: str, seen: set[str]) -> list[Document]:
-    """The test split: ``TEST_PACKAGES``' documents that none of ``PACKAGES`` has, at its path or
-    moved (``document_key``), without a paragraph of the mirror (``seen``: every paragraph kept in
-    train and validation)."""
+def test_documents(
+    unpacked: Path, timestamp: str, corpus: Corpus, seen: set[str]
+) -> list[Document]:
+    """The test split from ``corpus.test_packages``: their documents that none of its packages
+    has, at its path or moved (``document_key``), without a paragraph of the mirror (``seen``:
+    every paragraph kept in train and validation)."""
     known = frozenset(
-        document_key(relative_path(root, file)) for _, root, file in source_files(unpacked)
+        document_key(relative_path(package, root, file))
+        for package, root, file in source_files(unpacked, corpus.packages)
     )
-    return list(documents(unpacked, timestamp, TEST_PACKAGES, seen, exclude=known))
+    return list(documents(unpacked, timestamp, corpus.test_packages, seen, exclude=known))
+
+
+def read_splits(
+    corpus: Corpus, unpacked: Path, validation_percent: int, with_test: bool
+) -> dict[str, list[Document]]:
+    """The documents of each split: by ``split_of`` their URL, or, for a corpus with test
+    packages, its test split from those (``test_documents``); no test split unless
+    ``with_test``. Paragraphs are deduplicated across all the splits, in package order."""
+    newest = max(file.stat().st_mtime for _, _, file in source_files(unpacked, corpus.packages))
+    stamp = datetime.fromtimestamp(newest, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    seen: set[str] = set()
+    splits: dict[str, list[Document]] = {"train": [], "validation": [], "test": []}
+    for doc in documents(unpacked, stamp, corpus.packages, seen):
+        splits[split_of(doc.url, validation_percent, corpus.test_percent)].append(doc)
+    if not with_test:
+        splits["test"] = []
+    elif corpus.test_packages:
+        splits["test"] = test_documents(unpacked, stamp, corpus, seen)
+    return splits
 
 
 def fetch_packages(workdir: Path, packages: tuple[Package, ...]) -> Path:
@@ -422,8 +405,9 @@ def mirror_config(out: Path, vocab_size: int) -> Any:
     )
 
 
-def count_tokens(out: Path, vocab_size: int) -> dict[str, int]:
-    """Tokens per split with the SentencePiece tokenizer training would build on this mirror."""
+def count_tokens(out: Path, vocab_size: int, batch: int = 1000) -> dict[str, int]:
+    """Tokens per split with the SentencePiece tokenizer training would build on this mirror
+    (``batch`` documents encoded at a time: a large mirror's ids do not fit in memory at once)."""
     from train.corpus import open_source
     from train.data import build_tokenizer
 
@@ -433,8 +417,13 @@ def count_tokens(out: Path, vocab_size: int) -> dict[str, int]:
     for split in ("train", "validation", "test"):
         if not any((out / "en").glob(f"c4-{split}.*")):
             continue
-        texts = [r["text"] for r in open_source(cfg, split) if r["text"]]
-        counts[split] = sum(len(ids) for ids in tokenizer.encode_batch(texts))
+        counts[split], texts = 0, []
+        for record in open_source(cfg, split):
+            texts += [record["text"]] if record["text"] else []
+            if len(texts) == batch:
+                counts[split] += sum(len(ids) for ids in tokenizer.encode_batch(texts))
+                texts = []
+        counts[split] += sum(len(ids) for ids in tokenizer.encode_batch(texts)) if texts else 0
     return counts
 
 
@@ -449,18 +438,28 @@ def tokenizer_sha256(out: Path, vocab_size: int) -> str:
     return hashlib.sha256(proto).hexdigest()
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The command line, checked (a clear one-line error, exit 2, for a bad one)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--corpus",
+        choices=sorted(CORPORA),
+        default="study",
+        help="which pinned corpus (repro/corpora.py): the study's mirror or v4's Q3 corpus",
+    )
     parser.add_argument("--out", type=Path, required=True, help="mirror root (gets en/)")
     parser.add_argument(
         "--source-root", type=Path, help="where the packages are unpacked (default: fetch them)"
     )
-    parser.add_argument("--validation-percent", type=int, default=5)
+    parser.add_argument(
+        "--validation-percent", type=int, help="default: the corpus's (study 5, long 1)"
+    )
     parser.add_argument("--train-shards", type=int, default=8)
     parser.add_argument(
         "--no-test",
         action="store_true",
-        help="no test split (nor its packages: TEST_PACKAGES are then neither fetched nor read)",
+        help="no test split (the study's test packages are then neither fetched nor read; the "
+        "long corpus's test documents are left out)",
     )
     parser.add_argument(
         "--count-tokens",
@@ -479,32 +478,20 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "en").mkdir(parents=True, exist_ok=True)
     except OSError as error:
         parser.error(f"--out {args.out}: {error.strerror}")
+    return parser, args
 
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            pinned = (*PACKAGES, *(() if args.no_test else TEST_PACKAGES))
-            root = args.source_root or fetch_packages(Path(tmp), pinned)
-            newest = max(file.stat().st_mtime for _, _, file in source_files(root))
-            stamp = datetime.fromtimestamp(newest, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-            seen: set[str] = set()
-            docs = list(documents(root, stamp, seen=seen))
-            test = test_documents(root, stamp, seen) if not args.no_test else []
-        except CorpusError as error:
-            parser.error(str(error))
-    val = [d for d in docs if is_validation(d.url, args.validation_percent)]
-    train = [d for d in docs if not is_validation(d.url, args.validation_percent)]
-    write_shards(train, args.out, "train", args.train_shards)
-    write_shards(val, args.out, "validation", 1)
-    if test:
-        write_shards(test, args.out, "test", 1)
+
+def write_manifest(args: argparse.Namespace, pinned: tuple[Package, ...], splits: dict) -> None:
+    """``corpus.json``: what the mirror was built from, its digests and its size per split."""
     manifest: dict[str, Any] = {
+        "corpus": args.corpus,
         "packages": "unpacked by hand: " + str(args.source_root)
         if args.source_root
         else [{"name": p.name, "version": p.version, "sha256": p.sha256} for p in pinned],
         "corpus_digest": corpus_digest(args.out),
-        "test_digest": corpus_digest(args.out, ("test",)) if test else None,
+        "test_digest": corpus_digest(args.out, ("test",)) if splits["test"] else None,
     }
-    for name, split in (("train", train), ("validation", val), ("test", test)):
+    for name, split in splits.items():
         words = sum(len(d.text.split()) for d in split)
         manifest[name] = {"documents": len(split), "words": words}
         print(f"{name}: {len(split)} documents, {words} words")
@@ -517,4 +504,24 @@ def main(argv: list[str] | None = None) -> int:
         )
     (args.out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     print(f"corpus digest: {manifest['corpus_digest']} (written to {args.out / MANIFEST})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, args = parse_args(argv)
+    corpus = CORPORA[args.corpus]
+    percent = (
+        corpus.validation_percent if args.validation_percent is None else args.validation_percent
+    )
+    pinned = (*corpus.packages, *(() if args.no_test else corpus.test_packages))
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            root = args.source_root or fetch_packages(Path(tmp), pinned)
+            splits = read_splits(corpus, root, percent, with_test=not args.no_test)
+        except CorpusError as error:
+            parser.error(str(error))
+    write_shards(splits["train"], args.out, "train", args.train_shards)
+    write_shards(splits["validation"], args.out, "validation", 1)
+    if splits["test"]:
+        write_shards(splits["test"], args.out, "test", 1)
+    write_manifest(args, pinned, splits)
     return 0

@@ -4,6 +4,7 @@ The command line of ``repro.make_corpus``, which holds the logic.
 
     python scripts/make_corpus.py --out data/docs-c4                      # pinned .debs + dpkg -x
     python scripts/make_corpus.py --out data/x --source-root DIR          # packages unpacked in DIR
+    python scripts/make_corpus.py --corpus long --out data/docs-long --count-tokens 4096  # Q3's
 """
 
 import sys

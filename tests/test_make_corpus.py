@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from repro import make_corpus
+from repro import corpora, make_corpus
+from repro.html_paragraphs import html_paragraphs
 
 ROOT = Path(__file__).resolve().parents[1]
+STUDY = corpora.CORPORA["study"]
 
 GUIDE = """\
 .. _howto:
@@ -58,13 +60,14 @@ And a third paragraph makes the document long enough to keep.
 """
 
 
-def write_packages(root: Path, docs: dict[str, str]) -> None:
-    """``docs`` by ``package/relative/path`` (the .rst.txt suffix is added)."""
-    packages = (*make_corpus.PACKAGES, *make_corpus.TEST_PACKAGES)
-    by_name = {package.name: package for package in packages}
+def write_packages(
+    root: Path, docs: dict[str, str], corpus: corpora.Corpus = corpora.CORPORA["study"]
+) -> None:
+    """``docs`` by ``package/relative/path`` of ``corpus``'s packages (their suffix is added)."""
+    by_name = {package.name: package for package in (*corpus.packages, *corpus.test_packages)}
     for key, text in docs.items():
         name, relative = key.split("/", 1)
-        path = root / by_name[name].sources / (relative + make_corpus.SUFFIX)
+        path = root / by_name[name].sources / (relative + by_name[name].suffix)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
 
@@ -114,7 +117,9 @@ A third paragraph closes the chapter with a summary.
 
 
 def test_documents_are_cleaned_prose(packages):
-    docs = {d.url: d for d in make_corpus.documents(packages, "2024-01-01T00:00:00Z")}
+    docs = {
+        d.url: d for d in make_corpus.documents(packages, "2024-01-01T00:00:00Z", STUDY.packages)
+    }
     guide = docs["https://www.kernel.org/doc/html/v6.1/scheduler/guide.html"].text.split("\n")
     assert guide == [
         "This guide explains how the scheduler picks the next task to run. Lines wrap inside a "
@@ -127,7 +132,7 @@ def test_documents_are_cleaned_prose(packages):
 
 
 def test_repeated_paragraphs_are_kept_once(packages):
-    docs = list(make_corpus.documents(packages, "2024-01-01T00:00:00Z"))
+    docs = list(make_corpus.documents(packages, "2024-01-01T00:00:00Z", STUDY.packages))
     shared = "This paragraph is shared between two documents verbatim."
     assert sum(d.text.count(shared) for d in docs) == 1
     # the python copy lost every paragraph to dedup, so the whole document is gone
@@ -276,3 +281,77 @@ def test_the_test_split_is_new_documents_of_later_releases_and_leaves_the_rest_a
     assert manifest["test_digest"] == make_corpus.corpus_digest(with_test, ("test",))
     assert manifest["test_digest"] != manifest["corpus_digest"]
     assert not list((without / "en").glob("c4-test.*"))
+
+
+PAGE = """<!DOCTYPE html>
+<html><head><title>A page</title><script>var x = "not prose.";</script></head>
+<body><div class="related" role="navigation">Go to the next page, please.</div>
+<h1>The title of the page</h1>
+<p>This manual explains how the <code>scheduler</code> picks
+   the <a href="x.html">next task</a> &amp; why.</p>
+<pre>echo "code is not prose."</pre>
+<table><tr><td>A table cell is not prose either.</td></tr></table>
+<ul><li>An item of a list is a paragraph.<li>An unclosed item ends at the next one.</ul>
+<p>A paragraph<br>broken by a line break is two.
+<section class="summary"><div>Returns a summary line, repeated below.</div></section>
+</body></html>
+"""
+
+
+def test_html_pages_give_their_prose_paragraphs():
+    assert html_paragraphs(PAGE) == [
+        "This manual explains how the scheduler picks the next task & why.",
+        "An item of a list is a paragraph.",
+        "An unclosed item ends at the next one.",
+        "A paragraph",
+        "broken by a line break is two.",
+    ]
+
+
+def test_the_long_corpus_splits_by_hash_and_reads_html_pages(tmp_path):
+    """``--corpus long``: its own packages (the study's are neither needed nor read), 1% of the
+    documents for validation and 1% for test by the percentile of their URL, paragraphs
+    deduplicated across all three splits, and a digest for each side."""
+    long = corpora.CORPORA["long"]
+    rst = next(p for p in long.packages if p.suffix == corpora.RST)
+    html = next(p for p in long.packages if p.suffix == corpora.HTML)
+    docs = {}
+    for i in range(150):
+        words = f"{i} " * 3
+        docs[f"{rst.name}/area{i}/doc"] = "".join(
+            f"Paragraph {j} of the sources, number {words}.\n\n" for j in range(3)
+        )
+        docs[f"{html.name}/page{i}"] = (
+            "".join(f"<p>Paragraph {j} of the pages, number {words}.</p>" for j in range(3))
+            + "<p>A footer line that every page repeats.</p>"
+        )
+    write_packages(tmp_path / "unpacked", docs, long)
+    for package in long.packages:  # every package must be there; the others are empty here
+        (tmp_path / "unpacked" / package.sources).mkdir(parents=True, exist_ok=True)
+    out = tmp_path / "mirror"
+    make_corpus.main(
+        ["--corpus", "long", "--out", str(out), "--source-root", str(tmp_path / "unpacked")]
+    )
+    splits = {split: read_split(out, split) for split in ("train", "validation", "test")}
+    assert sum(map(len, splits.values())) == 300
+    for split, records in splits.items():
+        assert records, split  # 300 documents: each 1% holds some (a fixed hash)
+        for record in records:
+            assert make_corpus.split_of(record["url"], 1, 1) == split
+    paragraphs = [p for records in splits.values() for r in records for p in r["text"].split("\n")]
+    assert len(paragraphs) == len(set(paragraphs)) == 901  # the footer once
+    assert any(r["url"] == html.url_root + "page0.html" for rs in splits.values() for r in rs)
+    manifest = json.loads((out / make_corpus.MANIFEST).read_text())
+    assert manifest["corpus"] == "long"
+    assert manifest["test"]["documents"] == len(splits["test"])
+    assert manifest["test_digest"] == make_corpus.corpus_digest(out, ("test",))
+    assert manifest["corpus_digest"] == make_corpus.corpus_digest(out)
+
+
+def test_split_of_gives_disjoint_hash_buckets():
+    keys = [f"https://example.org/{i}.html" for i in range(2000)]
+    for key in keys:
+        place = int(hashlib.sha256(key.encode()).hexdigest(), 16) % 100
+        expected = "validation" if place < 5 else "test" if place < 8 else "train"
+        assert make_corpus.split_of(key, 5, 3) == expected
+    assert {make_corpus.split_of(k, 5, 0) for k in keys} == {"train", "validation"}
