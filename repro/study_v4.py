@@ -43,7 +43,8 @@ V3_RUNS = REPO / "results" / "repro" / "runs"  # v3's committed runs: walk data 
 V4_RUNS = REPO / "results" / "repro" / "v4" / "runs"
 V3_EVAL_TOKENS = 278_528  # the 1,088 validation rows the v3 trainer scored (PROTOCOL.md, v4)
 TEST_TOKENS = 400_000  # more than the mirror's 393,814 test tokens: the whole split
-# make_corpus.py's test split of the study's mirror (TEST_PACKAGES), pinned by the amendment.
+# make_corpus.py's test split of the study's mirror (repro/corpora.py STUDY_TEST_PACKAGES), pinned by
+# the amendment.
 TEST_DIGEST = "24bca6d9f2a40b7b7bc896fa7160fb27a9bdf97b29867aea8274e3c6a416a8b6"
 Q1_SEEDS = tuple(range(8))
 SEEDS = (0, 1, 2)
