@@ -11,7 +11,7 @@ packages: the largest English manuals in Debian, one release of each, in one dir
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 RST = ".rst.txt"  # Sphinx's copy of a page's reStructuredText source (html/_sources/)
 HTML = ".html"  # a rendered page (repro.html_paragraphs)
@@ -94,24 +94,10 @@ STUDY_TEST_PACKAGES = (
     ),
 )
 LONG_PACKAGES = (
-    Package(
-        "linux-doc-6.12",
-        "6.12.107-1",
-        "bc1d4603031c1f668f2189a9abb561a135c87f52b1f1ff93c05b1fe875275816",
-        (DEBIAN + "l/linux/", DEBIAN_SECURITY + "l/linux/"),
-        "usr/share/doc/linux-doc-6.12/html",
-        "https://www.kernel.org/doc/html/v6.12/",
-        HTML,
-    ),
-    Package(
-        "python3.13-doc",
-        "3.13.5-2+deb13u5",
-        "a8a924637eeb25e666df5bbf7660ae09eb280be9effa39f9f6929e7a452bf65c",
-        (DEBIAN + "p/python3.13/", DEBIAN_SECURITY + "p/python3.13/"),
-        "usr/share/doc/python3.13/html/_sources",
-        "https://docs.python.org/3.13/",
-        RST,
-    ),
+    # The same pins as the study's test split: the kernel read as rendered pages (its kernel-doc
+    # API text is not in _sources), Python's sources as they are.
+    replace(STUDY_TEST_PACKAGES[0], sources="usr/share/doc/linux-doc-6.12/html", suffix=HTML),
+    STUDY_TEST_PACKAGES[1],
     Package(
         "openjdk-21-doc",
         "21.0.12.1+1-1~deb13u1",
