@@ -27,7 +27,10 @@ class Package:
     package's files in its pool with each point release, and a study spread over several working
     sessions must not train its later runs on other text than its earlier ones. The pool paths
     are tried in order; the file must match ``sha256``. ``suffix`` says how its documents are
-    read: reStructuredText sources (``RST``) or rendered pages (``HTML``).
+    read: reStructuredText sources (``RST``) or rendered pages (``HTML``). ``skip`` names
+    documents (paths under ``sources``, without the suffix) that are not read: a single page that
+    repeats the whole manual would otherwise take every paragraph from the pages that hold them
+    (dedup keeps a paragraph's first occurrence) and arrive in training as one huge document.
     """
 
     name: str
@@ -37,6 +40,7 @@ class Package:
     sources: str  # the directory of the documents inside the unpacked package
     url_root: str
     suffix: str = RST
+    skip: tuple[str, ...] = ()
 
     @property
     def deb(self) -> str:
@@ -331,6 +335,7 @@ LONG_PACKAGES = (
         "usr/share/doc/nodejs/api",
         "https://nodejs.org/docs/v20.19.2/api/",
         HTML,
+        skip=("all",),  # every page of the manual in one
     ),
     Package(
         "cmake-doc",

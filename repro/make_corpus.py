@@ -216,7 +216,8 @@ def source_files(
         if not root.is_dir():
             raise CorpusError(f"{package.name}: no {root}; unpack it with dpkg -x")
         for file in sorted(root.rglob("*" + package.suffix)):
-            if file.is_file():  # a manual may have a directory named like a page
+            # a manual may have a directory named like a page
+            if file.is_file() and relative_path(package, root, file) not in package.skip:
                 yield package, root, file
 
 

@@ -230,6 +230,22 @@ def test_download_takes_the_first_pool_with_the_pinned_checksum(tmp_path):
     assert f"sha256 {hashlib.sha256(bad).hexdigest()}" in message
 
 
+def test_a_skipped_page_is_not_read(tmp_path):
+    """nodejs-doc's ``all.html`` holds every page of its manual: read, it would be one huge
+    document and the pages after it would lose every paragraph to dedup."""
+    package = make_corpus.Package(
+        "doc", "1.0-1", "0" * 64, (), "api", "https://example.org/", corpora.HTML, skip=("all",)
+    )
+    (tmp_path / "api" / "sub").mkdir(parents=True)
+    for page in ("all", "buffer", "fs", "sub/all"):
+        (tmp_path / "api" / f"{page}.html").write_text("<p>A page.</p>")
+    read = [
+        make_corpus.relative_path(p, root, file)
+        for p, root, file in make_corpus.source_files(tmp_path, (package,))
+    ]
+    assert read == ["buffer", "fs", "sub/all"]  # only the page named, at its path
+
+
 def test_every_shard_prefix_mixes_the_packages(tmp_path):
     """Shards are not in source order: ``datasets`` reads a split's shards interleaved, so a
     shard that begins with one package's documents makes every stream begin with it alone."""
