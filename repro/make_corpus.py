@@ -43,10 +43,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from repro.corpora import CORPORA, RST, Corpus, Package
 from repro.html_paragraphs import html_paragraphs
+
+if TYPE_CHECKING:
+    from train.schema import DataConfig
 
 MANIFEST = "corpus.json"  # beside en/: what the mirror was built from, and its digest
 TERMINAL = (".", "!", "?", '"', "'", ":")  # C4 keeps lines ending in terminal punctuation
@@ -388,21 +391,19 @@ def corpus_digest(out: Path, splits: tuple[str, ...] = SPLIT_DIGESTS) -> str:
     return digest.hexdigest()
 
 
-def mirror_config(out: Path, vocab_size: int) -> Any:
+def mirror_config(out: Path, vocab_size: int) -> DataConfig:
     """The ``data`` config training reads this mirror with (``data=local``, project tokenizer)."""
-    from omegaconf import OmegaConf
+    from train.schema import DataConfig
 
-    return OmegaConf.create(
-        {
-            "name": "local",
-            "path": str(out),
-            "tokenizer": "none-offline",
-            "tokenizer_fallback": True,
-            "tokenizer_cache_dir": None,
-            "spm_vocab_size": vocab_size,
-            "val_fraction": 0.0,
-            "seq_len": 256,
-        }
+    return DataConfig(
+        name="local",
+        path=str(out),
+        tokenizer="none-offline",
+        tokenizer_fallback=True,
+        tokenizer_cache_dir=None,
+        spm_vocab_size=vocab_size,
+        val_fraction=0.0,
+        seq_len=256,
     )
 
 

@@ -5,6 +5,7 @@ Offline: tiny Shakespeare from the shared data folder and C4-format json.gz fixt
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import pickle
@@ -21,6 +22,7 @@ from omegaconf.errors import ConfigKeyError
 from train import corpus, data, tokenizer
 from train.data import build_tokenizer, build_train_loader, rank_stream
 from train.errors import ConfigError, DataSourceError
+from train.schema import DataConfig, data_config, register_configs
 from train.val_batches import build_val_batches
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,8 +51,8 @@ WORDS = [
 ]
 
 
-def cfg(**over) -> dict:
-    base = dict(
+def cfg(**over) -> DataConfig:
+    base = DataConfig(
         name="local",
         path=None,
         seq_len=32,
@@ -65,8 +67,7 @@ def cfg(**over) -> dict:
         shuffle_buffer=16,
         num_workers=0,
     )
-    base.update(over)
-    return base
+    return dataclasses.replace(base, **over)
 
 
 def doc_text(f: int, i: int) -> str:
@@ -123,7 +124,7 @@ def stream(c: dict, *, rank: int, world_size: int) -> list[dict]:
     split = corpus.open_source(c, "train")
     return list(
         rank_stream(
-            split, shuffle_buffer=c["shuffle_buffer"], rank=rank, world_size=world_size, seed=42
+            split, shuffle_buffer=c.shuffle_buffer, rank=rank, world_size=world_size, seed=42
         )
     )
 
@@ -558,11 +559,11 @@ def test_sentencepiece_fallback_trains_caches_and_round_trips(tmp_path, monkeypa
     assert tok.decode(ids) == text
     model = next((tmp_path / "a" / "tokenizers").glob("*.model"))
     # deterministic: a second training elsewhere gives the same bytes; a rebuild hits the cache
-    again = build_tokenizer(dict(c, tokenizer_cache_dir=str(tmp_path / "b")), 32000)
+    again = build_tokenizer(dataclasses.replace(c, tokenizer_cache_dir=str(tmp_path / "b")), 32000)
     assert next((tmp_path / "b" / "tokenizers").glob("*.model")).read_bytes() == model.read_bytes()
     assert again.encode(text) == ids
     with pytest.raises(DataSourceError, match="tokenizer=spm"):
-        build_tokenizer(dict(c, tokenizer_fallback=False), 32000)
+        build_tokenizer(dataclasses.replace(c, tokenizer_fallback=False), 32000)
 
 
 def test_a_tokenizer_far_smaller_than_the_vocabulary_is_refused_unless_allowed(cache_dir):
@@ -571,7 +572,10 @@ def test_a_tokenizer_far_smaller_than_the_vocabulary_is_refused_unless_allowed(c
     with pytest.raises(DataSourceError, match=r"data\.allow_small_tokenizer: tokenizer "):
         build_tokenizer(c, 32000)
     assert build_tokenizer(c, 4096).vocab_size > 4096 * tokenizer.SMALL_TOKENIZER_SHARE
-    assert build_tokenizer(dict(c, allow_small_tokenizer=True), 32000).vocab_size < 16000
+    assert (
+        build_tokenizer(dataclasses.replace(c, allow_small_tokenizer=True), 32000).vocab_size
+        < 16000
+    )
 
 
 @pytest.mark.parametrize(("pieces", "reason"), [(16, "smaller than required_chars"), (0, "> (0)")])
@@ -624,8 +628,6 @@ def test_t5_sentinel_ids_map_to_unk_and_big_vocab_is_refused():
 def test_data_options_compose_onto_the_schema_defaults(c4_dir, tok):
     from hydra import compose, initialize_config_dir
 
-    from train.schema import DataConfig, register_configs
-
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         composed = {
@@ -637,12 +639,12 @@ def test_data_options_compose_onto_the_schema_defaults(c4_dir, tok):
         assert c.name == name
         assert (c.seq_len, c.pack, c.tokenizer, c.shuffle_seed) == (256, False, "t5-base", 42)
     assert (composed["embedded"].val_fraction, composed["local"].val_fraction) == (0.1, 0.01)
-    c = composed["local"]
+    c = data_config(composed["local"])
     c.seq_len, c.num_workers = 32, 0
     loader = build_train_loader(c, tok, micro_batch_size=2, rank=0, world_size=1, seed=0)
     assert next(loader)["input_ids"].shape == (2, 32)
     with pytest.raises(ConfigKeyError, match="seqlen"):
-        build_train_loader(cfg(seqlen=32), tok, micro_batch_size=2, rank=0, world_size=1, seed=0)
+        data_config({**dataclasses.asdict(c), "seqlen": 32})
     assert DataConfig(name="local").shuffle_buffer == 1000
 
 

@@ -11,6 +11,7 @@ import yaml
 import models
 from repro.demo import OVERRIDES, RUN_DIR, run_dir_of
 from train.corpus import open_source
+from train.schema import data_config
 from train.tokenizer import build_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,6 +28,7 @@ def test_the_demo_run_fits_in_one_pass_over_the_training_split():
     data = yaml.safe_load((REPO / "configs" / "data" / "embedded.yaml").read_text())
     data.update(tokenizer=setting("data.tokenizer"), spm_vocab_size=setting("data.spm_vocab_size"))
     vocab = models.load_model_config(setting("+model"))["vocab_size"]
+    data = data_config(data)
     tokenizer = build_tokenizer(data, vocab)
     texts = [record["text"] for record in open_source(data, "train")]
     available = sum(len(ids) for ids in tokenizer.encode_batch(texts))

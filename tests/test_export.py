@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import models
 from train.checkpoint import load_model_weights
 from train.evaluate import evaluate
+from train.schema import data_config
 from train.tokenizer import HFTokenizer
 from train.val_batches import build_val_batches
 
@@ -51,7 +52,7 @@ def test_export_loads_with_auto_classes_and_scores_as_the_trainer(run_dir):
 
     # the validation loss the trainer reported, with the exported tokenizer doing the encoding
     val = build_val_batches(
-        cfg.data,
+        data_config(cfg.data),
         HFTokenizer(tokenizer, "exported", cfg.model.vocab_size),
         micro_batch_size=cfg.trainer.micro_batch_size,
         rank=0,

@@ -1,4 +1,4 @@
-"""The README's examples run as written."""
+"""The README's examples run as written, and its layout names the tree's modules."""
 
 import os
 import re
@@ -76,3 +76,20 @@ def test_the_laptop_command_names_its_data():
     assert "data=embedded" in args
     resolved = pretrain(*args, "--cfg", "job")
     assert yaml.safe_load(resolved.stdout)["data"]["name"] == "embedded"
+
+
+def test_the_layout_section_names_every_module():
+    """The README's layout is where a newcomer finds a file's job: a module it does not name is
+    one they must find by reading the tree."""
+    readme = README.read_text()
+    layout = readme.split("## Layout", 1)[1].split("```")[1]
+    named = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", layout))
+    packages = ("foam", "foam/baselines", "foam/combinations", "models", "train", "repro")
+    packages += ("repro/tables", "tools")
+    modules = {
+        f"{package}/{path.stem}"
+        for package in packages
+        for path in (README.parent / package).glob("*.py")
+        if path.stem != "__init__" and path.stem not in named
+    }
+    assert not modules, f"README.md's layout does not name {sorted(modules)}"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from train.corpus import embedded_documents
 from train.data import build_tokenizer, build_train_loader
+from train.schema import DataConfig
 
 
 def write_c4_mirror(root: Path, n_files: int, docs_per_file: int, seed: int = 0) -> None:
@@ -43,7 +44,7 @@ def write_c4_mirror(root: Path, n_files: int, docs_per_file: int, seed: int = 0)
             fh.write("\n".join(rows) + "\n")
 
 
-def bench(data_cfg: dict, tokenizer, batch_size: int, batches: int, warmup: int) -> dict:
+def bench(data_cfg: DataConfig, tokenizer, batch_size: int, batches: int, warmup: int) -> dict:
     loader = build_train_loader(
         data_cfg, tokenizer, micro_batch_size=batch_size, rank=0, world_size=1, seed=0
     )
@@ -103,8 +104,8 @@ def main() -> None:
             f"generated C4-format mirror: {args.c4_files} x {args.c4_docs_per_file} docs in {time.perf_counter() - t0:.1f} s"
         )
         cases = {
-            "embedded": dict(common, name="embedded", path=None, val_fraction=0.1),
-            "c4-json.gz": dict(common, name="local", path=tmp, val_fraction=0.01),
+            "embedded": DataConfig(**common, name="embedded", path=None, val_fraction=0.1),
+            "c4-json.gz": DataConfig(**common, name="local", path=tmp, val_fraction=0.01),
         }
         for name, cfg in cases.items():
             t0 = time.perf_counter()

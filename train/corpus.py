@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 from urllib.parse import urlparse
 
 from train.errors import DataSourceError
-from train.schema import DataConfig, data_config
+from train.schema import DataConfig
 
 logger = logging.getLogger(__name__)
 
@@ -323,15 +323,14 @@ def _open_hub(cfg: DataConfig, split: str):
 # Entry point
 
 
-def open_source(cfg: DataConfig | Any, split: str):
+def open_source(cfg: DataConfig, split: str):
     """The unshuffled, unsplit `IterableDataset` of one split ('train', 'validation' or 'test')
-    of the source ``cfg`` describes (a `DataConfig`, the composed ``cfg.data`` or a mapping).
+    of the source ``cfg`` describes.
 
     Only a local mirror has a test split (its ``*test*`` files): C4 on the hub publishes none,
     and the embedded corpus is for smoke tests."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
-    cfg = data_config(cfg)
     if split == "test" and cfg.name != "local":
         raise DataSourceError(
             f"data={cfg.name} has no test split: trainer.test_tokens needs data=local with test "
@@ -358,10 +357,9 @@ class Source:
     validation_sample: tuple[str, ...] = ()
 
 
-def describe_source(cfg: DataConfig | Any) -> str:
+def describe_source(cfg: DataConfig) -> str:
     """What a run trains on, where it comes from and how it is tokenized: the first lines of every
     run's log (``train/pretrain.py``), so that a run on the wrong corpus is seen at once."""
-    cfg = data_config(cfg)
     corpus = {
         "c4": f"C4 ({cfg.hub_name} '{cfg.hub_config}', streamed from the Hugging Face hub)",
         "local": f"local files ({cfg.path})",
@@ -397,10 +395,9 @@ def check_usable(split: Any, label: str, role: str) -> tuple[str, ...]:
     return tuple(usable[:VALIDATION_SAMPLE])
 
 
-def open_sources(cfg: DataConfig | Any) -> Source:
+def open_sources(cfg: DataConfig) -> Source:
     """Open both splits of the source ``cfg`` describes, once for the whole run, and prove them
     usable (``check_usable``)."""
-    cfg = data_config(cfg)
     label = {
         "c4": f"data=c4 ({cfg.hub_name} {cfg.hub_config})",
         "local": f"data.path={cfg.path}",
@@ -411,7 +408,7 @@ def open_sources(cfg: DataConfig | Any) -> Source:
     return Source(train, validation, label, sample)
 
 
-def open_sources_on_ranks(cfg: DataConfig | Any, is_main: bool) -> Source:
+def open_sources_on_ranks(cfg: DataConfig, is_main: bool) -> Source:
     """``open_sources`` for every rank of a run (collective; an error on any rank is raised on
     every rank, so none waits for the others in a later collective).
 
@@ -422,7 +419,6 @@ def open_sources_on_ranks(cfg: DataConfig | Any, is_main: bool) -> Source:
     """
     from train.distributed import broadcast_object, failure_stops_every_rank
 
-    cfg = data_config(cfg)
     from_rank0 = cfg.name == "c4"
     opened: Source | None = None
     with failure_stops_every_rank(DataSourceError):

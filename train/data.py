@@ -54,7 +54,7 @@ from train.corpus import Source, describe_skips, open_sources
 from train.data_position import DERIVED_FINGERPRINT_KEYS, STATE_VERSION, rederive_position
 from train.distributed import failure_stops_every_rank
 from train.errors import ConfigError, DataSourceError
-from train.schema import DataConfig, data_config
+from train.schema import DataConfig
 from train.tokenizer import Tokenizer, build_tokenizer
 
 __all__ = [
@@ -294,7 +294,7 @@ def _fingerprint(cfg: DataConfig, tokenizer: Tokenizer, **extra: Any) -> dict:
 
 
 def build_train_loader(
-    data_cfg: DataConfig | Any,
+    cfg: DataConfig,
     tokenizer: Tokenizer,
     *,
     micro_batch_size: int,
@@ -310,7 +310,6 @@ def build_train_loader(
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} not in [0, {world_size})")
-    cfg = data_config(data_cfg)
     source = source or open_sources(cfg)
     shuffle_seed = _shuffle_seed(cfg, seed)
 
@@ -357,11 +356,10 @@ def check_scoreable(source: Source, tokenizer: Tokenizer, seq_len: int, pack: bo
 
 
 def prove_data(
-    source: Source, tokenizer: Tokenizer, train_loader: TrainLoader, cfg: DataConfig | Any
+    source: Source, tokenizer: Tokenizer, train_loader: TrainLoader, cfg: DataConfig
 ) -> None:
     """Before step 1, on every rank (collective): the training split fills a micro-batch in one
     pass and the validation split can be scored; else a config error stops every rank."""
-    cfg = data_config(cfg)
     with failure_stops_every_rank(DataSourceError):
         check_scoreable(source, tokenizer, cfg.seq_len, cfg.pack)
         train_loader.check_one_pass_fills()

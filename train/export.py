@@ -28,6 +28,7 @@ from train.checkpoint import (
     saved_model_dtype,
 )
 from train.parallelism import is_sharded
+from train.schema import data_config
 from train.tokenizer import HFTokenizer, SentencePieceTokenizer, Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -123,5 +124,5 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, dtype: str | None = None)
     model, cfg = checkpoint_model(checkpoint)
     if dtype is not None:
         model.to(dtype=EXPORT_DTYPES[dtype])
-    tokenizer = build_tokenizer(cfg.data, cfg.model.vocab_size)
+    tokenizer = build_tokenizer(data_config(cfg.data), cfg.model.vocab_size)
     return export_hf(model, tokenizer, out_dir)

@@ -95,7 +95,7 @@ from train.preemption import (
     install_stop_signals,
 )
 from train.schedule import build_scheduler
-from train.schema import register_configs
+from train.schema import DataConfig, data_config, register_configs
 from train.seeding import seed_everything
 from train.state import TrainState
 from train.step import LossSum, loss_sum_for, train_step
@@ -195,29 +195,7 @@ def train(cfg: DictConfig) -> dict:
         raise
     final = state.last_eval() or evaluate_and_log(run, state, sink)
     final_test = test_and_log(run, state, sink) if run.test_batches is not None else None
-    summary = build_summary(
-        cfg,
-        state,
-        final_eval=final,
-        final_test=final_test,
-        optim_choice=optim_choice(cfg),
-        hparams=optimizer_hparams(cfg.optim),
-        optimizer_state_bytes=foam.state_bytes(run.optimizer),
-        peak_memory=run.peaks.record(),
-        throughput=throughput(
-            state,
-            flops_per_token=run.flops_per_token(),
-            matmul_kind=run.matmul_kind(),
-            peak_flops=run.peak_flops(),
-        ),
-        **params_counts(run.model),
-        data_skipped=sum(dist.all_gather_object(int(run.train_loader.stats.get("skipped", 0)))),
-        projections=foam.projections_computed(run.optimizer),
-        foam_steps=foam.steps_run(run.optimizer),
-        tokenizer=run.tokenizer.name,
-        step_s_estimated=step_time.seconds,
-        step_s_measured=step_time.measured,
-    )
+    summary = run_summary(run, state, final, final_test, step_time)
     exported = unsharded_model(run.model, cfg.model)  # all ranks: a collective under FSDP2
     if info.is_main:
         write_summary(run.run_dir, summary)
@@ -234,6 +212,40 @@ def train(cfg: DictConfig) -> dict:
     return summary
 
 
+def run_summary(
+    run: Run,
+    state: TrainState,
+    final: dict,
+    final_test: dict | None,
+    step_time: StepTimeEstimate,
+) -> dict:
+    """What ``summary.json`` says of a finished run: its config, final numbers, memory, speed and
+    which paths the optimizer took."""
+    return build_summary(
+        run.cfg,
+        state,
+        final_eval=final,
+        final_test=final_test,
+        optim_choice=optim_choice(run.cfg),
+        hparams=optimizer_hparams(run.cfg.optim),
+        optimizer_state_bytes=foam.state_bytes(run.optimizer),
+        peak_memory=run.peaks.record(),
+        throughput=throughput(
+            state,
+            flops_per_token=run.flops_per_token(),
+            matmul_kind=run.matmul_kind(),
+            peak_flops=run.peak_flops(),
+        ),
+        **params_counts(run.model),
+        data_skipped=sum(dist.all_gather_object(int(run.train_loader.stats.get("skipped", 0)))),
+        projections=foam.projections_computed(run.optimizer),
+        foam_steps=foam.steps_run(run.optimizer),
+        tokenizer=run.tokenizer.name,
+        step_s_estimated=step_time.seconds,
+        step_s_measured=step_time.measured,
+    )
+
+
 def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
     """Join the other ranks, then build model, optimizer, schedule and data. Rank 0's Hydra run
     directory is everyone's (the others were told not to create one, see distributed.py)."""
@@ -246,7 +258,8 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
     resume_from = dist.broadcast_object(find_resume_checkpoint(t.resume, run_dir))
     if info.is_main:
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    log.info("%s", describe_source(cfg.data))
+    data = data_config(cfg.data)  # the data group, typed once for every reader below
+    log.info("%s", describe_source(data))
     log.info(
         "run dir %s | %d rank(s) x %d micro-batch x %d accumulation = %d sequences/step",
         run_dir,
@@ -256,7 +269,7 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
         t.global_batch_size,
     )
     # first: data that cannot train stops the run in seconds
-    tokenizer, train_loader, val_batches, test_batches = build_data(cfg, info)
+    tokenizer, train_loader, val_batches, test_batches = build_data(cfg, data, info)
     model, replica, optimizer, scheduler = build_model_and_optimizer(
         cfg, info, device, initialise=resume_from is None
     )
@@ -336,36 +349,36 @@ def build_model_and_optimizer(
 
 
 def build_data(
-    cfg: DictConfig, info: dist.DistInfo
+    cfg: DictConfig, data: DataConfig, info: dist.DistInfo
 ) -> tuple[Tokenizer, TrainLoader, ValBatches, ValBatches | None]:
     """Each rank reads its own shard of the stream; validation (and test, where asked) is a
     fixed token budget. The source is opened once, here, for the tokenizer and the loaders (the
     hub by rank 0 alone), and proven: usable records before the tokenizer, a full batch and a
     scoreable validation document after it (``train/corpus.py``, ``train/data.py``)."""
     t = cfg.trainer
-    source = open_sources_on_ranks(cfg.data, info.is_main)
+    source = open_sources_on_ranks(data, info.is_main)
     tokenizer = build_tokenizer_on_ranks(
-        cfg.data, cfg.model.vocab_size, source, local_rank=info.local_rank
+        data, cfg.model.vocab_size, source, local_rank=info.local_rank
     )
     ranks = {"rank": info.rank, "world_size": info.world_size, "source": source}
     train_loader = build_train_loader(
-        cfg.data, tokenizer, micro_batch_size=t.micro_batch_size, seed=t.seed, **ranks
+        data, tokenizer, micro_batch_size=t.micro_batch_size, seed=t.seed, **ranks
     )
     eval_batch = t.eval_micro_batch_size or t.micro_batch_size
     val_batches = build_val_batches(
-        cfg.data, tokenizer, micro_batch_size=eval_batch, max_tokens=t.eval_tokens, **ranks
+        data, tokenizer, micro_batch_size=eval_batch, max_tokens=t.eval_tokens, **ranks
     )
     test_batches = None
     if t.test_tokens:  # every rank opens the same files: a missing split stops them all alike
         test_batches = build_val_batches(
-            cfg.data,
+            data,
             tokenizer,
             micro_batch_size=eval_batch,
             max_tokens=t.test_tokens,
             split="test",
             **ranks,
         )
-    prove_data(source, tokenizer, train_loader, cfg.data)
+    prove_data(source, tokenizer, train_loader, data)
     masking = Masking.of(cfg.model)
     if masking is not None:  # an encoder: the masked-LM objective (train/objective.py)
         train_loader = MaskedTrainLoader(

@@ -1,6 +1,6 @@
 """Tokenizers: T5 (the protocol's), a local one, or a SentencePiece model the project trains.
 
-`build_tokenizer(data_cfg, vocab_size, source)` resolves `data.tokenizer` in this order and logs
+`build_tokenizer(cfg, vocab_size, source)` resolves `data.tokenizer` in this order and logs
 one line saying which tokenizer is in use:
 
 1. `spm` (or `sentencepiece`): the project's SentencePiece model, trained on the training text.
@@ -45,7 +45,7 @@ from train.corpus import (
     open_sources,
 )
 from train.errors import DataSourceError
-from train.schema import DataConfig, data_config
+from train.schema import DataConfig
 
 logger = logging.getLogger(__name__)
 
@@ -266,15 +266,12 @@ def _from_project_spm(
     return tok
 
 
-def build_tokenizer(
-    data_cfg: DataConfig | Any, vocab_size: int, source: Source | None = None
-) -> Tokenizer:
+def build_tokenizer(cfg: DataConfig, vocab_size: int, source: Source | None = None) -> Tokenizer:
     """The tokenizer named by `data.tokenizer`; every id it produces is < `vocab_size`, and it
     fills at least ``SMALL_TOKENIZER_SHARE`` of them unless ``data.allow_small_tokenizer``.
 
     The project's SentencePiece model trains on ``source`` (the run's opened source; opened here
     when not given and needed)."""
-    cfg = data_config(data_cfg)
     tokenizer = _resolve(cfg, vocab_size, source)
     if not cfg.allow_small_tokenizer and tokenizer.vocab_size < SMALL_TOKENIZER_SHARE * vocab_size:
         raise DataSourceError(
@@ -331,7 +328,7 @@ def _resolve(cfg: DataConfig, vocab_size: int, source: Source | None) -> Tokeniz
 
 
 def build_tokenizer_on_ranks(
-    data_cfg: DataConfig | Any, vocab_size: int, source: Source, *, local_rank: int
+    cfg: DataConfig, vocab_size: int, source: Source, *, local_rank: int
 ) -> Tokenizer:
     """``build_tokenizer`` on every rank of a run, the first rank of each node first.
 
@@ -346,7 +343,7 @@ def build_tokenizer_on_ranks(
         barrier_for_slow_io()
     with failure_stops_every_rank(DataSourceError):
         try:
-            tokenizer = build_tokenizer(data_cfg, vocab_size, source)
+            tokenizer = build_tokenizer(cfg, vocab_size, source)
         finally:  # the node's other ranks wait for this one, built or not
             if local_rank == 0:
                 barrier_for_slow_io()

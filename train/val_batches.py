@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 
 import torch
 
@@ -16,7 +15,7 @@ from train.data import rank_stream
 from train.distributed import failure_stops_every_rank, is_initialized, scatter_from_rank0
 from train.errors import DataSourceError
 from train.objective import IGNORE_INDEX
-from train.schema import PROTOCOL_SEED, DataConfig, data_config
+from train.schema import PROTOCOL_SEED, DataConfig
 from train.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -137,7 +136,7 @@ class ValBatches:
 
 
 def build_val_batches(
-    data_cfg: DataConfig | Any,
+    cfg: DataConfig,
     tokenizer: Tokenizer,
     *,
     micro_batch_size: int,
@@ -157,7 +156,6 @@ def build_val_batches(
     data is read lazily on first iteration, then kept in memory so every evaluation sees the same
     tokens.
     """
-    cfg = data_config(data_cfg)
     source = source or open_sources(cfg)
     records = source.validation if split == "validation" else open_source(cfg, split)
     return ValBatches(
