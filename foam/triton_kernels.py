@@ -18,6 +18,9 @@ system, since FOAM's case is moving fewer bytes than AdamW:
   all their tiles, whatever their shapes: a table made once on the device says where each
   matrix's tensors are, its geometry and its tile *kind* (tile shape, one pass or two), and
   the kernel has one branch per kind that occurs, so every program runs one compiled shape.
+* **Scalars in device memory.** The bias corrections, step size and decay of a step are read
+  from a small device tensor that a one-program launch writes before the step's, so the step's
+  launch has the same arguments at every step and a CUDA graph that captured it stays right.
 
 With ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors, which is how the tests check it;
 ``tests/test_triton_codegen.py`` compiles it for sm_90 without a GPU and reads the machine code.
@@ -53,6 +56,9 @@ VECTOR_BYTES = 16
 VECTOR_ELEMENTS = 8
 """Entries of the narrowest 128-bit vector (bfloat16): the multiple a row width or block length
 is known to be, for the compiler's vectorisation, up to this."""
+STEP_SCALARS = ("bc1", "bc2", "beta1", "beta2", "rho", "rho_sq", "eps", "step_size", "decay")
+"""What a step's launch reads from the group's device tensor of scalars, in order: the bias
+corrections, then ``StepScalars.as_list()``."""
 FIELDS = tl.constexpr(9)
 """Columns of a launch's table: offsets of p, m, v; rows, cols, block, num_blocks; kind; first
 program."""
@@ -117,9 +123,12 @@ def _expand(y, KP: tl.constexpr, ALONG_COLS: tl.constexpr):
 
 
 @triton.jit
-def _apply(p_ptrs, live, x, mean, m_hat, v_hat, rho, rho_sq, eps, step_size, decay):
+def _apply(p_ptrs, live, x, mean, m_hat, v_hat, scalars_ptr):
     """``p = round(p * decay) - step_size * (m_hat + rho R) / (sqrt(v_hat + rho_sq R^2) + eps)``
-    with ``R = g - mean``, over one tile whose block values are given per entry."""
+    with ``R = g - mean``, over one tile whose block values are given per entry. The scalars
+    are read here, where they are used, so that they hold no registers before."""
+    rho, rho_sq, eps = tl.load(scalars_ptr + 4), tl.load(scalars_ptr + 5), tl.load(scalars_ptr + 6)
+    step_size, decay = tl.load(scalars_ptr + 7), tl.load(scalars_ptr + 8)
     p = tl.load(p_ptrs, mask=live, other=0.0).to(tl.float32)
     decayed = _rounded(p * decay, p_ptrs.dtype.element_ty).to(tl.float32)
     r = x - mean
@@ -135,15 +144,7 @@ def _step_matrix(
     v_ptr,
     program,  # which of the matrix's tiles
     geometry,  # its rows, cols, block, num_blocks (along the fold axis)
-    bc1,
-    bc2,
-    beta1,
-    beta2,
-    rho,
-    rho_sq,
-    eps,
-    step_size,
-    decay,
+    scalars_ptr,  # the step's `STEP_SCALARS`
     ALONG_COLS: tl.constexpr,
     MEAN_OF_SQUARES: tl.constexpr,
     FOLD: tl.constexpr,  # tile extent along the fold axis
@@ -197,6 +198,7 @@ def _step_matrix(
     # the folded moments, read once and written once, by the formulas of foam/numerics.py's ema_
     s_at, s_live = _tile(blk, other_at, state_cols, blk < num_blocks, other_live, ALONG_COLS)
     mean = total / count
+    beta1, beta2 = tl.load(scalars_ptr + 2), tl.load(scalars_ptr + 3)
     m = tl.load(m_ptr + s_at, mask=s_live, other=0.0).to(tl.float32)
     v = tl.load(v_ptr + s_at, mask=s_live, other=0.0).to(tl.float32)
     m = m + (1.0 - beta1) * (mean - m)
@@ -206,19 +208,35 @@ def _step_matrix(
         v = v * beta2 + (1.0 - beta2) * mean * mean
     tl.store(m_ptr + s_at, _rounded(m, m_ptr.dtype.element_ty), mask=s_live)
     tl.store(v_ptr + s_at, _rounded(v, v_ptr.dtype.element_ty), mask=s_live)
-    m_hat = m / bc1
-    v_hat = v / bc2
+    m_hat = m / tl.load(scalars_ptr)
+    v_hat = v / tl.load(scalars_ptr + 1)
 
     if KP > 0:
         mean = _expand(mean, KP, ALONG_COLS)
         m_hat = _expand(m_hat, KP, ALONG_COLS)
         v_hat = _expand(v_hat, KP, ALONG_COLS)
-        _apply(p_ptr + at, live, x, mean, m_hat, v_hat, rho, rho_sq, eps, step_size, decay)
+        _apply(p_ptr + at, live, x, mean, m_hat, v_hat, scalars_ptr)
     else:
         for c0 in range(0, block, FOLD):
             at, live = _chunk(start, c0, i, block, length, other_at, other_live, cols, ALONG_COLS)
             x = tl.load(g_ptr + at, mask=live, other=0.0).to(tl.float32)
-            _apply(p_ptr + at, live, x, mean, m_hat, v_hat, rho, rho_sq, eps, step_size, decay)
+            _apply(p_ptr + at, live, x, mean, m_hat, v_hat, scalars_ptr)
+
+
+@triton.jit
+def _write_scalars(out_ptr, bc1, bc2, beta1, beta2, rho, rho_sq, eps, step_size, decay):
+    """A step's scalars into the device tensor ``_foam_step_kernel`` reads (``STEP_SCALARS``'
+    order). They travel as this launch's arguments, copied when it is issued, so the host
+    neither waits for the device nor keeps a buffer the device reads later."""
+    tl.store(out_ptr, bc1)
+    tl.store(out_ptr + 1, bc2)
+    tl.store(out_ptr + 2, beta1)
+    tl.store(out_ptr + 3, beta2)
+    tl.store(out_ptr + 4, rho)
+    tl.store(out_ptr + 5, rho_sq)
+    tl.store(out_ptr + 6, eps)
+    tl.store(out_ptr + 7, step_size)
+    tl.store(out_ptr + 8, decay)
 
 
 @triton.jit
@@ -230,15 +248,7 @@ def _foam_step_kernel(
     table_ptr,  # int64 [matrices, FIELDS]
     g_offsets_ptr,  # int64 [matrices]: each gradient's element offset from the first's
     owner_ptr,  # int32 [programs]: the matrix each program steps
-    bc1,
-    bc2,
-    beta1,
-    beta2,
-    rho,
-    rho_sq,
-    eps,
-    step_size,
-    decay,
+    scalars_ptr,  # float32 [len(STEP_SCALARS)]: this step's, written by `_write_scalars`
     KINDS: tl.constexpr,  # the launch's `Tiles.kind`s: the tile shape and hints of each
     MEAN_OF_SQUARES: tl.constexpr,
     P_ALIGN: tl.constexpr,  # elements every offset of the tables is a multiple of
@@ -263,15 +273,7 @@ def _foam_step_kernel(
                 v_ptr,
                 program,
                 row + 3,
-                bc1,
-                bc2,
-                beta1,
-                beta2,
-                rho,
-                rho_sq,
-                eps,
-                step_size,
-                decay,
+                scalars_ptr,
                 KINDS[k][0],
                 MEAN_OF_SQUARES,
                 KINDS[k][1],
@@ -375,11 +377,15 @@ class TritonGroup:
     over all their tiles (as torch's fused AdamW steps its tensors in one multi-tensor launch).
 
     What stays put between steps is on the device from the start: a table of each matrix's
-    parameter and state offsets, geometry, tile kind and first program, and the matrix of each
-    program. A step passes the scalars and refreshes the gradients' offsets only when the
-    gradients moved relative to each other (never, when they live in one persistent buffer), so a
-    warm step allocates nothing, never synchronises and costs the host the same for any number of
-    matrices, beyond reading each gradient's address.
+    parameter and state offsets, geometry, tile kind and first program, the matrix of each
+    program, and a tensor of the step's scalars (``STEP_SCALARS``). A step writes its scalars
+    into that tensor in place (``write_scalars``) and refreshes the gradients' offsets only when
+    the gradients moved relative to each other (never, when they live in one persistent buffer),
+    so a warm step allocates nothing, never synchronises and costs the host the same for any
+    number of matrices, beyond reading each gradient's address. The step's kernel (``launch``)
+    then has the same arguments at every step, which is what a CUDA graph needs: captured once,
+    it is replayed after ``write_scalars`` with the current step's bias corrections and step
+    size, as torch's capturable AdamW reads its lr and step from tensors.
     """
 
     def __init__(
@@ -409,23 +415,28 @@ class TritonGroup:
         ).to(device)
         self.g_offsets = torch.zeros(len(plans), dtype=torch.int64, device=device)
         self.g_moved_from: tuple[int, ...] | None = None
+        self.scalars = torch.zeros(len(STEP_SCALARS), dtype=torch.float32, device=device)
         self.constants = {"KINDS": self.kinds, "P_ALIGN": p_align, "S_ALIGN": min(m_align, v_align)}
 
-    def launch(
-        self, grads: list[torch.Tensor], corrections: tuple[float, float], scalars: StepScalars
-    ) -> Launch:
-        """The launch of one step (what tests/test_triton_codegen.py compiles for sm_90)."""
+    def write_scalars(self, corrections: tuple[float, float], scalars: StepScalars) -> None:
+        """This step's bias corrections and scalars into ``self.scalars``, in place, by one
+        launch on the device's current stream (ordered before the step's kernel)."""
+        with self._on_device():
+            _write_scalars[(1,)](self.scalars, *corrections, *scalars.as_list())
+
+    def launch(self, grads: list[torch.Tensor], mean_of_squares: bool) -> Launch:
+        """The kernel launch of one step (what tests/test_triton_codegen.py compiles for sm_90):
+        the same arguments at every step while the gradients stay put; what changes between
+        steps is in ``self.scalars``."""
         offsets, g_align = _addressing(grads)
         if offsets != self.g_moved_from:
             self.g_offsets.copy_(torch.tensor(offsets, dtype=torch.int64), non_blocking=True)
             self.g_moved_from = offsets
         p, m, v = self.tensors
-        args = [p, grads[0], m, v, self.table, self.g_offsets, self.owner, *corrections]
-        args += [scalars.beta1, scalars.beta2, scalars.rho, scalars.rho_sq, scalars.eps]
-        args += [scalars.step_size, scalars.decay]
+        args = [p, grads[0], m, v, self.table, self.g_offsets, self.owner, self.scalars]
         constants = {
             **self.constants,
-            "MEAN_OF_SQUARES": scalars.mean_of_squares,
+            "MEAN_OF_SQUARES": mean_of_squares,
             "G_ALIGN": g_align,
             "num_warps": NUM_WARPS,
         }
@@ -435,7 +446,12 @@ class TritonGroup:
         self, grads: list[torch.Tensor], corrections: tuple[float, float], scalars: StepScalars
     ) -> None:
         """One fused FOAM step of every matrix, in place on parameters and states."""
-        grid, args, constants = self.launch(grads, corrections, scalars)
-        on_gpu = self.device.type == "cuda"  # Triton launches on the current GPU
-        with torch.cuda.device(self.device) if on_gpu else contextlib.nullcontext():
+        self.write_scalars(corrections, scalars)
+        grid, args, constants = self.launch(grads, scalars.mean_of_squares)
+        with self._on_device():
             _foam_step_kernel[grid](*args, **constants)
+
+    def _on_device(self) -> contextlib.AbstractContextManager:
+        """Triton launches on the current GPU: make it this group's."""
+        on_gpu = self.device.type == "cuda"
+        return torch.cuda.device(self.device) if on_gpu else contextlib.nullcontext()

@@ -81,15 +81,16 @@ def gradients(shapes, dtype, generator: torch.Generator) -> list[torch.Tensor]:
     return [torch.randn(shape, generator=generator).to(dtype) for shape in shapes]
 
 
-def run_all(implementation: str, shapes, dtype, **options):
-    """``STEPS`` steps of a FOAM over matrices of ``shapes`` from a fixed start; each one's
-    parameter and states."""
+def run_all(implementation: str, shapes, dtype, lrs=(1e-2,) * STEPS, **options):
+    """``STEPS`` steps of a FOAM over matrices of ``shapes`` from a fixed start, at the learning
+    rates ``lrs``; each one's parameter and states."""
     params = [torch.nn.Parameter(p) for p in starts(shapes, dtype)]
-    optimizer = FOAM(params, lr=1e-2, implementation=implementation, **options)
+    optimizer = FOAM(params, implementation=implementation, **options)
     generator = torch.Generator().manual_seed(1)
-    for _ in range(STEPS):
+    for lr in lrs:
         for p, g in zip(params, gradients(shapes, dtype, generator), strict=True):
             p.grad = g
+        optimizer.param_groups[0]["lr"] = lr
         optimizer.step()
     return [
         (p.detach(), optimizer.state[p]["exp_avg"], optimizer.state[p]["exp_avg_sq"])
@@ -164,6 +165,14 @@ TRITON_GROUPS = [
 ]
 
 
+# A launch taken once and replayed with scalars written in place, under a changing lr.
+SCHEDULE = (1e-2, 2e-2, 5e-3, 1e-3)
+REPLAYED = [
+    ([(12, 300), (24, 20)], 2, torch.bfloat16, {"weight_decay": 0.1}),
+    ([(10, 7)], "mini", torch.float32, {"second_moment": "mean_of_squares"}),
+]
+
+
 def triton_run(shapes, level, dtype, moment_dtype: torch.dtype, **options):
     """``run_all``'s steps through one Triton kernel group made before the first (all matrices in
     one launch a step, the gradients fresh tensors each time)."""
@@ -182,6 +191,36 @@ def triton_run(shapes, level, dtype, moment_dtype: torch.dtype, **options):
     return list(zip(params, exp_avgs, exp_avg_sqs, strict=True))
 
 
+def replayed_run(shapes, level, dtype, moment_dtype: torch.dtype, lrs, **options):
+    """``run_all``'s steps as a CUDA graph would replay them: the step's launch is taken once,
+    before the first step, with the gradients in buffers that every step refills; each step
+    writes only its scalars (bias corrections, the scheduled ``lrs``) and runs that launch."""
+    from foam import triton_kernels  # in the interpreter's process only
+
+    params = starts(shapes, dtype)
+    optimizer = FOAM([torch.nn.Parameter(p) for p in params], level=level, **options)
+    group = optimizer.param_groups[0]
+    plans = [make_plan(p.shape, level, group["fold_axis"]) for p in params]
+    exp_avgs = [torch.zeros(plan.folded_shape, dtype=moment_dtype) for plan in plans]
+    exp_avg_sqs = [torch.zeros_like(m) for m in exp_avgs]
+    kernel = fused.kernel_group("triton", params, exp_avgs, exp_avg_sqs, plans)
+    buffers = [torch.zeros(shape, dtype=dtype) for shape in shapes]
+    grid, args, constants = kernel.launch(buffers, group["second_moment"] == "mean_of_squares")
+    scalars_at = kernel.scalars.data_ptr()
+    generator = torch.Generator().manual_seed(1)
+    for t, lr in enumerate(lrs, start=1):
+        for buffer, g in zip(buffers, gradients(shapes, dtype, generator), strict=True):
+            buffer.copy_(g)
+        group["lr"] = lr
+        corrections = (1 - 0.9**t, 1 - 0.95**t) if group["bias_correction"] else (1.0, 1.0)
+        scalars = fused.StepScalars.of_group(group)
+        kernel.write_scalars(corrections, scalars)
+        expected = torch.tensor([*corrections, *scalars.as_list()], dtype=torch.float32)
+        assert torch.equal(kernel.scalars, expected) and kernel.scalars.data_ptr() == scalars_at
+        triton_kernels._foam_step_kernel[grid](*args, **constants)
+    return list(zip(params, exp_avgs, exp_avg_sqs, strict=True))
+
+
 def check_triton_kernel() -> None:
     """Every ``TRITON_CASES`` and ``TRITON_GROUPS`` case through the Triton kernel against the
     eager step; run by the test below in a fresh process, since the interpreter must be chosen
@@ -194,6 +233,13 @@ def check_triton_kernel() -> None:
             for a, e in zip(matrix, reference, strict=True):
                 assert_agree(a, e, dtype)
     print(f"{len(cases)} cases agree")
+    for shapes, level, dtype, options in REPLAYED:
+        expected = run_all("eager", shapes, dtype, lrs=SCHEDULE, level=level, **options)
+        actual = replayed_run(shapes, level, dtype, expected[0][1].dtype, SCHEDULE, **options)
+        for matrix, reference in zip(actual, expected, strict=True):
+            for a, e in zip(matrix, reference, strict=True):
+                assert_agree(a, e, dtype)
+    print(f"{len(REPLAYED)} replayed launches agree")
     assert fused.triton_runs(torch.device("cpu"))  # the probe kernel_available("cuda") runs
     print("the probe passes")
 
@@ -208,8 +254,7 @@ def test_one_launch_steps_every_matrix_of_any_shape():
     params = [torch.zeros(shape) for shape in shapes]
     states = [torch.zeros(plan.folded_shape) for plan in plans]
     group = triton_kernels.TritonGroup(params, states, states, plans)
-    scalars = fused.StepScalars.of_group(FOAM(params).param_groups[0])
-    (programs,), _, constants = group.launch(params, (1.0, 1.0), scalars)
+    (programs,), _, constants = group.launch(params, False)
     tiles = [triton_kernels.Tiles.of(plan) for plan in plans]
     assert programs == sum(t.programs for t in tiles)
     assert group.owner.bincount().tolist() == [t.programs for t in tiles]
@@ -231,41 +276,45 @@ def test_a_launch_addresses_each_matrix_from_the_first_and_vectorises_only_align
     grads = [buffer[100:132].view(4, 8), buffer[65:97].view(4, 8)]  # offset -35
     m = [buffer[136:144].view(plan.folded_shape), buffer[149:157].view(plan.folded_shape)]
     v = [buffer[160:168].view(plan.folded_shape), buffer[168:176].view(plan.folded_shape)]
-    scalars = fused.StepScalars.of_group(FOAM(params).param_groups[0])
     group = triton_kernels.TritonGroup(params, m, v, [plan, plan])
-    _, args, constants = group.launch(grads, (1.0, 1.0), scalars)
+    _, args, constants = group.launch(grads, False)
     assert group.table[:, :3].tolist() == [[0, 0, 0], [32, 13, 8]]
     assert args[5].tolist() == [0, -35]
     # float32: 4 elements to a 16-byte vector; the second gradient and m start off it
     assert (constants["P_ALIGN"], constants["G_ALIGN"], constants["S_ALIGN"]) == (4, 1, 1)
-    _, args, constants = group.launch(params, (1.0, 1.0), scalars)  # the gradients moved
+    _, args, constants = group.launch(params, False)  # the gradients moved
     assert args[5].tolist() == [0, 32] and constants["G_ALIGN"] == 4
     bf16 = [t.to(torch.bfloat16) for t in params]  # fresh, aligned storages
     _, _, constants = triton_kernels.TritonGroup(bf16, v, m, [plan, plan]).launch(
-        bf16, (1.0, 1.0), scalars
+        bf16, False
     )  # both moments decide the states' hint: here the second one is misaligned
     assert (constants["P_ALIGN"], constants["G_ALIGN"], constants["S_ALIGN"]) == (8, 8, 1)
 
 
-def test_a_warm_launch_makes_no_tensor(monkeypatch):
-    """Once the gradients stay put, a step's launch allocates nothing and copies nothing to the
-    device (so it can be captured in a CUDA graph): every table is the group's own."""
+def test_a_warm_launch_is_the_same_launch_at_every_step(monkeypatch):
+    """Once the gradients stay put, a step's launch allocates nothing, copies nothing to the
+    device and passes the very same arguments (so a CUDA graph can capture it): what changes
+    between steps is the contents of the group's scalars tensor, written in place by
+    ``write_scalars`` (checked in the interpreter by ``replayed_run``)."""
     triton_kernels = pytest.importorskip("foam.triton_kernels")
     plans = [make_plan(shape, 2, "larger") for shape in ((8, 16), (16, 8))]
     params = [torch.zeros(plan.rows, plan.cols) for plan in plans]
     grads = [torch.zeros_like(p) for p in params]
     states = [torch.zeros(plan.folded_shape) for plan in plans]
-    scalars = fused.StepScalars.of_group(FOAM(params).param_groups[0])
     group = triton_kernels.TritonGroup(params, states, states, plans)
-    _, first, _ = group.launch(grads, (1.0, 1.0), scalars)
+    first_grid, first, first_constants = group.launch(grads, False)
 
     def no_tensor(*args, **kwargs):
         raise AssertionError("a warm launch made a tensor")
 
     monkeypatch.setattr(triton_kernels.torch, "tensor", no_tensor)
     monkeypatch.setattr(torch.Tensor, "copy_", no_tensor)
-    _, warm, _ = group.launch(grads, (0.5, 0.25), scalars)
-    assert all(a is b for a, b in zip(first[4:7], warm[4:7], strict=True))
+    grid, warm, constants = group.launch(grads, False)
+    assert grid == first_grid and constants == first_constants
+    assert all(a is b for a, b in zip(first, warm, strict=True))
+    assert any(a is group.scalars for a in warm)
+    assert group.scalars.shape == (len(triton_kernels.STEP_SCALARS),)
+    assert all(isinstance(a, torch.Tensor) for a in warm)  # no number to freeze
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
@@ -279,6 +328,7 @@ def test_triton_kernel_matches_eager_in_the_interpreter():
     )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert f"{len(TRITON_CASES) + len(TRITON_GROUPS)} cases agree" in done.stdout
+    assert f"{len(REPLAYED)} replayed launches agree" in done.stdout
     assert "the probe passes" in done.stdout
 
 

@@ -25,7 +25,6 @@ from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
 from foam import triton_kernels  # noqa: E402
 from foam.folding import make_plan  # noqa: E402
-from foam.fused import StepScalars  # noqa: E402
 from foam.param_groups import split_params  # noqa: E402
 from models import build_model, load_model_config  # noqa: E402
 
@@ -34,7 +33,6 @@ pytestmark = pytest.mark.slow  # each case compiles for a few seconds
 CAPABILITY = 90
 TARGET = GPUTarget("cuda", CAPABILITY, 32)
 MAX_REGISTERS = 80  # 65536 per SM / 80 per thread: 768 of its 2048 threads
-SCALARS = StepScalars(0.9, 0.95, 1.0, 1.0, 1e-8, 1e-3, 1.0, mean_of_squares=False)
 BF16, FP32 = torch.bfloat16, torch.float32
 MODELS = [
     f"{family}_{size}" for family in ("llama", "qwen") for size in ("60m", "350m", "1b", "7b")
@@ -65,7 +63,7 @@ def compile_launch(shapes, level, param_dtype, state_dtype) -> tuple[str, tuple]
         [torch.zeros(plan.folded_shape, dtype=state_dtype) for plan in plans] for _ in "mv"
     )
     group = triton_kernels.TritonGroup(params, exp_avgs, exp_avg_sqs, plans)
-    _, args, constants = group.launch([torch.zeros_like(p) for p in params], (1.0, 1.0), SCALARS)
+    _, args, constants = group.launch([torch.zeros_like(p) for p in params], False)
     kernel = triton_kernels._foam_step_kernel
     backend = make_backend(TARGET)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
