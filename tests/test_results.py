@@ -10,10 +10,14 @@ from repro.tables import experiments
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
+def make_v4(args: list[str]) -> int:
+    return make_tables.main([*args, "--v4", str(RESULTS / "repro" / "runs")])
+
+
 @pytest.mark.parametrize(
     ("directory", "make"),
-    [("repro", make_tables.main), ("cosine_cpu", experiments.main)],
-    ids=["repro", "cosine_cpu"],
+    [("repro", make_tables.main), ("repro/v4", make_v4), ("cosine_cpu", experiments.main)],
+    ids=["repro", "repro-v4", "cosine_cpu"],
 )
 def test_tables_regenerate_byte_for_byte_from_the_committed_runs(directory, make, tmp_path):
     committed = sorted(
