@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from foam.optimizer import FOAM
 from models import build_model, load_model_config
 from tools import bench_methods
+from tools.bench_host_cost import report as host_cost_report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,3 +128,17 @@ def test_bench_optim_matrices_only_times_the_folded_update_alone(tmp_path):
     assert "**Matrices only**" in report
     # FOAM-2 keeps both moments as means of 4 entries: exactly a quarter of AdamW's state.
     assert table_rows(report)["foam2"][5] == "0.250"
+
+
+def test_host_cost_stubs_every_launch_and_groups_the_matrices():
+    """Every Triton launch of a step is stubbed (a real one would fail on CPU tensors), and one
+    call for all the matrices costs the host less than one call per matrix."""
+    report = host_cost_report(["llama_tiny"], rounds=1, steps=2)
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in report.splitlines()
+        if line.startswith("| llama_tiny")
+    ]
+    assert [cells[2] for cells in rows] == ["cpp", "triton"]
+    for cells in rows:
+        assert float(cells[-1]) > 1.0  # per-matrix / grouped

@@ -34,7 +34,7 @@ def matrices_of(model_name: str) -> int:
 
 
 class _NoLaunch:
-    """Stands in for the Triton kernel: ``kernel[grid](*args)`` does nothing."""
+    """Stands in for a Triton kernel: ``kernel[grid](*args)`` does nothing."""
 
     def __getitem__(self, grid: tuple[int, ...]):
         return lambda *args, **kwargs: None
@@ -51,7 +51,8 @@ def stubbed(kernel: str) -> Iterator[None]:
         if kernel == "triton":
             from foam import triton_kernels
 
-            stack.enter_context(mock.patch.object(triton_kernels, "_foam_step_kernel", _NoLaunch()))
+            for launched in ("_write_scalars", "_foam_step_kernel"):
+                stack.enter_context(mock.patch.object(triton_kernels, launched, _NoLaunch()))
         yield
 
 
