@@ -37,11 +37,13 @@ from repro.tables.provenance import provenance
 from repro.tables.sweep_points import sweep_table
 from repro.tables.table2 import table2
 from repro.tables.table3 import table3
-from repro.tables.v4 import v4_table
+from repro.tables.v4 import q3_best, v4_table
 from repro.tables.views import views_table
 
 
-def write_v4(root: Path, v3_root: Path, out: Path | None) -> int:
+def write_v4(root: Path, v3_root: Path, out: Path | None, curves: bool) -> int:
+    """v4's tables; with ``curves``, Q3's validation curves (the mean of each row's 3 seeds at
+    each evaluation, every 500 steps), once a row has its seeds."""
     points = load_points(root, metric="final_test_ppl")
     outputs = {"v4.md": v4_table(points, load_points(v3_root)), "provenance.md": provenance(points)}
     if out is None:
@@ -50,6 +52,8 @@ def write_v4(root: Path, v3_root: Path, out: Path | None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for name, text in outputs.items():
         (out / name).write_text(text)
+    if curves and (q3 := q3_best(points)):
+        plot_curves(q3, out, stem="curves_q3", what=", 10,000 steps on the long corpus (v4 Q3)")
     print(f"wrote {', '.join(sorted(outputs))} to {out}")
     return 0
 
@@ -69,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.v4:
-        return write_v4(args.root, args.v4, args.out)
+        return write_v4(args.root, args.v4, args.out, args.curves)
 
     points = load_points(args.root)
     if not any(p.runs for p in points):

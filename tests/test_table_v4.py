@@ -84,3 +84,22 @@ def test_make_tables_writes_v4_and_its_provenance(study, tmp_path):
     assert make_tables([str(v4), "--v4", str(v3), "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["provenance.md", "v4.md"]
     assert "| abc1234 | spm:test | 23 |" in (out / "provenance.md").read_text()
+
+
+def test_q3_curves_are_drawn_once_a_row_has_its_three_seeds(study, tmp_path):
+    v4, v3 = study
+    out = tmp_path / "tables"
+    assert make_tables([str(v4), "--v4", str(v3), "--out", str(out), "--curves"]) == 0
+    assert not list(out.glob("*.png"))  # no Q3 row has its seeds yet
+    for seed in range(3):
+        write_run(v4, "long", "foam2", "lr0.04_alpha0.0625", seed, 40.0, 41.0 + seed)
+        summary = v4 / "long/llama_2m/foam2" / f"lr0.04_alpha0.0625_seed{seed}" / "summary.json"
+        record = json.loads(summary.read_text())
+        record["eval_history"] = [
+            {"step": step, "tokens": step * 4096, "val_ppl": 1000.0 / step**0.5 + seed}
+            for step in (500, 1000, 1500)
+        ]
+        summary.write_text(json.dumps(record))
+    assert make_tables([str(v4), "--v4", str(v3), "--out", str(out), "--curves"]) == 0
+    assert [p.name for p in out.glob("*.png")] == ["curves_q3_llama_2m.png"]
+    assert "| FOAM-2 | 0.04, alpha 0.0625 | 42.00" in (out / "v4.md").read_text()

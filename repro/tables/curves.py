@@ -9,8 +9,11 @@ from repro.study_points import CONTROL, Point, method_rows, model_order, row_lab
 from repro.tables.figures import save_figure
 
 
-def plot_curves(best: dict[tuple[str, str], Point], out: Path) -> list[Path]:
-    """Validation perplexity against tokens, one figure per model (the paper's Figure 1).
+def plot_curves(
+    best: dict[tuple[str, str], Point], out: Path, stem: str = "curves", what: str = ""
+) -> list[Path]:
+    """Validation perplexity against tokens, one figure per model (the paper's Figure 1), in
+    ``out/STEM_MODEL.png``, titled with the model and ``what`` the runs are.
 
     Each curve is the mean over the point's seeds at each evaluation.
     """
@@ -31,9 +34,9 @@ def plot_curves(best: dict[tuple[str, str], Point], out: Path) -> list[Path]:
                 label=f"{row_label(row)} (n={point.n})",
                 linestyle="--" if row == CONTROL else "-",
             )
-        ax.set(title=model)
+        ax.set(title=f"{model}{what}")
         perplexity_axes(ax)
-        written.append(save_figure(fig, out / f"curves_{model}.png", ax))
+        written.append(save_figure(fig, out / f"{stem}_{model}.png", ax))
     return written
 
 

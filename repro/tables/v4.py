@@ -150,13 +150,18 @@ def reproduced(v4: list[Point], v3: list[Point]) -> str:
     return "\n".join(lines)
 
 
+def q3_best(v4: list[Point]) -> Best:
+    """Q3's rows that have their 3 seeds, at their walked points."""
+    return question_best(v4, LONG, Q3_ROWS, lambda p: True, SEEDS)
+
+
 def v4_table(v4: list[Point], v3: list[Point]) -> str:
     """``v4.md``: ``v4`` read on the test split (``load_points(..., "final_test_ppl")``), ``v3``
     the v3 runs (validation) for the reproduction check."""
     shared_lr = lambda p: p.key.lr == SHARED_LR  # noqa: E731
     q1 = question_best(v4, FULL, Q1_ROWS, lambda p: True, Q1_SEEDS)
     q2 = question_best(v4, FULL, Q2_ROWS, shared_lr, SEEDS)
-    q3 = question_best(v4, LONG, Q3_ROWS, lambda p: True, SEEDS)
+    q3 = q3_best(v4)
     head = [
         "# v4 (PROTOCOL.md, amendment of 2026-11-28): every number on the test split",
         "",
