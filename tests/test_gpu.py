@@ -4,7 +4,8 @@
 
 What CPU runs cannot reach: every optimizer (fused AdamW, Triton/CUDA kernels, bitsandbytes)
 stepping bf16 weights on the GPU, the Triton probe passing and the fused FOAM step matching the
-eager one at LLaMA-350M's matrix shapes, a warm optimizer step and a training step that never
+eager one at LLaMA-350M's matrix shapes (also replayed from a CUDA graph under an lr schedule),
+a warm optimizer step and a training step that never
 wait for the GPU (the real tiny LLaMA's forward and backward over padded and packed batches
 included), the padded batches on the flash kernel, the compiled loss, bf16 autocast, the weights being those of a CPU build, peak memory per phase,
 compiled decoder layers (trainer.compile's default there), and NCCL DDP with bucket-view
@@ -27,6 +28,8 @@ from test_fused import assert_agree
 import foam
 import models
 from foam import fused
+from foam.folding import make_plan
+from foam.update import StepScalars, bias_corrections
 from train.distributed import wrap_ddp
 from train.metrics import PhasePeaks
 from train.parallelism import compile_decoder_layers
@@ -114,6 +117,62 @@ def test_fused_foam_matches_eager_at_llama_350m_shapes(level, dtype) -> None:
         for a, e in zip(got, expected, strict=True):
             assert a.dtype == e.dtype
             assert_agree(a, e, dtype)
+
+
+def test_the_fused_step_replays_from_a_cuda_graph_under_an_lr_schedule() -> None:
+    """The step's launch captured once in a CUDA graph, then replayed after each step's scalars
+    are written (bias corrections, a changing lr), gives the eager step's weights and states:
+    nothing that changes between steps is frozen into the graph (foam/triton_kernels.py)."""
+    from foam.triton_kernels import TritonGroup, _foam_step_kernel
+
+    schedule, dtype = (1e-3, 2e-3, 5e-4, 1e-4), torch.bfloat16
+    generator = torch.Generator(device=CUDA).manual_seed(0)
+    starts = [torch.randn(s, device=CUDA, generator=generator) * 0.02 for s in LLAMA_350M_MATRICES]
+    grads = [
+        [
+            torch.randn(s, device=CUDA, generator=generator).to(dtype) * 1e-3
+            for s in LLAMA_350M_MATRICES
+        ]
+        for _ in schedule
+    ]
+    params = [torch.nn.Parameter(start.to(dtype)) for start in starts]
+    eager = foam.FOAM(params, lr=schedule[0], level=2, weight_decay=0.1, implementation="eager")
+    group = eager.param_groups[0]
+    plans = [make_plan(p.shape, 2, group["fold_axis"]) for p in params]
+
+    def kernel_group(weights: list[torch.Tensor]) -> tuple[TritonGroup, list[torch.Tensor]]:
+        states = [
+            torch.zeros(plan.folded_shape, device=CUDA, dtype=dtype) for plan in plans for _ in "mv"
+        ]
+        return TritonGroup(weights, states[::2], states[1::2], plans), states
+
+    def write(kernel: TritonGroup, t: int) -> None:
+        bc1, bc2, _ = bias_corrections(group["bias_correction"], group["betas"], t)
+        kernel.write_scalars((bc1, bc2), StepScalars.of_group(group))
+
+    buffers = [torch.zeros_like(g) for g in grads[0]]
+    scratch, _ = kernel_group([start.to(dtype) for start in starts])
+    scratch.step(buffers, (1.0, 1.0), StepScalars.of_group(group))  # compiles, outside capture
+    weights = [start.to(dtype) for start in starts]
+    kernel, states = kernel_group(weights)
+    grid, args, constants = kernel.launch(buffers, mean_of_squares=False)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _foam_step_kernel[grid](*args, **constants)
+    for t, (lr, step_grads) in enumerate(zip(schedule, grads, strict=True), start=1):
+        group["lr"] = lr
+        for p, buffer, g in zip(params, buffers, step_grads, strict=True):
+            p.grad = g.clone()
+            buffer.copy_(g)
+        eager.step()
+        write(kernel, t)
+        graph.replay()
+    for k, p in enumerate(params):
+        state = eager.state[p]
+        assert_agree(weights[k], p.detach(), dtype)
+        assert_agree(states[2 * k], state["exp_avg"], dtype)
+        assert_agree(states[2 * k + 1], state["exp_avg_sq"], dtype)
 
 
 @pytest.mark.parametrize("name", ["foam", "foam_mini", "adamw"])
