@@ -5,11 +5,11 @@
 What CPU runs cannot reach: every optimizer (fused AdamW, Triton/CUDA kernels, bitsandbytes)
 stepping bf16 weights on the GPU, the Triton probe passing and the fused FOAM step matching the
 eager one at LLaMA-350M's matrix shapes (also replayed from a CUDA graph under an lr schedule),
-a warm optimizer step and a training step that never
-wait for the GPU (the real tiny LLaMA's forward and backward over padded and packed batches
-included), the padded batches on the flash kernel, the compiled loss, bf16 autocast, the weights being those of a CPU build, peak memory per phase,
-compiled decoder layers (trainer.compile's default there), and NCCL DDP with bucket-view
-gradients when two GPUs are present.
+a warm optimizer step and a training step that never wait for the GPU (the real tiny LLaMA's
+forward and backward over padded and packed batches included), the padded batches on the flash
+kernel, the compiled loss, bf16 autocast, the weights being those of a CPU build, peak memory
+per phase, compiled decoder layers (trainer.compile's default there), and NCCL DDP with
+bucket-view gradients when two GPUs are present.
 """
 
 from __future__ import annotations
