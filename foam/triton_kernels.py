@@ -56,6 +56,7 @@ VECTOR_BYTES = 16
 VECTOR_ELEMENTS = 8
 """Entries of the narrowest 128-bit vector (bfloat16): the multiple a row width or block length
 is known to be, for the compiler's vectorisation, up to this."""
+VECTOR = tl.constexpr(VECTOR_ELEMENTS)
 STEP_SCALARS = ("bc1", "bc2", "beta1", "beta2", "rho", "rho_sq", "eps", "step_size", "decay")
 """What a step's launch reads from the group's device tensor of scalars, in order: the bias
 corrections, then ``StepScalars.as_list()``."""
@@ -137,6 +138,25 @@ def _apply(p_ptrs, live, x, mean, m_hat, v_hat, scalars_ptr):
 
 
 @triton.jit
+def _moments(total, total_sq, count, m_ptrs, v_ptrs, live, scalars_ptr, MEAN_OF_SQUARES):
+    """The folded moments of blocks with sums ``total`` (of squares: ``total_sq``) over
+    ``count`` entries, read once and written once by the formulas of foam/numerics.py's
+    ``ema_``; returns the blocks' means and bias-corrected moments."""
+    mean = total / count
+    beta1, beta2 = tl.load(scalars_ptr + 2), tl.load(scalars_ptr + 3)
+    m = tl.load(m_ptrs, mask=live, other=0.0).to(tl.float32)
+    v = tl.load(v_ptrs, mask=live, other=0.0).to(tl.float32)
+    m = m + (1.0 - beta1) * (mean - m)
+    if MEAN_OF_SQUARES:
+        v = v + (1.0 - beta2) * (total_sq / count - v)
+    else:
+        v = v * beta2 + (1.0 - beta2) * mean * mean
+    tl.store(m_ptrs, _rounded(m, m_ptrs.dtype.element_ty), mask=live)
+    tl.store(v_ptrs, _rounded(v, v_ptrs.dtype.element_ty), mask=live)
+    return mean, m / tl.load(scalars_ptr), v / tl.load(scalars_ptr + 1)
+
+
+@triton.jit
 def _step_matrix(
     p_ptr,  # this matrix's tensors
     g_ptr,
@@ -195,21 +215,10 @@ def _step_matrix(
                 total_sq += _block_sums(x * x, 1, FOLD, ALONG_COLS)
         count = tl.maximum(tl.minimum(length - start, block), 1).to(tl.float32)
 
-    # the folded moments, read once and written once, by the formulas of foam/numerics.py's ema_
     s_at, s_live = _tile(blk, other_at, state_cols, blk < num_blocks, other_live, ALONG_COLS)
-    mean = total / count
-    beta1, beta2 = tl.load(scalars_ptr + 2), tl.load(scalars_ptr + 3)
-    m = tl.load(m_ptr + s_at, mask=s_live, other=0.0).to(tl.float32)
-    v = tl.load(v_ptr + s_at, mask=s_live, other=0.0).to(tl.float32)
-    m = m + (1.0 - beta1) * (mean - m)
-    if MEAN_OF_SQUARES:
-        v = v + (1.0 - beta2) * (total_sq / count - v)
-    else:
-        v = v * beta2 + (1.0 - beta2) * mean * mean
-    tl.store(m_ptr + s_at, _rounded(m, m_ptr.dtype.element_ty), mask=s_live)
-    tl.store(v_ptr + s_at, _rounded(v, v_ptr.dtype.element_ty), mask=s_live)
-    m_hat = m / tl.load(scalars_ptr)
-    v_hat = v / tl.load(scalars_ptr + 1)
+    mean, m_hat, v_hat = _moments(
+        total, total_sq, count, m_ptr + s_at, v_ptr + s_at, s_live, scalars_ptr, MEAN_OF_SQUARES
+    )
 
     if KP > 0:
         mean = _expand(mean, KP, ALONG_COLS)
@@ -221,6 +230,123 @@ def _step_matrix(
             at, live = _chunk(start, c0, i, block, length, other_at, other_live, cols, ALONG_COLS)
             x = tl.load(g_ptr + at, mask=live, other=0.0).to(tl.float32)
             _apply(p_ptr + at, live, x, mean, m_hat, v_hat, scalars_ptr)
+
+
+@triton.jit
+def _phased_window(
+    p_ptr,
+    g_ptr,
+    m_ptr,
+    v_ptr,
+    scalars_ptr,
+    row_at,  # [OTHER, 1]: element offset of each row's window 0
+    r,  # [OTHER]: the rows
+    row_live,
+    w,  # the window
+    cols,
+    num_blocks,
+    phase,  # each row's start, in entries past a 16-byte boundary (the same for all)
+    carry,  # [OTHER, 1] each: mean, m_hat, v_hat of the previous window's last block
+    carry_m_hat,
+    carry_v_hat,
+    MEAN_OF_SQUARES: tl.constexpr,
+    W: tl.constexpr,
+    B: tl.constexpr,  # the block: a power of two that divides W
+    MASKED: tl.constexpr,  # whether the window or the next one's first vector leaves a row
+):
+    """Window ``w`` of ``_step_phased``'s rows: ``W`` entries from the 16-byte boundary ``w * W
+    - phase`` columns into each row. Its blocks are those that start in it (at ``skip + j * B``,
+    ``skip = phase % B``), the last one ending ``skip`` entries into the next window's first
+    vector, which is read for its sums; its first ``skip`` entries end the previous window's
+    last block, whose values ``carry`` brings. Returns this window's last block's values."""
+    k = tl.arange(0, W)
+    col = w * W - phase + k
+    at = row_at + w * W + k[None, :]
+    ahead = tl.arange(0, VECTOR)
+    ahead_at = row_at + (w + 1) * W + ahead[None, :]
+    if MASKED:
+        live = row_live[:, None] & ((col >= 0) & (col < cols))[None, :]
+        ahead_live = row_live[:, None] & ((w + 1) * W - phase + ahead < cols)[None, :]
+    else:  # whole 128-bit vectors: masks constant along the rows
+        live = row_live[:, None] & (k < W)[None, :]
+        ahead_live = row_live[:, None] & (ahead < VECTOR)[None, :]
+    x = tl.load(g_ptr + at, mask=live, other=0.0).to(tl.float32)
+    x_ahead = tl.load(g_ptr + ahead_at, mask=ahead_live, other=0.0).to(tl.float32)
+    skip = phase % B
+    first = (w * W - phase + skip) // B  # the block that starts at `skip`: exact division
+    which = tl.where(k >= skip, (k - skip) // B, -1)[None, :]
+    mean = tl.broadcast_to(carry, (carry.shape[0], W))
+    m_hat = tl.broadcast_to(carry_m_hat, (carry.shape[0], W))
+    v_hat = tl.broadcast_to(carry_v_hat, (carry.shape[0], W))
+    ends = (ahead < skip)[None, :]  # the last block's entries in the next vector
+    for j in tl.static_range(W // B):
+        total = tl.sum(tl.where(which == j, x, 0.0), 1)
+        total_sq = tl.sum(tl.where(which == j, x * x, 0.0), 1) if MEAN_OF_SQUARES else total
+        if j == W // B - 1:
+            total += tl.sum(tl.where(ends, x_ahead, 0.0), 1)
+            if MEAN_OF_SQUARES:
+                total_sq += tl.sum(tl.where(ends, x_ahead * x_ahead, 0.0), 1)
+        blk = first + j + tl.zeros_like(r)  # per row, for the state's mask
+        count = tl.maximum(tl.minimum(cols - blk * B, B), 1).to(tl.float32)
+        s_at = r * num_blocks + blk
+        s_live = row_live & (blk >= 0) & (blk < num_blocks)
+        values = _moments(
+            total, total_sq, count, m_ptr + s_at, v_ptr + s_at, s_live, scalars_ptr, MEAN_OF_SQUARES
+        )
+        carry, carry_m_hat, carry_v_hat = values[0][:, None], values[1][:, None], values[2][:, None]
+        mean = tl.where(which == j, carry, mean)
+        m_hat = tl.where(which == j, carry_m_hat, m_hat)
+        v_hat = tl.where(which == j, carry_v_hat, v_hat)
+    _apply(p_ptr + at, live, x, mean, m_hat, v_hat, scalars_ptr)
+    return carry, carry_m_hat, carry_v_hat
+
+
+@triton.jit
+def _step_phased(
+    p_ptr,
+    g_ptr,
+    m_ptr,
+    v_ptr,
+    program,
+    geometry,
+    scalars_ptr,
+    MEAN_OF_SQUARES: tl.constexpr,
+    W: tl.constexpr,  # window along each row: max(B, a vector)
+    OTHER: tl.constexpr,  # rows of a tile
+    B: tl.constexpr,  # the block: a power of two up to ONE_PASS_BLOCK
+):
+    """One tile of a matrix folded along rows whose width is no multiple of a vector (see
+    ``Tiles.of``): ``OTHER`` rows ``VECTOR_ELEMENTS`` apart, which start the same number of
+    entries past a 16-byte boundary, walked whole in windows that start on such boundaries, so
+    every access but those of a row's first and last windows is a 128-bit vector."""
+    rows = tl.load(geometry).to(tl.int32)
+    cols = tl.load(geometry + 1).to(tl.int32)
+    num_blocks = tl.load(geometry + 3).to(tl.int32)
+    bands = tl.cdiv(rows, VECTOR * OTHER)
+    first_row = (program % bands) * VECTOR * OTHER + program // bands
+    phase = (first_row * cols) % VECTOR
+    i = tl.arange(0, OTHER)
+    r = first_row + VECTOR * i
+    row_live = r < rows
+    start = tl.multiple_of(first_row * cols - phase, VECTOR)
+    row_at = start + i[:, None] * (VECTOR * cols)
+    last = (cols + phase - 1) // W  # the window of the row's last entry
+    mean = tl.zeros((OTHER, 1), dtype=tl.float32)
+    m_hat, v_hat = mean, mean
+    mean, m_hat, v_hat = _phased_window(
+        p_ptr, g_ptr, m_ptr, v_ptr, scalars_ptr, row_at, r, row_live, 0, cols, num_blocks, phase,
+        mean, m_hat, v_hat, MEAN_OF_SQUARES, W, B, True,
+    )  # fmt: skip
+    for w in range(1, last - 1):  # whole vectors, the next window's first one included
+        mean, m_hat, v_hat = _phased_window(
+            p_ptr, g_ptr, m_ptr, v_ptr, scalars_ptr, row_at, r, row_live, w, cols, num_blocks,
+            phase, mean, m_hat, v_hat, MEAN_OF_SQUARES, W, B, False,
+        )  # fmt: skip
+    for w in range(tl.maximum(last - 1, 1), last + 1):
+        mean, m_hat, v_hat = _phased_window(
+            p_ptr, g_ptr, m_ptr, v_ptr, scalars_ptr, row_at, r, row_live, w, cols, num_blocks,
+            phase, mean, m_hat, v_hat, MEAN_OF_SQUARES, W, B, True,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -265,7 +391,21 @@ def _foam_step_kernel(
     kind = tl.load(row + 7)
     program -= tl.load(row + 8).to(tl.int32)
     for k in tl.static_range(len(KINDS)):  # one branch per tile shape; a program takes one
-        if kind == k:
+        if kind == k and KINDS[k][7]:
+            _step_phased(
+                p_ptr,
+                g_ptr,
+                m_ptr,
+                v_ptr,
+                program,
+                row + 3,
+                scalars_ptr,
+                MEAN_OF_SQUARES,
+                KINDS[k][1],
+                KINDS[k][2],
+                KINDS[k][3],
+            )
+        elif kind == k:
             _step_matrix(
                 p_ptr,
                 g_ptr,
@@ -298,9 +438,10 @@ class Tiles:
     blocks_multiple: int  # the same of the number of blocks (an along-columns state's width)
     block_multiple: int
     programs: int
+    phased: bool = False  # rows of one phase, walked whole (`_step_phased`)
 
     @property
-    def kind(self) -> tuple[bool, int, int, int, int, int, int]:
+    def kind(self) -> tuple[bool, int, int, int, int, int, int, bool]:
         """What ``_step_matrix`` is compiled for (the order the kernel reads): matrices of one
         kind share a branch."""
         return (
@@ -311,6 +452,7 @@ class Tiles:
             self.cols_multiple,
             self.blocks_multiple,
             self.block_multiple,
+            self.phased,
         )
 
     @classmethod
@@ -323,10 +465,16 @@ class Tiles:
         tall matrix: a band per 32 columns, so a 512-wide one has 16 programs, not 4).
 
         Rows whose width is no multiple of a vector (LLaMA-1B's 5461) start at addresses no
-        128-bit access can reach, so their entries move one at a time, each with its own 64-bit
-        address: those matrices get tiles of half the entries, which keeps the registers of a
-        thread within the occupancy bound."""
+        128-bit access of a tile's rectangle can reach. Folded along such rows, in blocks of a
+        power of two up to ``ONE_PASS_BLOCK`` shorter than a row, they are walked in windows
+        that start on 16-byte boundaries instead (``_phased``); otherwise (FOAM-Mini of such a
+        row, or folded along the rows) their entries move one at a time, each with its own
+        64-bit address: those matrices get tiles of half the entries, which keeps the registers
+        of a thread within the occupancy bound."""
         along_cols = plan.axis == 1
+        power = plan.block == triton.next_power_of_2(plan.block) <= ONE_PASS_BLOCK
+        if along_cols and plan.cols % VECTOR_ELEMENTS and power and plan.block < plan.cols:
+            return cls._phased(plan)
         length, width = (plan.cols, plan.rows) if along_cols else (plan.rows, plan.cols)
         cols_multiple = math.gcd(plan.cols, VECTOR_ELEMENTS)
         tile = TILE_ELEMENTS if cols_multiple == VECTOR_ELEMENTS else TILE_ELEMENTS // 2
@@ -354,6 +502,20 @@ class Tiles:
             math.gcd(plan.block, VECTOR_ELEMENTS),
             fold_tiles * triton.cdiv(width, other),
         )
+
+    @classmethod
+    def _phased(cls, plan: FoldPlan) -> Tiles:
+        """Tiles of a matrix folded along rows of a width that is no multiple of a vector:
+        ``VECTOR_ELEMENTS`` phases of rows (row ``r`` starts ``r * cols`` entries past a 16-byte
+        boundary, modulo a vector), each walked whole, ``TILE_ELEMENTS // window`` rows of one
+        phase at a time, in windows of a vector or a block (the longer) that start on 16-byte
+        boundaries. A block is no multiple of a vector then, so it may cross windows: a row
+        belongs to one program, which carries such a block's values to the next window."""
+        window = max(plan.block, VECTOR_ELEMENTS)
+        phase_rows = triton.cdiv(plan.rows, VECTOR_ELEMENTS)
+        other = min(TILE_ELEMENTS // 2 // window, triton.next_power_of_2(phase_rows))
+        programs = VECTOR_ELEMENTS * triton.cdiv(phase_rows, other)
+        return cls(True, window, other, plan.block, 1, 1, 1, programs, phased=True)
 
 
 def _addressing(tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, ...], int]:
