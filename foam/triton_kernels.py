@@ -60,6 +60,11 @@ VECTOR = tl.constexpr(VECTOR_ELEMENTS)
 STEP_SCALARS = ("bc1", "bc2", "beta1", "beta2", "rho", "rho_sq", "eps", "step_size", "decay")
 """What a step's launch reads from the group's device tensor of scalars, in order: the bias
 corrections, then ``StepScalars.as_list()``."""
+PHASED_RUN = tl.constexpr(16)
+"""Windows' worth of columns a program of a phased tile (``Tiles._phased``) steps (128 at a block
+of 4): a row split among programs gives enough of them (688 for LLaMA-1B's 2048 x 5461 at FOAM-2,
+not the 16 of whole rows), while only a program's first and last windows, of about 17, move
+entry by entry."""
 FIELDS = tl.constexpr(9)
 """Columns of a launch's table: offsets of p, m, v; rows, cols, block, num_blocks; kind; first
 program."""
@@ -124,17 +129,21 @@ def _expand(y, KP: tl.constexpr, ALONG_COLS: tl.constexpr):
 
 
 @triton.jit
-def _apply(p_ptrs, live, x, mean, m_hat, v_hat, scalars_ptr):
-    """``p = round(p * decay) - step_size * (m_hat + rho R) / (sqrt(v_hat + rho_sq R^2) + eps)``
-    with ``R = g - mean``, over one tile whose block values are given per entry. The scalars
-    are read here, where they are used, so that they hold no registers before."""
+def _direction(r, m_hat, v_hat, scalars_ptr):
+    """The update's direction per entry, ``(m_hat + rho R) / (sqrt(v_hat + rho_sq R^2) + eps)``,
+    from its residual ``R = g - mean`` and its block's bias-corrected moments. The scalars are
+    read here, where they are used, so that they hold no registers before."""
     rho, rho_sq, eps = tl.load(scalars_ptr + 4), tl.load(scalars_ptr + 5), tl.load(scalars_ptr + 6)
+    return (m_hat + rho * r) / (tl.sqrt(v_hat + rho_sq * r * r) + eps)
+
+
+@triton.jit
+def _descend(p_ptrs, live, direction, scalars_ptr):
+    """``p = round(p * decay) - step_size * direction`` over one tile, in place."""
     step_size, decay = tl.load(scalars_ptr + 7), tl.load(scalars_ptr + 8)
     p = tl.load(p_ptrs, mask=live, other=0.0).to(tl.float32)
     decayed = _rounded(p * decay, p_ptrs.dtype.element_ty).to(tl.float32)
-    r = x - mean
-    update = (m_hat + rho * r) / (tl.sqrt(v_hat + rho_sq * r * r) + eps)
-    tl.store(p_ptrs, _rounded(decayed - step_size * update, p_ptrs.dtype.element_ty), mask=live)
+    tl.store(p_ptrs, _rounded(decayed - step_size * direction, p_ptrs.dtype.element_ty), mask=live)
 
 
 @triton.jit
@@ -224,81 +233,133 @@ def _step_matrix(
         mean = _expand(mean, KP, ALONG_COLS)
         m_hat = _expand(m_hat, KP, ALONG_COLS)
         v_hat = _expand(v_hat, KP, ALONG_COLS)
-        _apply(p_ptr + at, live, x, mean, m_hat, v_hat, scalars_ptr)
+        _descend(p_ptr + at, live, _direction(x - mean, m_hat, v_hat, scalars_ptr), scalars_ptr)
     else:
         for c0 in range(0, block, FOLD):
             at, live = _chunk(start, c0, i, block, length, other_at, other_live, cols, ALONG_COLS)
             x = tl.load(g_ptr + at, mask=live, other=0.0).to(tl.float32)
-            _apply(p_ptr + at, live, x, mean, m_hat, v_hat, scalars_ptr)
+            direction = _direction(x - mean, m_hat, v_hat, scalars_ptr)
+            _descend(p_ptr + at, live, direction, scalars_ptr)
+
+
+@triton.jit
+def _phased_at(row_at, row_live, start, phase, lo, hi, N: tl.constexpr, EDGE: tl.constexpr):
+    """Element offsets and mask of ``N`` entries of ``_step_phased``'s rows, from the 16-byte
+    boundary ``start - phase`` columns into each row. Next to an edge of the program's columns
+    ``[lo, hi)`` they are masked entry by entry; elsewhere they lie inside them, so the mask is
+    the rows' alone, constant along a row, and their accesses are 128-bit vectors."""
+    k = tl.arange(0, N)
+    at = row_at + start + k[None, :]
+    if EDGE:
+        col = start - phase + k
+        live = row_live[:, None] & ((col >= lo) & (col < hi))[None, :]
+    else:
+        live = tl.broadcast_to(row_live[:, None], at.shape)
+    return at, live
+
+
+@triton.jit
+def _phased_load(ptr, row_at, row_live, start, phase, lo, hi, N: tl.constexpr, edge):
+    """``ptr``'s entries at ``_phased_at`` (zero where masked). ``edge`` is the program's, not a
+    row's, so one of the branches runs, and the other one's accesses are whole vectors."""
+    if edge:
+        at, live = _phased_at(row_at, row_live, start, phase, lo, hi, N, True)
+        x = tl.load(ptr + at, mask=live, other=0.0)
+    else:
+        at, live = _phased_at(row_at, row_live, start, phase, lo, hi, N, False)
+        x = tl.load(ptr + at, mask=live, other=0.0)
+    return x
+
+
+@triton.jit
+def _in_block(j, slot, late):
+    """Which entries of a window are in the ``j``-th block that starts in it. Blocks start
+    ``skip`` entries into the window's slots of a block each: an entry ``late`` in its slot
+    (``skip`` or more into it) is in the block that starts there, an earlier one in the
+    previous slot's. Said so rather than by each entry's block index, the compiler sees one
+    condition per position in a slot, where that index would cost registers for a condition
+    per entry and block (16 at a block of 4)."""
+    return ((slot == j) & late) | ((slot == j + 1) & ~late)
+
+
+@triton.jit
+def _of_block(slot, late, carry, values, q: tl.constexpr):
+    """Per entry of a window, value ``q`` of its block's ``_moments``: ``values`` of the
+    blocks that start in the window, ``carry`` of the one that crosses into it. Selected
+    where it is used, so that no per-entry copy of the three values is held at once."""
+    out = tl.broadcast_to(carry[:, None], (carry.shape[0], slot.shape[1]))
+    for j in tl.static_range(len(values)):
+        out = tl.where(_in_block(j, slot, late), values[j][q][:, None], out)
+    return out
 
 
 @triton.jit
 def _phased_window(
     p_ptr,
-    g_ptr,
     m_ptr,
     v_ptr,
     scalars_ptr,
+    x,  # [OTHER, W]: the window's gradient
+    ahead,  # [OTHER, VECTOR]: the next window's first vector of it
+    carry,  # [OTHER] each: mean, m_hat, v_hat of the block that crosses into the window
+    carry_m_hat,
+    carry_v_hat,
     row_at,  # [OTHER, 1]: element offset of each row's window 0
     r,  # [OTHER]: the rows
     row_live,
     w,  # the window
+    edge,  # whether it is the program's first or last
+    phase,  # the rows' start, in entries past a 16-byte boundary (the same for all)
+    lo,  # the program's columns: whole blocks
+    hi,
     cols,
     num_blocks,
-    phase,  # each row's start, in entries past a 16-byte boundary (the same for all)
-    carry,  # [OTHER, 1] each: mean, m_hat, v_hat of the previous window's last block
-    carry_m_hat,
-    carry_v_hat,
     MEAN_OF_SQUARES: tl.constexpr,
     W: tl.constexpr,
     B: tl.constexpr,  # the block: a power of two that divides W
-    MASKED: tl.constexpr,  # whether the window or the next one's first vector leaves a row
 ):
-    """Window ``w`` of ``_step_phased``'s rows: ``W`` entries from the 16-byte boundary ``w * W
-    - phase`` columns into each row. Its blocks are those that start in it (at ``skip + j * B``,
-    ``skip = phase % B``), the last one ending ``skip`` entries into the next window's first
-    vector, which is read for its sums; its first ``skip`` entries end the previous window's
-    last block, whose values ``carry`` brings. Returns this window's last block's values."""
+    """Window ``w`` of ``_step_phased``'s rows, in place. Its blocks are those that start in it
+    (at ``skip + j * B``, ``skip = phase % B``), the last one ending ``skip`` entries into the
+    next window (``ahead``); the program steps those that start in its columns. The window's
+    first ``skip`` entries end the previous window's last block, whose values ``carry``
+    brings. Returns this window's last block's values."""
     k = tl.arange(0, W)
-    col = w * W - phase + k
-    at = row_at + w * W + k[None, :]
-    ahead = tl.arange(0, VECTOR)
-    ahead_at = row_at + (w + 1) * W + ahead[None, :]
-    if MASKED:
-        live = row_live[:, None] & ((col >= 0) & (col < cols))[None, :]
-        ahead_live = row_live[:, None] & ((w + 1) * W - phase + ahead < cols)[None, :]
-    else:  # whole 128-bit vectors: masks constant along the rows
-        live = row_live[:, None] & (k < W)[None, :]
-        ahead_live = row_live[:, None] & (ahead < VECTOR)[None, :]
-    x = tl.load(g_ptr + at, mask=live, other=0.0).to(tl.float32)
-    x_ahead = tl.load(g_ptr + ahead_at, mask=ahead_live, other=0.0).to(tl.float32)
     skip = phase % B
     first = (w * W - phase + skip) // B  # the block that starts at `skip`: exact division
-    which = tl.where(k >= skip, (k - skip) // B, -1)[None, :]
-    mean = tl.broadcast_to(carry, (carry.shape[0], W))
-    m_hat = tl.broadcast_to(carry_m_hat, (carry.shape[0], W))
-    v_hat = tl.broadcast_to(carry_v_hat, (carry.shape[0], W))
-    ends = (ahead < skip)[None, :]  # the last block's entries in the next vector
+    slot = (k // B)[None, :]
+    late = (k % B >= skip)[None, :]
+    x = x.to(tl.float32)
+    ends = tl.where((tl.arange(0, VECTOR) < skip)[None, :], ahead.to(tl.float32), 0.0)
+    values = ()
     for j in tl.static_range(W // B):
-        total = tl.sum(tl.where(which == j, x, 0.0), 1)
-        total_sq = tl.sum(tl.where(which == j, x * x, 0.0), 1) if MEAN_OF_SQUARES else total
+        in_block = _in_block(j, slot, late)
+        total = tl.sum(tl.where(in_block, x, 0.0), 1)
+        total_sq = tl.sum(tl.where(in_block, x * x, 0.0), 1) if MEAN_OF_SQUARES else total
         if j == W // B - 1:
-            total += tl.sum(tl.where(ends, x_ahead, 0.0), 1)
+            total += tl.sum(ends, 1)
             if MEAN_OF_SQUARES:
-                total_sq += tl.sum(tl.where(ends, x_ahead * x_ahead, 0.0), 1)
-        blk = first + j + tl.zeros_like(r)  # per row, for the state's mask
+                total_sq += tl.sum(ends * ends, 1)
+        blk = first + j + tl.zeros_like(r)  # the same for every row; per row for the state's mask
         count = tl.maximum(tl.minimum(cols - blk * B, B), 1).to(tl.float32)
         s_at = r * num_blocks + blk
-        s_live = row_live & (blk >= 0) & (blk < num_blocks)
-        values = _moments(
-            total, total_sq, count, m_ptr + s_at, v_ptr + s_at, s_live, scalars_ptr, MEAN_OF_SQUARES
-        )
-        carry, carry_m_hat, carry_v_hat = values[0][:, None], values[1][:, None], values[2][:, None]
-        mean = tl.where(which == j, carry, mean)
-        m_hat = tl.where(which == j, carry_m_hat, m_hat)
-        v_hat = tl.where(which == j, carry_v_hat, v_hat)
-    _apply(p_ptr + at, live, x, mean, m_hat, v_hat, scalars_ptr)
-    return carry, carry_m_hat, carry_v_hat
+        s_live = row_live & (blk * B >= lo) & (blk * B < hi)
+        values += (
+            _moments(
+                total, total_sq, count, m_ptr + s_at, v_ptr + s_at, s_live, scalars_ptr,
+                MEAN_OF_SQUARES,
+            ),
+        )  # fmt: skip
+    residual = x - _of_block(slot, late, carry, values, 0)
+    m_hat = _of_block(slot, late, carry_m_hat, values, 1)
+    v_hat = _of_block(slot, late, carry_v_hat, values, 2)
+    direction = _direction(residual, m_hat, v_hat, scalars_ptr)
+    if edge:  # the parameter's accesses follow the gradient's (see `_phased_load`)
+        at, live = _phased_at(row_at, row_live, w * W, phase, lo, hi, W, True)
+        _descend(p_ptr + at, live, direction, scalars_ptr)
+    else:
+        at, live = _phased_at(row_at, row_live, w * W, phase, lo, hi, W, False)
+        _descend(p_ptr + at, live, direction, scalars_ptr)
+    return values[W // B - 1]
 
 
 @triton.jit
@@ -316,36 +377,37 @@ def _step_phased(
     B: tl.constexpr,  # the block: a power of two up to ONE_PASS_BLOCK
 ):
     """One tile of a matrix folded along rows whose width is no multiple of a vector (see
-    ``Tiles.of``): ``OTHER`` rows ``VECTOR_ELEMENTS`` apart, which start the same number of
-    entries past a 16-byte boundary, walked whole in windows that start on such boundaries, so
-    every access but those of a row's first and last windows is a 128-bit vector."""
+    ``Tiles._phased``): ``OTHER`` rows ``VECTOR_ELEMENTS`` apart, which start the same number of
+    entries past a 16-byte boundary, across ``PHASED_RUN`` windows' worth of whole blocks,
+    walked in windows that start on such boundaries, so every access but those of the first
+    and last windows is a 128-bit vector. A window's gradient is loaded again (from cache) as
+    the previous one's ``ahead`` rather than kept: that would hold its registers throughout."""
     rows = tl.load(geometry).to(tl.int32)
     cols = tl.load(geometry + 1).to(tl.int32)
     num_blocks = tl.load(geometry + 3).to(tl.int32)
-    bands = tl.cdiv(rows, VECTOR * OTHER)
-    first_row = (program % bands) * VECTOR * OTHER + program // bands
+    run: tl.constexpr = PHASED_RUN * W
+    runs = tl.cdiv(cols, run)
+    band = program // runs  # the one division: rows of one phase, then their columns
+    lo = (program - band * runs) * run
+    hi = tl.minimum(lo + run, cols)
+    first_row = (band // VECTOR) * VECTOR * OTHER + band % VECTOR
     phase = (first_row * cols) % VECTOR
     i = tl.arange(0, OTHER)
     r = first_row + VECTOR * i
     row_live = r < rows
-    start = tl.multiple_of(first_row * cols - phase, VECTOR)
-    row_at = start + i[:, None] * (VECTOR * cols)
-    last = (cols + phase - 1) // W  # the window of the row's last entry
-    mean = tl.zeros((OTHER, 1), dtype=tl.float32)
-    m_hat, v_hat = mean, mean
-    mean, m_hat, v_hat = _phased_window(
-        p_ptr, g_ptr, m_ptr, v_ptr, scalars_ptr, row_at, r, row_live, 0, cols, num_blocks, phase,
-        mean, m_hat, v_hat, MEAN_OF_SQUARES, W, B, True,
-    )  # fmt: skip
-    for w in range(1, last - 1):  # whole vectors, the next window's first one included
-        mean, m_hat, v_hat = _phased_window(
-            p_ptr, g_ptr, m_ptr, v_ptr, scalars_ptr, row_at, r, row_live, w, cols, num_blocks,
-            phase, mean, m_hat, v_hat, MEAN_OF_SQUARES, W, B, False,
-        )  # fmt: skip
-    for w in range(tl.maximum(last - 1, 1), last + 1):
-        mean, m_hat, v_hat = _phased_window(
-            p_ptr, g_ptr, m_ptr, v_ptr, scalars_ptr, row_at, r, row_live, w, cols, num_blocks,
-            phase, mean, m_hat, v_hat, MEAN_OF_SQUARES, W, B, True,
+    row_at = tl.multiple_of(first_row * cols - phase, VECTOR) + i[:, None] * (VECTOR * cols)
+    carry = tl.zeros((OTHER,), dtype=tl.float32)
+    carry_m_hat, carry_v_hat = carry, carry
+    w_lo, w_hi = (lo + phase) // W, (hi - 1 + phase) // W  # the edge windows
+    for w in range(w_lo, w_hi + 1):
+        edge = (w == w_lo) | (w == w_hi)
+        x = _phased_load(g_ptr, row_at, row_live, w * W, phase, lo, hi, W, edge)
+        ahead = _phased_load(
+            g_ptr, row_at, row_live, (w + 1) * W, phase, lo, hi, VECTOR, w + 1 >= w_hi
+        )
+        carry, carry_m_hat, carry_v_hat = _phased_window(
+            p_ptr, m_ptr, v_ptr, scalars_ptr, x, ahead, carry, carry_m_hat, carry_v_hat,
+            row_at, r, row_live, w, edge, phase, lo, hi, cols, num_blocks, MEAN_OF_SQUARES, W, B,
         )  # fmt: skip
 
 
@@ -507,14 +569,17 @@ class Tiles:
     def _phased(cls, plan: FoldPlan) -> Tiles:
         """Tiles of a matrix folded along rows of a width that is no multiple of a vector:
         ``VECTOR_ELEMENTS`` phases of rows (row ``r`` starts ``r * cols`` entries past a 16-byte
-        boundary, modulo a vector), each walked whole, ``TILE_ELEMENTS // window`` rows of one
-        phase at a time, in windows of a vector or a block (the longer) that start on 16-byte
-        boundaries. A block is no multiple of a vector then, so it may cross windows: a row
-        belongs to one program, which carries such a block's values to the next window."""
+        boundary, modulo a vector), ``TILE_ELEMENTS // 2 // window`` rows of one phase to a
+        program, each across ``PHASED_RUN`` windows of a vector or a block (the longer) that
+        start on 16-byte boundaries. A block is no multiple of a vector then, so it may cross
+        windows: it belongs to the program its first entry is in, which carries its values to
+        the next window, so a program's columns are whole blocks and its first and last windows
+        are masked entry by entry."""
         window = max(plan.block, VECTOR_ELEMENTS)
         phase_rows = triton.cdiv(plan.rows, VECTOR_ELEMENTS)
         other = min(TILE_ELEMENTS // 2 // window, triton.next_power_of_2(phase_rows))
-        programs = VECTOR_ELEMENTS * triton.cdiv(phase_rows, other)
+        runs = triton.cdiv(plan.cols, PHASED_RUN * window)
+        programs = VECTOR_ELEMENTS * triton.cdiv(phase_rows, other) * runs
         return cls(True, window, other, plan.block, 1, 1, 1, programs, phased=True)
 
 
