@@ -154,13 +154,23 @@ def test_bad_implementation_is_a_clear_error():
 TRITON_CASES = [c for c in CASES if c[2] == torch.bfloat16 or c[3] in ({}, OPTIONS[2])][::3]
 # Several matrices in one call, grouped into launches by shape: blocks longer than a tile holds
 # ("mini" of a 300-entry axis: two passes, along the columns and along the rows, with a shorter
-# last chunk), several blocks to a tile with a tail (level 3 of 300), an unaligned first matrix.
+# last chunk), several blocks to a tile with a tail (level 3 of 300), an unaligned first matrix;
+# rows whose width is no multiple of a vector walked in windows on 16-byte boundaries (300, 20,
+# 37, 45, 133: blocks of 2 to 16 that cross windows, a program's first and last windows masked;
+# 300 and 133 wide: two or three programs along a row, whose columns end inside a window).
 TRITON_GROUPS = [
     ([(12, 300), (300, 12), (12, 300), (24, 20), (300, 12)], level, dtype, options)
     for level, dtype, options in [
         ("mini", torch.bfloat16, {"state_dtype": "float32"}),
         ("mini", torch.float32, {"second_moment": "mean_of_squares"}),
         (3, torch.bfloat16, {}),
+    ]
+] + [  # rows of no whole 128-bit vectors (37, 45, 133 or 20 wide), folded along them or across
+    ([(20, 37), (37, 20), (9, 45), (9, 133)], level, dtype, options)
+    for level, dtype, options in [
+        (2, torch.bfloat16, {}),
+        (1, torch.float32, {"fold_axis": "last", "second_moment": "mean_of_squares"}),
+        (4, torch.bfloat16, {"state_dtype": "float32", "weight_decay": 0.1}),
     ]
 ]
 
