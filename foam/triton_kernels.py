@@ -628,18 +628,22 @@ class TritonGroup:
         (p_at, p_align), (m_at, m_align), (v_at, v_align) = map(
             _addressing, (params, exp_avgs, exp_avg_sqs)
         )
-        firsts = itertools.accumulate((t.programs for t in tiles), initial=0)
+        # Phased programs each walk several tiles' worth: first in the launch, they do not leave
+        # a tail of long programs when the short ones have run out.
+        order = sorted(range(len(tiles)), key=lambda k: not tiles[k].phased)
+        firsts = itertools.accumulate((tiles[k].programs for k in order), initial=0)
+        first = dict(zip(order, firsts, strict=False))  # firsts has one more: the end
         geometry = [(plan.rows, plan.cols, plan.block, plan.num_blocks) for plan in plans]
         rows = [
-            (*at, *shape, self.kinds.index(t.kind), first)
-            for *at, shape, t, first in zip(p_at, m_at, v_at, geometry, tiles, firsts, strict=False)
-        ]  # firsts has one more: the end
+            (*at, *shape, self.kinds.index(t.kind), first[k])
+            for k, (*at, shape, t) in enumerate(zip(p_at, m_at, v_at, geometry, tiles, strict=True))
+        ]
         self.device = device = params[0].device
         self.table = torch.tensor(rows, dtype=torch.int64).to(device)
-        programs = torch.tensor([t.programs for t in tiles])
-        self.owner = torch.repeat_interleave(
-            torch.arange(len(plans), dtype=torch.int32), programs
-        ).to(device)
+        programs = torch.tensor([tiles[k].programs for k in order])
+        self.owner = torch.repeat_interleave(torch.tensor(order, dtype=torch.int32), programs).to(
+            device
+        )
         self.g_offsets = torch.zeros(len(plans), dtype=torch.int64, device=device)
         self.g_moved_from: tuple[int, ...] | None = None
         self.scalars = torch.zeros(len(STEP_SCALARS), dtype=torch.float32, device=device)

@@ -276,7 +276,13 @@ def test_one_launch_steps_every_matrix_of_any_shape():
     assert constants["KINDS"] == tuple(dict.fromkeys(t.kind for t in tiles))
     assert {kind[0] for kind in constants["KINDS"]} == {True, False}  # both fold axes
     firsts = group.table[:, 8].tolist()
-    assert firsts == [sum(t.programs for t in tiles[:k]) for k in range(len(tiles))]
+    for k, tile in enumerate(tiles):  # each matrix's programs in one run from its first
+        assert group.owner[firsts[k] : firsts[k] + tile.programs].eq(k).all()
+    phased = [t.phased for t in tiles]
+    assert any(phased) and not all(phased)
+    assert [phased[k] for k in group.owner.unique_consecutive().tolist()] == sorted(
+        phased, reverse=True
+    )  # the phased ones, which walk several tiles a program, first
 
 
 def test_a_launch_addresses_each_matrix_from_the_first_and_vectorises_only_aligned_ones():
