@@ -306,7 +306,12 @@ class Study:
     _guard: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        self.slots = PrioritySlots(self.jobs)
+        self.slots = PrioritySlots(self.jobs, self.lane_limits())
+
+    def lane_limits(self) -> dict[str, int]:
+        """The most slots a stage's runs hold while another stage's wait (``PrioritySlots``):
+        none here; a later study's driver may limit its long runs."""
+        return {}
 
     def lock(self, run_dir: Path) -> threading.Lock:
         """One lock per run directory: AdamW and its control may ask for the same point."""

@@ -33,7 +33,6 @@ from repro.reproduce_cpu import (
     METHODS,
     MODEL,
     Method,
-    PrioritySlots,
     Setting,
     Study,
 )
@@ -150,9 +149,11 @@ class StudyV4(Study):
     def __init__(self, *args, long_data: Path | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.long_data = long_data
-        # Q3's runs take 2-3 h each: while a 1,000-step run waits, they hold one slot, so that
-        # every working session moves Q1 and Q2 as well as Q3 (PROTOCOL.md v4, "Schedule note").
-        self.slots = PrioritySlots(self.jobs, lane_limits={LONG: max(1, self.jobs - 1)})
+
+    def lane_limits(self) -> dict[str, int]:
+        """Q3's runs take 2-3 h each: while a 1,000-step run waits, they hold one slot, so that
+        every working session moves Q1 and Q2 as well as Q3 (PROTOCOL.md v4, "Schedule note")."""
+        return {LONG: max(1, self.jobs - 1)}
 
     def protocol(self, stage: str, seed: int) -> list[str]:
         if stage == LONG:
