@@ -16,7 +16,8 @@ its best lr of each stage, and FOAM-2's alpha at the paper's lr paired over seed
 with ``--curves`` also ``alpha_MODEL.png``, and the ablation figures ``ablations_MODEL.png``) and
 the commits the runs came from (``provenance.md``).
 With ``--v4 V3_RUNS``, the v4 study's readings on the test split instead (``v4.md``,
-``repro/tables/v4.py``) and its ``provenance.md``.
+``repro/tables/v4.py``), where each of its walks stands (``walks.md``,
+``repro/tables/walks_v4.py``) and its ``provenance.md``.
 Output is deterministic, so committed tables regenerate byte for byte.
 """
 
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from repro.methods import TABLE2
 from repro.study_points import CONTROL, best_points, load_points
+from repro.study_v4 import Q3
 from repro.tables.ablations import ablation_table, plot_ablations
 from repro.tables.alpha import alpha_table, plot_alpha
 from repro.tables.carry_over import carry_over_table
@@ -37,22 +39,27 @@ from repro.tables.provenance import provenance
 from repro.tables.sweep_points import sweep_table
 from repro.tables.table2 import table2
 from repro.tables.table3 import table3
-from repro.tables.v4 import q3_best, v4_table
+from repro.tables.v4 import question_best, v4_table
 from repro.tables.views import views_table
+from repro.tables.walks_v4 import walks_table
 
 
 def write_v4(root: Path, v3_root: Path, out: Path | None, curves: bool) -> int:
     """v4's tables; with ``curves``, Q3's validation curves (the mean of each row's 3 seeds at
     each evaluation, every 500 steps), once a row has its seeds."""
     points = load_points(root, metric="final_test_ppl")
-    outputs = {"v4.md": v4_table(points, load_points(v3_root)), "provenance.md": provenance(points)}
+    outputs = {
+        "v4.md": v4_table(points, load_points(v3_root)),
+        "walks.md": walks_table(root, v3_root),
+        "provenance.md": provenance(points),
+    }
     if out is None:
         print(outputs["v4.md"])
         return 0
     out.mkdir(parents=True, exist_ok=True)
     for name, text in outputs.items():
         (out / name).write_text(text)
-    if curves and (q3 := q3_best(points)):
+    if curves and (q3 := question_best(points, Q3)):
         plot_curves(q3, out, stem="curves_q3", what=", 10,000 steps on the long corpus (v4 Q3)")
     print(f"wrote {', '.join(sorted(outputs))} to {out}")
     return 0
@@ -68,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         "--v4",
         type=Path,
         metavar="V3_RUNS",
-        help="read ROOT as the v4 study's runs (on the test split) and write v4.md and "
-        "provenance.md; V3_RUNS are v3's, for the check that v4 repeats them",
+        help="read ROOT as the v4 study's runs (on the test split) and write v4.md, walks.md "
+        "and provenance.md; V3_RUNS are v3's (walk data, and the check that v4 repeats them)",
     )
     args = parser.parse_args(argv)
     if args.v4:

@@ -231,6 +231,19 @@ def run_priority(stage: str, seed: int) -> tuple[int, int]:
     return seed, stage != "search"
 
 
+def walk_front(
+    seen: Mapping[Setting, float],
+    start: Setting,
+    neighbours: Callable[[Setting, Method], list[Setting]],
+    method: Method,
+) -> tuple[Setting, list[Setting]]:
+    """Where a coordinate walk stands: its best point so far (``start`` before any run) and the
+    runs it waits on there, the point and those of its ``neighbours`` not run yet; none left
+    means the point is bracketed (every neighbour run, none better)."""
+    best = min(seen, key=lambda s: (seen[s], s), default=start)
+    return best, [s for s in (best, *neighbours(best, method)) if s not in seen]
+
+
 class PrioritySlots:
     """``jobs`` slots, each freed one handed to the waiting run with the smallest priority (the
     earliest to ask among equals), where a semaphore serves them in the order they asked.
@@ -405,9 +418,8 @@ class Study:
         until the best point's ``neighbours`` have all been run and are worse; None in a dry run,
         where the rest depends on results."""
         seen = dict(seen or {})
-        best = min(seen, key=lambda s: (seen[s], s), default=start)
         while True:
-            todo = [s for s in (best, *neighbours(best, method)) if s not in seen]
+            best, todo = walk_front(seen, start, neighbours, method)
             if not todo:
                 return best
             with ThreadPoolExecutor(max_workers=len(todo)) as pool:
@@ -419,7 +431,6 @@ class Study:
                     if ppl is None:
                         return None
                     seen[setting] = ppl
-            best = min(seen, key=lambda s: (seen[s], s))
 
     def search(self, method: Method) -> Setting | None:
         """The best point of every axis at the search's length.

@@ -143,12 +143,43 @@ def two_lrs(s: Setting, m: Method) -> list[Setting]:
     return [scaled(s, 0.5, 2.0), scaled(s, 2.0, 0.5), scaled(s, 1.0, 0.5), scaled(s, 1.0, 2.0)]
 
 
-class StudyV4(Study):
-    """v3's ``Study`` with v4's runs: the test split scored, v3's validation set, Q3's length."""
+def everywhere(setting: Setting) -> bool:
+    return True
 
-    def __init__(self, *args, long_data: Path | None = None, **kwargs) -> None:
+
+def at_shared_lr(setting: Setting) -> bool:
+    return setting.lr == SHARED_LR
+
+
+@dataclass(frozen=True)
+class Question:
+    """One of v4's questions as its driver runs it and its tables read it: the rows, the
+    neighbours each walk brackets its point in, the points it may walk to (``keep``), and the
+    seeds run at the walked point."""
+
+    name: str
+    stage: str
+    rows: tuple[Row, ...]
+    neighbours: Callable[[Setting, Method], list[Setting]]
+    seeds: tuple[int, ...]
+    keep: Callable[[Setting], bool] = everywhere
+
+
+Q1 = Question("Q1", FULL, Q1_ROWS, eight_directions, Q1_SEEDS)
+Q2 = Question("Q2", FULL, Q2_ROWS, matrices_only, SEEDS, at_shared_lr)
+Q3 = Question("Q3", LONG, Q3_ROWS, two_lrs, SEEDS)
+
+
+class StudyV4(Study):
+    """v3's ``Study`` with v4's runs: the test split scored, v3's validation set, Q3's length.
+    ``v3_runs``: v3's committed runs, read as walk data (``v3_seed0_runs``)."""
+
+    def __init__(
+        self, *args, long_data: Path | None = None, v3_runs: Path = V3_RUNS, **kwargs
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.long_data = long_data
+        self.v3_runs = v3_runs
 
     def lane_limits(self) -> dict[str, int]:
         """Q3's runs take 2-3 h each: while a 1,000-step run waits, they hold one slot, so that
@@ -188,12 +219,12 @@ class StudyV4(Study):
             s: p for s, p in self.seed0_runs(stage, row.method).items() if s.gap == row.start.gap
         }
         if stage == FULL:
-            done = {**v3_seed0_runs(row), **done}
+            done = {**v3_seed0_runs(self.v3_runs, row), **done}
         return {s: p for s, p in done.items() if keep(s)}
 
-    def walk(self, stage: str, row: Row, neighbours, keep=lambda s: True) -> Setting | None:
-        seen = self.walk_data(stage, row, keep)
-        return self.descend(stage, row.method, row.start, neighbours, seen)
+    def walk(self, question: Question, row: Row) -> Setting | None:
+        seen = self.walk_data(question.stage, row, question.keep)
+        return self.descend(question.stage, row.method, row.start, question.neighbours, seen)
 
     def seeds(self, stage: str, row: Row, point: Setting, seeds: tuple[int, ...]) -> None:
         m = row.method
@@ -204,17 +235,14 @@ class StudyV4(Study):
                 )
             )
 
-    def question(self, stage: str, row: Row, neighbours, seeds, keep=lambda s: True) -> None:
-        point = self.walk(stage, row, neighbours, keep)
+    def question(self, question: Question, row: Row) -> None:
+        point = self.walk(question, row)
         if point is not None:
-            self.seeds(stage, row, point, seeds)
+            self.seeds(question.stage, row, point, question.seeds)
 
     def all(self) -> None:
-        jobs = [(FULL, row, eight_directions, Q1_SEEDS) for row in Q1_ROWS]
-        shared = lambda s: s.lr == SHARED_LR  # noqa: E731
-        jobs += [(FULL, row, matrices_only, SEEDS, shared) for row in Q2_ROWS]
-        if self.long_data is not None:
-            jobs += [(LONG, row, two_lrs, SEEDS) for row in Q3_ROWS]
+        questions = (Q1, Q2, *([Q3] if self.long_data is not None else []))
+        jobs = [(q, row) for q in questions for row in q.rows]
         with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
             # The slots wait while the finished runs are looked up, so the first runs to start
             # are the most urgent of all that can (Q3's rows in their order), not the first asked.
@@ -225,10 +253,10 @@ class StudyV4(Study):
                 future.result()
 
 
-def v3_seed0_runs(row: Row) -> dict[Setting, float]:
-    """v3's committed full-length seed-0 runs of the row's method at its gap."""
+def v3_seed0_runs(v3_runs: Path, row: Row) -> dict[Setting, float]:
+    """v3's committed full-length seed-0 runs (under ``v3_runs``) of the row's method at its gap."""
     done: dict[Setting, float] = {}
-    for run_dir in sorted((V3_RUNS / FULL / MODEL / row.method.name).glob("*_seed0")):
+    for run_dir in sorted((v3_runs / FULL / MODEL / row.method.name).glob("*_seed0")):
         fields = run_dir_fields(run_dir.name)
         if fields is None or fields[2] != row.start.gap:
             continue

@@ -82,14 +82,13 @@ def write_summary(run_dir: Path, ppl: float) -> None:
     (run_dir / "summary.json").write_text(json.dumps({"final_val_ppl": ppl}))
 
 
-def test_walks_go_on_from_v3s_full_length_runs_and_q2_keeps_the_shared_lr(tmp_path, monkeypatch):
+def test_walks_go_on_from_v3s_full_length_runs_and_q2_keeps_the_shared_lr(tmp_path):
     v3 = tmp_path / "v3"
-    monkeypatch.setattr(study_v4, "V3_RUNS", v3)
     method_dir = v3 / "final" / "llama_2m" / "foam2"
     for name, ppl in (("lr0.04_alpha0.0625", 79.6), ("lr0.08_alpha0.0625", 81.0)):
         write_summary(method_dir / f"{name}_seed0", ppl)
     write_summary(method_dir / "lr0.04_alpha0.0625_seed1", 70.0)  # not a walk run
-    study = StudyV4(tmp_path / "data", tmp_path / "runs", 2, finished=tmp_path / "v4")
+    study = StudyV4(tmp_path / "data", tmp_path / "runs", 2, finished=tmp_path / "v4", v3_runs=v3)
     ran: list[Setting] = []
 
     def run(stage, name, optim, setting, seed, overrides=()):
@@ -97,11 +96,10 @@ def test_walks_go_on_from_v3s_full_length_runs_and_q2_keeps_the_shared_lr(tmp_pa
         return 80.0 + abs(math.log2(setting.lr * setting.alpha / 0.0025))
 
     study.run = run
-    assert study.walk(FULL, FOAM2, eight_directions) == Setting(0.04, 0.0625, None)
+    assert study.walk(study_v4.Q1, FOAM2) == Setting(0.04, 0.0625, None)
     assert len(ran) == 7 and Setting(0.08, 0.0625, None) not in ran  # v3 ran it
     ran.clear()
-    keep = lambda s: s.lr == study_v4.SHARED_LR  # noqa: E731
-    assert study.walk(FULL, FOAM2, matrices_only, keep) == Setting(0.04, 0.0625, None)
+    assert study.walk(study_v4.Q2, FOAM2) == Setting(0.04, 0.0625, None)
     assert {s.lr for s in ran} == {0.04}
 
 

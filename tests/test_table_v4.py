@@ -8,8 +8,11 @@ import pytest
 from scipy.stats import ttest_rel
 
 from repro.make_tables import main as make_tables
+from repro import study_v4
 from repro.study_points import load_points
+from repro.study_v4 import StudyV4
 from repro.tables.v4 import v4_table
+from repro.tables.walks_v4 import walks_table
 
 
 def write_run(root: Path, stage: str, method: str, point: str, seed: int, val: float, test: float):
@@ -82,7 +85,7 @@ def test_make_tables_writes_v4_and_its_provenance(study, tmp_path):
     v4, v3 = study
     out = tmp_path / "tables"
     assert make_tables([str(v4), "--v4", str(v3), "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["provenance.md", "v4.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["provenance.md", "v4.md", "walks.md"]
     assert "| abc1234 | spm:test | 23 |" in (out / "provenance.md").read_text()
 
 
@@ -103,3 +106,42 @@ def test_q3_curves_are_drawn_once_a_row_has_its_three_seeds(study, tmp_path):
     assert make_tables([str(v4), "--v4", str(v3), "--out", str(out), "--curves"]) == 0
     assert [p.name for p in out.glob("*.png")] == ["curves_q3_llama_2m.png"]
     assert "| FOAM-2 | 0.04, alpha 0.0625 | 42.00" in (out / "v4.md").read_text()
+
+
+def walk_runs(tmp_path: Path) -> tuple[Path, Path]:
+    """FOAM-2 at 0.04/0.0625 best (v3), seven of its eight Q1 neighbours run (v3 or v4, all
+    worse), 0.08/0.125 missing; seeds 0-1 of the point run in v4."""
+    v4, v3 = tmp_path / "v4", tmp_path / "v3"
+    write_run(v3, "final", "foam2", "lr0.04_alpha0.0625", 0, 79.6, 0.0)
+    neighbours = {
+        "lr0.02_alpha0.03125": 85.8,
+        "lr0.02_alpha0.0625": 81.5,
+        "lr0.04_alpha0.03125": 81.3,
+        "lr0.04_alpha0.125": 91.7,
+        "lr0.08_alpha0.0625": 83.2,
+    }
+    for name, ppl in neighbours.items():
+        write_run(v3, "final", "foam2", name, 0, ppl, 0.0)
+    for name, ppl in (("lr0.02_alpha0.125", 80.5), ("lr0.08_alpha0.03125", 82.7)):
+        write_run(v4, "final", "foam2", name, 0, ppl, 88.0)
+    for seed in (0, 1):
+        write_run(v4, "final", "foam2", "lr0.04_alpha0.0625", seed, 79.6, 86.0)
+    return v4, v3
+
+
+def test_walks_show_each_rows_point_its_neighbours_and_what_the_driver_still_runs(tmp_path):
+    v4, v3 = walk_runs(tmp_path)
+    text = walks_table(v4, v3)
+    q1, q2 = text.split("## Q1")[1].split("## Q2")
+    foam2 = next(line for line in q1.splitlines() if line.startswith("| FOAM-2 |"))
+    assert "| 0.04, 0.0625: 79.60 |" in foam2  # seed 0 ran in v4 too: not marked (v3)
+    assert "0.02, 0.0625: 81.50 (v3)" in foam2 and "0.02, 0.125: 80.50;" in foam2
+    assert "0.08, 0.125: to run" in foam2 and "| waits on 1 run | 2 of 8 |" in foam2
+    q2_foam2 = next(line for line in q2.splitlines() if line.startswith("| FOAM-2 |"))
+    assert q2_foam2.endswith("| bracketed | 2 of 3 |")  # Q2 walks the matrices' lr only
+    assert "| Muon, module-wise lr | 0.08, 0.03125 (start) | - | not started | - |" in q1
+
+    # The table's "to run" is what the driver would run next on the same runs.
+    driver = StudyV4(tmp_path / "data", tmp_path / "runs", 1, dry_run=True, finished=v4, v3_runs=v3)
+    driver.walk(study_v4.Q1, study_v4.Q1_ROWS[0])
+    assert [d.name for d in driver.planned] == ["lr0.08_alpha0.125_seed0"]

@@ -24,8 +24,9 @@ import numpy as np
 
 from repro.paired_stats import ORDER_SEEDS
 from repro.paper_perplexity import paper_ppl
+from repro.reproduce_cpu import Setting
 from repro.study_points import CONTROL, Point, fmt_ppl, row_label, row_of
-from repro.study_v4 import FULL, LONG, Q1_ROWS, Q1_SEEDS, Q2_ROWS, Q3_ROWS, SEEDS, SHARED_LR, Row
+from repro.study_v4 import Q1, Q2, Q3, SHARED_LR, Question, Row
 from repro.tables.views import bootstrap_tau, kendall_tau, paired_lines, reversed_pairs, tau_line
 
 MODEL = "llama_2m"
@@ -64,14 +65,20 @@ def restricted(point: Point, seeds: tuple[int, ...]) -> Point:
     )
 
 
-def question_best(points: list[Point], stage: str, rows: tuple[Row, ...], keep, seeds) -> Best:
-    """Each row's walked point read over ``seeds``, once it has all of them: a row still walking
-    (its seed-0 runs) or still running its seeds is not in the question yet."""
+def setting(point: Point) -> Setting:
+    k = point.key
+    return Setting(k.lr, k.alpha_or_none, k.gap or None)
+
+
+def question_best(points: list[Point], question: Question) -> Best:
+    """Each row's walked point read over the question's seeds, once it has all of them: a row
+    still walking (its seed-0 runs) or still running its seeds is not in the question yet."""
     best: Best = {}
-    for row in rows:
-        point = walked(points, stage, table_row(row), keep)
-        if point is not None and set(seeds) <= set(point.ppl_by_seed):
-            best[(MODEL, table_row(row))] = restricted(point, seeds)
+    keep = lambda p: question.keep(setting(p))  # noqa: E731
+    for row in question.rows:
+        point = walked(points, question.stage, table_row(row), keep)
+        if point is not None and set(question.seeds) <= set(point.ppl_by_seed):
+            best[(MODEL, table_row(row))] = restricted(point, question.seeds)
     return best
 
 
@@ -150,18 +157,10 @@ def reproduced(v4: list[Point], v3: list[Point]) -> str:
     return "\n".join(lines)
 
 
-def q3_best(v4: list[Point]) -> Best:
-    """Q3's rows that have their 3 seeds, at their walked points."""
-    return question_best(v4, LONG, Q3_ROWS, lambda p: True, SEEDS)
-
-
 def v4_table(v4: list[Point], v3: list[Point]) -> str:
     """``v4.md``: ``v4`` read on the test split (``load_points(..., "final_test_ppl")``), ``v3``
     the v3 runs (validation) for the reproduction check."""
-    shared_lr = lambda p: p.key.lr == SHARED_LR  # noqa: E731
-    q1 = question_best(v4, FULL, Q1_ROWS, lambda p: True, Q1_SEEDS)
-    q2 = question_best(v4, FULL, Q2_ROWS, shared_lr, SEEDS)
-    q3 = q3_best(v4)
+    q1, q2, q3 = (question_best(v4, q) for q in (Q1, Q2, Q3))
     head = [
         "# v4 (PROTOCOL.md, amendment of 2026-11-28): every number on the test split",
         "",
@@ -174,10 +173,10 @@ def v4_table(v4: list[Point], v3: list[Point]) -> str:
         reproduced(v4, v3),
         "",
     ]
-    body = question("Q1: confirmation at n = 8 (1,000 steps)", q1, Q1_ROWS, tau=False)
+    body = question("Q1: confirmation at n = 8 (1,000 steps)", q1, Q1.rows, tau=False)
     body += question(
-        f"Q2: one non-matrix lr ({SHARED_LR:g}) for every row, seeds 0-2", q2, Q2_ROWS, tau=True
+        f"Q2: one non-matrix lr ({SHARED_LR:g}) for every row, seeds 0-2", q2, Q2.rows, tau=True
     )
-    body += question("Q3: twenty tokens per parameter (10,000 steps)", q3, Q3_ROWS, tau=False)
+    body += question("Q3: twenty tokens per parameter (10,000 steps)", q3, Q3.rows, tau=False)
     body += [order_carries_over(q1, q3), ""]
     return "\n".join(head + body)
