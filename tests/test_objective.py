@@ -148,6 +148,9 @@ def test_tiny_gpt2_and_deberta_pretrain_through_the_cli(tmp_path, model, objecti
     run([*command(run_dir, *overrides, tiny=False), f"+model={model}", *tiny])
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["model"] == model
+    env = summary["environment"]  # what a bit-for-bit repeat of the run needs to match
+    assert env["torch"] == torch.__version__ and env["threads"] >= 1
+    assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and env["cpu"]
     evaluated = summary["eval_history"][-1]
     assert 100 < evaluated["val_ppl"] < 1e6  # near chance on 32000 ids after two steps
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from scipy.stats import ttest_rel
 
-from repro.make_tables import main as make_tables
 from repro import study_v4
+from repro.make_tables import main as make_tables
 from repro.study_points import load_points
 from repro.study_v4 import StudyV4
 from repro.tables.v4 import v4_table

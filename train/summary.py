@@ -37,6 +37,9 @@ step_s_estimated            seconds per optimizer step said before the first ste
 step_s_measured             seconds per step over its first logged interval past step 1 (null
                             when the segment logged none)
 git_sha                     commit of the code (suffixed ``-dirty`` with uncommitted changes)
+environment                 what the numbers also depend on (``environment()``): torch version,
+                            CPU model, the CPU kernels' instruction set, intra-op threads, GPU
+                            name; of the segment that finished the run
 model                       model config name (e.g. llama_350m)
 optim                       optim config name (e.g. foam2)
 optim_name                  registry name passed to foam.build_optimizer (e.g. foam)
@@ -67,9 +70,12 @@ git_sha).
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from train.metrics import mfu
 from train.state import TrainState
@@ -101,6 +107,31 @@ def git_sha() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"{sha}-dirty" if dirty else sha
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, ``platform.processor()`` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def environment() -> dict[str, Any]:
+    """What a run's numbers depend on beyond its code and config: two runs of one commit agree to
+    the last bit only with the same torch build, kernels (the instruction set torch's CPU kernels
+    were dispatched for: AVX2 and AVX512 round differently) and thread count; the CPU study found
+    a committed run it could not reproduce and nothing recorded to say why."""
+    return {
+        "torch": torch.__version__,
+        "cpu": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
 
 
 def build_summary(
@@ -141,6 +172,7 @@ def build_summary(
         "step_s_estimated": step_s_estimated,
         "step_s_measured": step_s_measured,
         "git_sha": git_sha(),
+        "environment": environment(),
         "model": cfg.model.name,
         "optim": optim_choice,
         "optim_name": cfg.optim.name,
