@@ -42,17 +42,10 @@ def row_line(study: StudyV4, question: Question, row: Row) -> str:
 
     around = "; ".join(point(s) for s in question.neighbours(best, row.method))
     state = "bracketed" if not todo else f"waits on {len(todo)} run{'s' * (len(todo) > 1)}"
-    name = row.method.name
-    seeds = [
-        s
-        for s in question.seeds
-        if study.result(study.run_dir(question.stage, name, best, s)) is not None
-    ]
+    run_dirs = [study.run_dir(question.stage, row.method.name, best, s) for s in question.seeds]
+    seeds = sum(study.result(d) is not None for d in run_dirs)
     gap = "" if best.gap is None else f", gap {best.gap}"
-    return (
-        f"| {label} | {point(best)}{gap} | {around} | {state} | "
-        f"{len(seeds)} of {len(question.seeds)} |"
-    )
+    return f"| {label} | {point(best)}{gap} | {around} | {state} | {seeds} of {len(run_dirs)} |"
 
 
 TITLES = {
