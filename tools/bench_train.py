@@ -230,8 +230,9 @@ def memory_cap(labels: list[str], args: argparse.Namespace) -> list[CapResult]:
     """Each optimizer's largest micro-batch within ``args.memory_cap`` GiB, checkpointing off
     and on; the process is held to the cap (``set_per_process_memory_fraction``)."""
     device = torch.device(args.device)
-    total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(args.memory_cap * 2**30 / total, device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(args.memory_cap * 2**30 / total, index)
     model_cfg = load_model_config(args.model)
     results = []
     for checkpointing in (False, True):
