@@ -56,15 +56,9 @@ VECTOR_BYTES = 16
 VECTOR_ELEMENTS = 8
 """Entries of the narrowest 128-bit vector (bfloat16): the multiple a row width or block length
 is known to be, for the compiler's vectorisation, up to this."""
-VECTOR = tl.constexpr(VECTOR_ELEMENTS)
 STEP_SCALARS = ("bc1", "bc2", "beta1", "beta2", "rho", "rho_sq", "eps", "step_size", "decay")
 """What a step's launch reads from the group's device tensor of scalars, in order: the bias
 corrections, then ``StepScalars.as_list()``."""
-PHASED_RUN = tl.constexpr(16)
-"""Windows' worth of columns a program of a phased tile (``Tiles._phased``) steps (128 at a block
-of 4): a row split among programs gives enough of them (688 for LLaMA-1B's 2048 x 5461 at FOAM-2,
-not the 16 of whole rows), while only a program's first and last windows, of about 17, move
-entry by entry."""
 FIELDS = tl.constexpr(9)
 """Columns of a launch's table: offsets of p, m, v; rows, cols, block, num_blocks; kind; first
 program."""
@@ -129,40 +123,17 @@ def _expand(y, KP: tl.constexpr, ALONG_COLS: tl.constexpr):
 
 
 @triton.jit
-def _direction(r, m_hat, v_hat, scalars_ptr):
-    """The update's direction per entry, ``(m_hat + rho R) / (sqrt(v_hat + rho_sq R^2) + eps)``,
-    from its residual ``R = g - mean`` and its block's bias-corrected moments. The scalars are
-    read here, where they are used, so that they hold no registers before."""
+def _apply(p_ptrs, live, x, mean, m_hat, v_hat, scalars_ptr):
+    """``p = round(p * decay) - step_size * (m_hat + rho R) / (sqrt(v_hat + rho_sq R^2) + eps)``
+    with ``R = g - mean``, over one tile whose block values are given per entry. The scalars
+    are read here, where they are used, so that they hold no registers before."""
     rho, rho_sq, eps = tl.load(scalars_ptr + 4), tl.load(scalars_ptr + 5), tl.load(scalars_ptr + 6)
-    return (m_hat + rho * r) / (tl.sqrt(v_hat + rho_sq * r * r) + eps)
-
-
-@triton.jit
-def _descend(p_ptrs, live, direction, scalars_ptr):
-    """``p = round(p * decay) - step_size * direction`` over one tile, in place."""
     step_size, decay = tl.load(scalars_ptr + 7), tl.load(scalars_ptr + 8)
     p = tl.load(p_ptrs, mask=live, other=0.0).to(tl.float32)
     decayed = _rounded(p * decay, p_ptrs.dtype.element_ty).to(tl.float32)
-    tl.store(p_ptrs, _rounded(decayed - step_size * direction, p_ptrs.dtype.element_ty), mask=live)
-
-
-@triton.jit
-def _moments(total, total_sq, count, m_ptrs, v_ptrs, live, scalars_ptr, MEAN_OF_SQUARES):
-    """The folded moments of blocks with sums ``total`` (of squares: ``total_sq``) over
-    ``count`` entries, read once and written once by the formulas of foam/numerics.py's
-    ``ema_``; returns the blocks' means and bias-corrected moments."""
-    mean = total / count
-    beta1, beta2 = tl.load(scalars_ptr + 2), tl.load(scalars_ptr + 3)
-    m = tl.load(m_ptrs, mask=live, other=0.0).to(tl.float32)
-    v = tl.load(v_ptrs, mask=live, other=0.0).to(tl.float32)
-    m = m + (1.0 - beta1) * (mean - m)
-    if MEAN_OF_SQUARES:
-        v = v + (1.0 - beta2) * (total_sq / count - v)
-    else:
-        v = v * beta2 + (1.0 - beta2) * mean * mean
-    tl.store(m_ptrs, _rounded(m, m_ptrs.dtype.element_ty), mask=live)
-    tl.store(v_ptrs, _rounded(v, v_ptrs.dtype.element_ty), mask=live)
-    return mean, m / tl.load(scalars_ptr), v / tl.load(scalars_ptr + 1)
+    r = x - mean
+    update = (m_hat + rho * r) / (tl.sqrt(v_hat + rho_sq * r * r) + eps)
+    tl.store(p_ptrs, _rounded(decayed - step_size * update, p_ptrs.dtype.element_ty), mask=live)
 
 
 @triton.jit
@@ -224,191 +195,32 @@ def _step_matrix(
                 total_sq += _block_sums(x * x, 1, FOLD, ALONG_COLS)
         count = tl.maximum(tl.minimum(length - start, block), 1).to(tl.float32)
 
+    # the folded moments, read once and written once, by the formulas of foam/numerics.py's ema_
     s_at, s_live = _tile(blk, other_at, state_cols, blk < num_blocks, other_live, ALONG_COLS)
-    mean, m_hat, v_hat = _moments(
-        total, total_sq, count, m_ptr + s_at, v_ptr + s_at, s_live, scalars_ptr, MEAN_OF_SQUARES
-    )
+    mean = total / count
+    beta1, beta2 = tl.load(scalars_ptr + 2), tl.load(scalars_ptr + 3)
+    m = tl.load(m_ptr + s_at, mask=s_live, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + s_at, mask=s_live, other=0.0).to(tl.float32)
+    m = m + (1.0 - beta1) * (mean - m)
+    if MEAN_OF_SQUARES:
+        v = v + (1.0 - beta2) * (total_sq / count - v)
+    else:
+        v = v * beta2 + (1.0 - beta2) * mean * mean
+    tl.store(m_ptr + s_at, _rounded(m, m_ptr.dtype.element_ty), mask=s_live)
+    tl.store(v_ptr + s_at, _rounded(v, v_ptr.dtype.element_ty), mask=s_live)
+    m_hat = m / tl.load(scalars_ptr)
+    v_hat = v / tl.load(scalars_ptr + 1)
 
     if KP > 0:
         mean = _expand(mean, KP, ALONG_COLS)
         m_hat = _expand(m_hat, KP, ALONG_COLS)
         v_hat = _expand(v_hat, KP, ALONG_COLS)
-        _descend(p_ptr + at, live, _direction(x - mean, m_hat, v_hat, scalars_ptr), scalars_ptr)
+        _apply(p_ptr + at, live, x, mean, m_hat, v_hat, scalars_ptr)
     else:
         for c0 in range(0, block, FOLD):
             at, live = _chunk(start, c0, i, block, length, other_at, other_live, cols, ALONG_COLS)
             x = tl.load(g_ptr + at, mask=live, other=0.0).to(tl.float32)
-            direction = _direction(x - mean, m_hat, v_hat, scalars_ptr)
-            _descend(p_ptr + at, live, direction, scalars_ptr)
-
-
-@triton.jit
-def _phased_at(row_at, row_live, start, phase, lo, hi, N: tl.constexpr, EDGE: tl.constexpr):
-    """Element offsets and mask of ``N`` entries of ``_step_phased``'s rows, from the 16-byte
-    boundary ``start - phase`` columns into each row. Next to an edge of the program's columns
-    ``[lo, hi)`` they are masked entry by entry; elsewhere they lie inside them, so the mask is
-    the rows' alone, constant along a row, and their accesses are 128-bit vectors."""
-    k = tl.arange(0, N)
-    at = row_at + start + k[None, :]
-    if EDGE:
-        col = start - phase + k
-        live = row_live[:, None] & ((col >= lo) & (col < hi))[None, :]
-    else:
-        live = tl.broadcast_to(row_live[:, None], at.shape)
-    return at, live
-
-
-@triton.jit
-def _phased_load(ptr, row_at, row_live, start, phase, lo, hi, N: tl.constexpr, edge):
-    """``ptr``'s entries at ``_phased_at`` (zero where masked). ``edge`` is the program's, not a
-    row's, so one of the branches runs, and the other one's accesses are whole vectors."""
-    if edge:
-        at, live = _phased_at(row_at, row_live, start, phase, lo, hi, N, True)
-        x = tl.load(ptr + at, mask=live, other=0.0)
-    else:
-        at, live = _phased_at(row_at, row_live, start, phase, lo, hi, N, False)
-        x = tl.load(ptr + at, mask=live, other=0.0)
-    return x
-
-
-@triton.jit
-def _in_block(j, slot, late):
-    """Which entries of a window are in the ``j``-th block that starts in it. Blocks start
-    ``skip`` entries into the window's slots of a block each: an entry ``late`` in its slot
-    (``skip`` or more into it) is in the block that starts there, an earlier one in the
-    previous slot's. Said so rather than by each entry's block index, the compiler sees one
-    condition per position in a slot, where that index would cost registers for a condition
-    per entry and block (16 at a block of 4)."""
-    return ((slot == j) & late) | ((slot == j + 1) & ~late)
-
-
-@triton.jit
-def _of_block(slot, late, carry, values, q: tl.constexpr):
-    """Per entry of a window, value ``q`` of its block's ``_moments``: ``values`` of the
-    blocks that start in the window, ``carry`` of the one that crosses into it. Selected
-    where it is used, so that no per-entry copy of the three values is held at once."""
-    out = tl.broadcast_to(carry[:, None], (carry.shape[0], slot.shape[1]))
-    for j in tl.static_range(len(values)):
-        out = tl.where(_in_block(j, slot, late), values[j][q][:, None], out)
-    return out
-
-
-@triton.jit
-def _phased_window(
-    p_ptr,
-    m_ptr,
-    v_ptr,
-    scalars_ptr,
-    x,  # [OTHER, W]: the window's gradient
-    ahead,  # [OTHER, VECTOR]: the next window's first vector of it
-    carry,  # [OTHER] each: mean, m_hat, v_hat of the block that crosses into the window
-    carry_m_hat,
-    carry_v_hat,
-    row_at,  # [OTHER, 1]: element offset of each row's window 0
-    r,  # [OTHER]: the rows
-    row_live,
-    w,  # the window
-    edge,  # whether it is the program's first or last
-    phase,  # the rows' start, in entries past a 16-byte boundary (the same for all)
-    lo,  # the program's columns: whole blocks
-    hi,
-    cols,
-    num_blocks,
-    MEAN_OF_SQUARES: tl.constexpr,
-    W: tl.constexpr,
-    B: tl.constexpr,  # the block: a power of two that divides W
-):
-    """Window ``w`` of ``_step_phased``'s rows, in place. Its blocks are those that start in it
-    (at ``skip + j * B``, ``skip = phase % B``), the last one ending ``skip`` entries into the
-    next window (``ahead``); the program steps those that start in its columns. The window's
-    first ``skip`` entries end the previous window's last block, whose values ``carry``
-    brings. Returns this window's last block's values."""
-    k = tl.arange(0, W)
-    skip = phase % B
-    first = (w * W - phase + skip) // B  # the block that starts at `skip`: exact division
-    slot = (k // B)[None, :]
-    late = (k % B >= skip)[None, :]
-    x = x.to(tl.float32)
-    ends = tl.where((tl.arange(0, VECTOR) < skip)[None, :], ahead.to(tl.float32), 0.0)
-    values = ()
-    for j in tl.static_range(W // B):
-        in_block = _in_block(j, slot, late)
-        total = tl.sum(tl.where(in_block, x, 0.0), 1)
-        total_sq = tl.sum(tl.where(in_block, x * x, 0.0), 1) if MEAN_OF_SQUARES else total
-        if j == W // B - 1:
-            total += tl.sum(ends, 1)
-            if MEAN_OF_SQUARES:
-                total_sq += tl.sum(ends * ends, 1)
-        blk = first + j + tl.zeros_like(r)  # the same for every row; per row for the state's mask
-        count = tl.maximum(tl.minimum(cols - blk * B, B), 1).to(tl.float32)
-        s_at = r * num_blocks + blk
-        s_live = row_live & (blk * B >= lo) & (blk * B < hi)
-        values += (
-            _moments(
-                total, total_sq, count, m_ptr + s_at, v_ptr + s_at, s_live, scalars_ptr,
-                MEAN_OF_SQUARES,
-            ),
-        )  # fmt: skip
-    residual = x - _of_block(slot, late, carry, values, 0)
-    m_hat = _of_block(slot, late, carry_m_hat, values, 1)
-    v_hat = _of_block(slot, late, carry_v_hat, values, 2)
-    direction = _direction(residual, m_hat, v_hat, scalars_ptr)
-    if edge:  # the parameter's accesses follow the gradient's (see `_phased_load`)
-        at, live = _phased_at(row_at, row_live, w * W, phase, lo, hi, W, True)
-        _descend(p_ptr + at, live, direction, scalars_ptr)
-    else:
-        at, live = _phased_at(row_at, row_live, w * W, phase, lo, hi, W, False)
-        _descend(p_ptr + at, live, direction, scalars_ptr)
-    return values[W // B - 1]
-
-
-@triton.jit
-def _step_phased(
-    p_ptr,
-    g_ptr,
-    m_ptr,
-    v_ptr,
-    program,
-    geometry,
-    scalars_ptr,
-    MEAN_OF_SQUARES: tl.constexpr,
-    W: tl.constexpr,  # window along each row: max(B, a vector)
-    OTHER: tl.constexpr,  # rows of a tile
-    B: tl.constexpr,  # the block: a power of two up to ONE_PASS_BLOCK
-):
-    """One tile of a matrix folded along rows whose width is no multiple of a vector (see
-    ``Tiles._phased``): ``OTHER`` rows ``VECTOR_ELEMENTS`` apart, which start the same number of
-    entries past a 16-byte boundary, across ``PHASED_RUN`` windows' worth of whole blocks,
-    walked in windows that start on such boundaries, so every access but those of the first
-    and last windows is a 128-bit vector. A window's gradient is loaded again (from cache) as
-    the previous one's ``ahead`` rather than kept: that would hold its registers throughout."""
-    rows = tl.load(geometry).to(tl.int32)
-    cols = tl.load(geometry + 1).to(tl.int32)
-    num_blocks = tl.load(geometry + 3).to(tl.int32)
-    run: tl.constexpr = PHASED_RUN * W
-    runs = tl.cdiv(cols, run)
-    band = program // runs  # the one division: rows of one phase, then their columns
-    lo = (program - band * runs) * run
-    hi = tl.minimum(lo + run, cols)
-    first_row = (band // VECTOR) * VECTOR * OTHER + band % VECTOR
-    phase = (first_row * cols) % VECTOR
-    i = tl.arange(0, OTHER)
-    r = first_row + VECTOR * i
-    row_live = r < rows
-    row_at = tl.multiple_of(first_row * cols - phase, VECTOR) + i[:, None] * (VECTOR * cols)
-    carry = tl.zeros((OTHER,), dtype=tl.float32)
-    carry_m_hat, carry_v_hat = carry, carry
-    w_lo, w_hi = (lo + phase) // W, (hi - 1 + phase) // W  # the edge windows
-    for w in range(w_lo, w_hi + 1):
-        edge = (w == w_lo) | (w == w_hi)
-        x = _phased_load(g_ptr, row_at, row_live, w * W, phase, lo, hi, W, edge)
-        ahead = _phased_load(
-            g_ptr, row_at, row_live, (w + 1) * W, phase, lo, hi, VECTOR, w + 1 >= w_hi
-        )
-        carry, carry_m_hat, carry_v_hat = _phased_window(
-            p_ptr, m_ptr, v_ptr, scalars_ptr, x, ahead, carry, carry_m_hat, carry_v_hat,
-            row_at, r, row_live, w, edge, phase, lo, hi, cols, num_blocks, MEAN_OF_SQUARES, W, B,
-        )  # fmt: skip
+            _apply(p_ptr + at, live, x, mean, m_hat, v_hat, scalars_ptr)
 
 
 @triton.jit
@@ -453,21 +265,7 @@ def _foam_step_kernel(
     kind = tl.load(row + 7)
     program -= tl.load(row + 8).to(tl.int32)
     for k in tl.static_range(len(KINDS)):  # one branch per tile shape; a program takes one
-        if kind == k and KINDS[k][7]:
-            _step_phased(
-                p_ptr,
-                g_ptr,
-                m_ptr,
-                v_ptr,
-                program,
-                row + 3,
-                scalars_ptr,
-                MEAN_OF_SQUARES,
-                KINDS[k][1],
-                KINDS[k][2],
-                KINDS[k][3],
-            )
-        elif kind == k:
+        if kind == k:
             _step_matrix(
                 p_ptr,
                 g_ptr,
@@ -500,10 +298,9 @@ class Tiles:
     blocks_multiple: int  # the same of the number of blocks (an along-columns state's width)
     block_multiple: int
     programs: int
-    phased: bool = False  # rows of one phase, walked whole (`_step_phased`)
 
     @property
-    def kind(self) -> tuple[bool, int, int, int, int, int, int, bool]:
+    def kind(self) -> tuple[bool, int, int, int, int, int, int]:
         """What ``_step_matrix`` is compiled for (the order the kernel reads): matrices of one
         kind share a branch."""
         return (
@@ -514,7 +311,6 @@ class Tiles:
             self.cols_multiple,
             self.blocks_multiple,
             self.block_multiple,
-            self.phased,
         )
 
     @classmethod
@@ -527,16 +323,13 @@ class Tiles:
         tall matrix: a band per 32 columns, so a 512-wide one has 16 programs, not 4).
 
         Rows whose width is no multiple of a vector (LLaMA-1B's 5461) start at addresses no
-        128-bit access of a tile's rectangle can reach. Folded along such rows, in blocks of a
-        power of two up to ``ONE_PASS_BLOCK`` shorter than a row, they are walked in windows
-        that start on 16-byte boundaries instead (``_phased``); otherwise (FOAM-Mini of such a
-        row, or folded along the rows) their entries move one at a time, each with its own
-        64-bit address: those matrices get tiles of half the entries, which keeps the registers
-        of a thread within the occupancy bound."""
+        128-bit access can reach, so their entries move one at a time, each with its own 64-bit
+        address: those matrices get tiles of half the entries, which keeps the registers of a
+        thread within the occupancy bound. (A walk of such rows by phase in windows on 16-byte
+        boundaries, which kept 128-bit accesses, loaded and stored each block's moments row by
+        row and took 4.6x fused AdamW's time at FOAM-2 on an H200:
+        ``results/bench/gpu_nvidia_h200.md``.)"""
         along_cols = plan.axis == 1
-        power = plan.block == triton.next_power_of_2(plan.block) <= ONE_PASS_BLOCK
-        if along_cols and plan.cols % VECTOR_ELEMENTS and power and plan.block < plan.cols:
-            return cls._phased(plan)
         length, width = (plan.cols, plan.rows) if along_cols else (plan.rows, plan.cols)
         cols_multiple = math.gcd(plan.cols, VECTOR_ELEMENTS)
         tile = TILE_ELEMENTS if cols_multiple == VECTOR_ELEMENTS else TILE_ELEMENTS // 2
@@ -564,23 +357,6 @@ class Tiles:
             math.gcd(plan.block, VECTOR_ELEMENTS),
             fold_tiles * triton.cdiv(width, other),
         )
-
-    @classmethod
-    def _phased(cls, plan: FoldPlan) -> Tiles:
-        """Tiles of a matrix folded along rows of a width that is no multiple of a vector:
-        ``VECTOR_ELEMENTS`` phases of rows (row ``r`` starts ``r * cols`` entries past a 16-byte
-        boundary, modulo a vector), ``TILE_ELEMENTS // 2 // window`` rows of one phase to a
-        program, each across ``PHASED_RUN`` windows of a vector or a block (the longer) that
-        start on 16-byte boundaries. A block is no multiple of a vector then, so it may cross
-        windows: it belongs to the program its first entry is in, which carries its values to
-        the next window, so a program's columns are whole blocks and its first and last windows
-        are masked entry by entry."""
-        window = max(plan.block, VECTOR_ELEMENTS)
-        phase_rows = triton.cdiv(plan.rows, VECTOR_ELEMENTS)
-        other = min(TILE_ELEMENTS // 2 // window, triton.next_power_of_2(phase_rows))
-        runs = triton.cdiv(plan.cols, PHASED_RUN * window)
-        programs = VECTOR_ELEMENTS * triton.cdiv(phase_rows, other) * runs
-        return cls(True, window, other, plan.block, 1, 1, 1, programs, phased=True)
 
 
 def _addressing(tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, ...], int]:
@@ -628,22 +404,18 @@ class TritonGroup:
         (p_at, p_align), (m_at, m_align), (v_at, v_align) = map(
             _addressing, (params, exp_avgs, exp_avg_sqs)
         )
-        # Phased programs each walk several tiles' worth: first in the launch, they do not leave
-        # a tail of long programs when the short ones have run out.
-        order = sorted(range(len(tiles)), key=lambda k: not tiles[k].phased)
-        firsts = itertools.accumulate((tiles[k].programs for k in order), initial=0)
-        first = dict(zip(order, firsts, strict=False))  # firsts has one more: the end
+        firsts = itertools.accumulate((t.programs for t in tiles), initial=0)
         geometry = [(plan.rows, plan.cols, plan.block, plan.num_blocks) for plan in plans]
         rows = [
-            (*at, *shape, self.kinds.index(t.kind), first[k])
-            for k, (*at, shape, t) in enumerate(zip(p_at, m_at, v_at, geometry, tiles, strict=True))
-        ]
+            (*at, *shape, self.kinds.index(t.kind), first)
+            for *at, shape, t, first in zip(p_at, m_at, v_at, geometry, tiles, firsts, strict=False)
+        ]  # firsts has one more: the end
         self.device = device = params[0].device
         self.table = torch.tensor(rows, dtype=torch.int64).to(device)
-        programs = torch.tensor([tiles[k].programs for k in order])
-        self.owner = torch.repeat_interleave(torch.tensor(order, dtype=torch.int32), programs).to(
-            device
-        )
+        programs = torch.tensor([t.programs for t in tiles])
+        self.owner = torch.repeat_interleave(
+            torch.arange(len(plans), dtype=torch.int32), programs
+        ).to(device)
         self.g_offsets = torch.zeros(len(plans), dtype=torch.int64, device=device)
         self.g_moved_from: tuple[int, ...] | None = None
         self.scalars = torch.zeros(len(STEP_SCALARS), dtype=torch.float32, device=device)

@@ -131,6 +131,28 @@ def test_bench_optim_matrices_only_times_the_folded_update_alone(tmp_path):
     assert table_rows(report)["foam2"][5] == "0.250"
 
 
+def test_bench_optim_by_shape_times_each_matrix_shape_alone(tmp_path):
+    """llama_tiny's matrices come in three shapes (q/k/v/o 64 x 64, gate/up 172 x 64, down
+    64 x 172): a table each after the whole model's, with FOAM-2's state a quarter of AdamW's in
+    each, since only that shape's matrices have gradients and so state."""
+    report = run_script(
+        "bench_optim.py",
+        *("--models", "llama_tiny", "--dtypes", "fp32", "--rounds", "1", "--steps", "1"),
+        *("--methods", "adamw_fused", "foam2", "--by-shape"),
+        out=tmp_path / "shapes.md",
+    )
+    titles = [line for line in report.splitlines() if line.startswith("### ")]
+    assert titles == [
+        "### llama_tiny, fp32",
+        "### llama_tiny, fp32, 64 x 64 (8 matrices)",
+        "### llama_tiny, fp32, 172 x 64 (4 matrices)",
+        "### llama_tiny, fp32, 64 x 172 (2 matrices)",
+    ]
+    assert "* llama_tiny fp32, 64 x 172 (2 matrices): foam2 / fused AdamW = " in report
+    for section in report.split("### ")[2:]:
+        assert table_rows(section)["foam2"][5] == "0.250"
+
+
 def test_host_cost_runs_with_every_launch_stubbed():
     """Every Triton launch of a step is stubbed (a real one would fail on CPU tensors), so the
     benchmark reports both kernels; how fast is for the benchmark to say, not for a test."""

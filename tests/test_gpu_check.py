@@ -6,6 +6,7 @@ its steps on the CPU at tiny sizes and says so."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -200,6 +201,8 @@ def test_gpu_check_runs_its_steps_on_the_cpu_and_says_so(tmp_path):
     assert "huggingface-hub==" in text and "pyarrow==" in text and "pip check: " in text
     assert "## GPU tests" in text and "skipped" in text  # every gpu test needs CUDA
     assert "foam2 / fused AdamW" in text and "### llama_tiny, bf16" in text
+    assert "## Optimizer step by matrix shape, llama_tiny" in text
+    assert re.search(r"### llama_tiny, bf16, \d+ x \d+ \(\d+ matrices\)", text)
     assert "### llama_tiny, fp32, eager model" in text  # the end-to-end section, CPU-sized
     assert "Not run: it needs a CUDA device." in text  # the memory cap
     assert "## Targets (issue 50)" in text

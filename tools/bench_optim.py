@@ -13,6 +13,7 @@ their times are those of the steps between refreshes.
     python scripts/bench_optim.py                       # llama_60m + llama_130m, fp32 + bf16
     python scripts/bench_optim.py --models llama_60m --dtypes bf16 --methods adamw_fused foam2
     python scripts/bench_optim.py --out results/bench/optim_cpu.md
+    python scripts/bench_optim.py --by-shape --models llama_1b --dtypes bf16    # per matrix shape
     python scripts/bench_optim.py --host-cost --models llama_60m llama_1b llama_7b
 
 ``--host-cost`` measures instead what FOAM's fused step costs the host, the kernels stubbed
@@ -66,13 +67,28 @@ def time_steps(optimizer: torch.optim.Optimizer, steps: int, device: torch.devic
     return times
 
 
-def run(model_name: str, dtype: str, methods: list[str], args: argparse.Namespace) -> list[Result]:
-    """``args.rounds`` rounds; in each, every method is built, warmed up and timed in turn."""
-    model_cfg = load_model_config(model_name)
+def stepped_sets(model: torch.nn.Module, args: argparse.Namespace) -> list[tuple[str, list]]:
+    """What each table times, titled: the whole model (or its matrices), then with ``--by-shape``
+    the matrices of each distinct shape alone, which says which shape a model's ratio comes from
+    (one slow tile kind hides in a whole-model median)."""
+    matrices = [p for _, p in foam.split_params(model).matrices]
+    sets = [("", matrices if args.matrices_only else list(model.parameters()))]
+    if args.by_shape:
+        for shape in dict.fromkeys(tuple(p.shape) for p in matrices):
+            alike = [p for p in matrices if tuple(p.shape) == shape]
+            sets.append((f", {shape[0]} x {shape[1]} ({len(alike)} matrices)", alike))
+    return sets
+
+
+def run(
+    model: torch.nn.Module, model_name: str, stepped: list, methods: list[str], args
+) -> list[Result]:
+    """``args.rounds`` rounds; in each, every method is built, warmed up and timed in turn, with
+    gradients on ``stepped`` alone (every method skips a parameter without one)."""
     torch.manual_seed(0)
-    model = build_model(model_cfg, device=args.device, dtype=DTYPES[dtype])
-    stepped = foam.split_params(model).matrices if args.matrices_only else model.named_parameters()
-    for _, p in stepped:
+    for p in model.parameters():
+        p.grad = None
+    for p in stepped:
         p.grad = torch.randn_like(p) * 1e-3
     device = next(model.parameters()).device
     table = {label: builder(label, model_name) for label in methods}
@@ -94,9 +110,7 @@ def run(model_name: str, dtype: str, methods: list[str], args: argparse.Namespac
                     memory[label] = (foam.state_bytes(optimizer), transient, ran)
                 del optimizer
                 gc.collect()
-        print(
-            f"  {model_name} {dtype}: round {round_index + 1}/{args.rounds} done", file=sys.stderr
-        )
+        print(f"  {model_name}: round {round_index + 1}/{args.rounds} done", file=sys.stderr)
     return [
         Result(label, statistics.median(times[label]) * 1e3, *memory[label])
         for label in methods
@@ -104,7 +118,7 @@ def run(model_name: str, dtype: str, methods: list[str], args: argparse.Namespac
     ]
 
 
-def markdown(model_name: str, dtype: str, results: list[Result]) -> str:
+def markdown(title: str, results: list[Result]) -> str:
     by_name = {r.method: r for r in results}
     base, foreach = by_name.get(BASELINE), by_name.get(FOREACH)
     mb = 2**20
@@ -113,7 +127,7 @@ def markdown(model_name: str, dtype: str, results: list[Result]) -> str:
         return f"{value / getattr(reference, attr):.{digits}f}" if reference else "-"
 
     lines = [
-        f"### {model_name}, {dtype}",
+        f"### {title}",
         "",
         "| method | step ms | time / AdamW-fused | time / AdamW-foreach | state MiB | "
         "state / AdamW | transient MiB | FOAM step |",
@@ -129,14 +143,14 @@ def markdown(model_name: str, dtype: str, results: list[Result]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def headline_lines(model_name: str, dtype: str, results: list[Result]) -> list[str]:
+def headline_lines(label: str, results: list[Result]) -> list[str]:
     """The numbers the fused FOAM step is judged by: step time over fused AdamW's."""
     by_name = {r.method: r for r in results}
     if BASELINE not in by_name:
         return []
     base = by_name[BASELINE].step_ms
     return [
-        f"* {model_name} {dtype}: {name} / fused AdamW = {by_name[name].step_ms / base:.2f}"
+        f"* {label}: {name} / fused AdamW = {by_name[name].step_ms / base:.2f}"
         for name in HEADLINE
         if name in by_name
     ]
@@ -172,6 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="time the attention/MLP matrices' update alone: the other parameters get no gradient, "
         "so every method skips them (the whole-model step gives them all the same fused AdamW)",
     )
+    parser.add_argument(
+        "--by-shape",
+        action="store_true",
+        help="also time the matrices of each distinct shape alone, a table per shape",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None, help="also write the tables here")
     parser.add_argument(
@@ -194,9 +213,15 @@ def main() -> None:
     sections, headline = [], []
     for model_name in args.models:
         for dtype in args.dtypes:
-            results = run(model_name, dtype, args.methods, args)
-            sections.append(markdown(model_name, dtype, results))
-            headline += headline_lines(model_name, dtype, results)
+            torch.manual_seed(0)
+            model_cfg = load_model_config(model_name)
+            model = build_model(model_cfg, device=args.device, dtype=DTYPES[dtype])
+            for title, stepped in stepped_sets(model, args):
+                results = run(model, model_name, stepped, args.methods, args)
+                sections.append(markdown(f"{model_name}, {dtype}{title}", results))
+                headline += headline_lines(f"{model_name} {dtype}{title}", results)
+            del model
+            gc.collect()
     header = (
         f"# Optimizer step benchmark\n\nCommand: `{command_line()}`\n\n{machine.describe()} "
         f"Median over {args.rounds} interleaved rounds "

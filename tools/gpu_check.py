@@ -7,7 +7,8 @@ order, each section written to DIR as soon as it ends:
 
 1. the ``gpu`` tests;
 2. the optimizer-step benchmark (FOAM-2, FOAM-3, FOAM-Mini and FOAM-2's eager step against
-   fused AdamW, bf16, LLaMA-60M, 350M and 1B shapes), with the step each FOAM group took;
+   fused AdamW, bf16, LLaMA-60M, 350M and 1B shapes), with the step each FOAM group took,
+   then LLaMA-1B's matrices shape by shape (``--by-shape``: which tile kind a ratio comes from);
 3. the end-to-end comparison, FOAM-2 against AdamW at LLaMA-60M and 350M with compiled decoder
    layers (``scripts/bench_train.py --compiled-only``: 3 interleaved rounds, each starting with
    the next optimizer, after every optimizer's warm-up and compilation);
@@ -48,7 +49,8 @@ GPU_TESTS = "tests/test_gpu.py"
 """The ``gpu`` tests' module: collecting the others would need the dev-only packages (reference
 implementations, psutil, submitit) that a GPU image lacks."""
 TRAIN_METHODS = ("adamw", "foam2", "foam_mini", "galore_1_4", "apollo_mini", "muon")
-BENCH_METHODS = ("adamw_fused", "foam2", "foam3", "foam_mini", "foam2_eager")
+SHAPE_METHODS = ("adamw_fused", "foam2", "foam3", "foam_mini")
+BENCH_METHODS = (*SHAPE_METHODS, "foam2_eager")
 STEP_TARGETS = {"foam2": 0.8, "foam_mini": 0.7}
 """Issue 50: step time over fused AdamW's at LLaMA-350M and 1B shapes in bf16, at most."""
 STEP_TARGET_MODELS = ("llama_350m", "llama_1b")
@@ -224,6 +226,20 @@ def optimizer_step(mode: Mode, budget: Budget, out_dir: Path) -> str:
     return "## Optimizer step (scripts/bench_optim.py)\n\n" + body
 
 
+def step_by_shape(mode: Mode, budget: Budget, out_dir: Path) -> str:
+    """The largest model's step per matrix shape (``--by-shape``): which tile kind a missed
+    target comes from (on an H200, LLaMA-1B's 5461-wide rows: results/bench/gpu_nvidia_h200.md)."""
+    model = mode.bench_models[-1]
+    args = ["--models", model, "--dtypes", "bf16", "--by-shape", "--device", mode.device]
+    args += ["--methods", *SHAPE_METHODS]
+    args += ["--rounds", "3", "--steps", "5"] if mode.on_gpu else ["--rounds", "1", "--steps", "1"]
+    limit = budget.left(60 * mode.slack)
+    body = benchmark("bench_optim_shapes", "bench_optim.py", args, limit, out_dir)
+    return (
+        f"## Optimizer step by matrix shape, {model} (scripts/bench_optim.py --by-shape)\n\n" + body
+    )
+
+
 def end_to_end(mode: Mode, budget: Budget, out_dir: Path) -> str:
     bodies = []
     for model in mode.end_to_end_models:
@@ -368,6 +384,7 @@ def device_slug(name: str) -> str:
 SECTIONS: tuple[Callable[[Mode, Budget, Path], str], ...] = (
     gpu_tests,
     optimizer_step,
+    step_by_shape,
     end_to_end,
     memory_cap,
     training_runs,
