@@ -16,7 +16,8 @@ MUTATE_ARGS ?=
 # install): `make gpu-wheels` (here, with a package index) fills GPU_WHEELS with what a GPU image
 # may lack, for the box's Python GPU_BOX_PYTHON only; on the GPU machine `make gpu-check OUT=DIR`
 # installs that offline into GPU_SITE, proves it imports, runs, and writes everything into DIR as
-# each section ends (default results/bench/gpu_<device>/).
+# each section ends (default results/bench/gpu_<device>/; GPU_CHECK_ARGS=--bundle: report.md and
+# check.tar.gz alone).
 # GPU_PYTHON: this checkout's venv where there is one (a dev machine), else the machine's python3,
 # which finds tools/ (scripts/gpu_check.py's logic) on PYTHONPATH.
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from argparse import Namespace
 from pathlib import Path
 
@@ -132,12 +133,48 @@ def test_each_section_is_on_disk_before_the_next_starts(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gpu_check, "SECTIONS", (section("one"), section("two")))
     monkeypatch.setattr(gpu_check, "header", lambda mode, name, python: "# header\n\n")
-    out = gpu_check.check(Namespace(cpu=True, out=tmp_path / "out", budget_s=60))
+    out = gpu_check.check(Namespace(cpu=True, out=tmp_path / "out", budget_s=60, bundle=False))
     assert out == tmp_path / "out"
     assert seen == ["# header\n\n", "# header\n\n## one\n\n"]
     text = report_file.read_text()
     assert text.startswith("# header\n\n## one\n\n## two\n\n## Targets (issue 50)")
     assert "* foam2 step / fused AdamW, llama_350m bf16: not measured (target <= 0.8)" in text
+
+
+def test_a_bundled_check_leaves_the_report_and_one_archive_after_every_section(
+    tmp_path, monkeypatch
+):
+    """``--bundle``: the sections work elsewhere; OUT holds report.md and check.tar.gz alone,
+    the archive rewritten after each section (so a check cut short returns what it did) and
+    without the runs' exported models."""
+    out = tmp_path / "out"
+    archived = []
+
+    def section(name: str):
+        def run(mode, budget, work_dir):
+            assert work_dir != out
+            if (out / gpu_check.BUNDLE).is_file():
+                with tarfile.open(out / gpu_check.BUNDLE) as tar:
+                    archived.append(sorted(tar.getnames()))
+            (work_dir / "logs").mkdir(exist_ok=True)
+            (work_dir / "logs" / f"{name}.log").write_text(name)
+            (work_dir / "runs" / name / "hf").mkdir(parents=True)
+            (work_dir / "runs" / name / "hf" / "model.safetensors").write_bytes(b"0" * 1000)
+            (work_dir / "runs" / name / "summary.json").write_text("{}")
+            return f"## {name}\n"
+
+        return run
+
+    monkeypatch.setattr(gpu_check, "SECTIONS", (section("one"), section("two")))
+    monkeypatch.setattr(gpu_check, "header", lambda mode, name, python: "# header\n\n")
+    gpu_check.check(Namespace(cpu=True, out=out, budget_s=60, bundle=True))
+    assert sorted(p.name for p in out.iterdir()) == ["check.tar.gz", "report.md"]
+    assert archived == [["logs/one.log", "runs/one/summary.json"]]
+    with tarfile.open(out / gpu_check.BUNDLE) as tar:
+        assert sorted(tar.getnames()) == [
+            "logs/one.log", "logs/two.log", "runs/one/summary.json", "runs/two/summary.json"
+        ]  # fmt: skip
+    assert "## one" in (out / "report.md").read_text()
 
 
 def test_report_add_rewrites_the_file(tmp_path):

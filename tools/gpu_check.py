@@ -22,7 +22,9 @@ and last the targets of issue 50 read off those sections (FOAM-2's step <= 0.8x 
 350M and 1B, FOAM-Mini's <= 0.7x; FOAM-2's end-to-end tokens/s >= 0.99x AdamW's). DIR holds
 ``report.md``, each step's full output under ``logs/`` (kept, stderr included, when a step runs
 out of time), the benchmarks' own reports and the runs. Without ``--out`` DIR is
-``results/bench/gpu_<device>/``. Without a GPU it runs the same steps on the CPU at tiny sizes
+``results/bench/gpu_<device>/``. With ``--bundle`` DIR holds two files only, ``report.md`` and
+``check.tar.gz`` (all the rest, the runs' exported models left out), both rewritten as each section
+ends: for a machine that hands back only a few files of a folder. Without a GPU it runs the same steps on the CPU at tiny sizes
 (the memory cap needs a GPU and is skipped), and the report says so: none of its figures is a GPU
 figure.
 """
@@ -36,6 +38,8 @@ import re
 import signal
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -391,16 +395,36 @@ SECTIONS: tuple[Callable[[Mode, Budget, Path], str], ...] = (
 )
 
 
+BUNDLE = "check.tar.gz"
+BUNDLE_SKIPS = ("hf",)
+"""Folders a bundle leaves out: the runs' exported models (``hf/``, 100+ MiB at LLaMA-60M)."""
+
+
+def bundle(work_dir: Path, archive: Path) -> None:
+    """``work_dir``'s files but ``BUNDLE_SKIPS``' into ``archive``, written whole beside it and
+    renamed, so a check stopped mid-write still leaves the last complete one."""
+    partial = archive.with_suffix(".partial")
+    with tarfile.open(partial, "w:gz") as tar:
+        for path in sorted(work_dir.rglob("*")):
+            inside = path.relative_to(work_dir)
+            if path.is_file() and not set(inside.parts) & set(BUNDLE_SKIPS):
+                tar.add(path, arcname=str(inside))
+    partial.replace(archive)
+
+
 def check(args: argparse.Namespace) -> Path:
     import torch
 
     mode = GPU if torch.cuda.is_available() and not args.cpu else CPU
     name = torch.cuda.get_device_name(0) if mode.on_gpu else "cpu"
     out_dir = (args.out or REPO / "results" / "bench" / f"gpu_{device_slug(name)}").resolve()
+    work_dir = Path(tempfile.mkdtemp(prefix="gpu-check-")) if args.bundle else out_dir
     budget = Budget(args.budget_s)
     report = Report(out_dir / "report.md", header(mode, name, sys.executable))
     for section in SECTIONS:
-        report.add(section(mode, budget, out_dir))
+        report.add(section(mode, budget, work_dir))
+        if args.bundle:
+            bundle(work_dir, out_dir / BUNDLE)
     report.add(targets(report.text))
     print(f"gpu-check: wrote {out_dir}")
     return out_dir
@@ -420,6 +444,11 @@ def main() -> None:
     run.add_argument("--budget-s", type=float, default=470.0, help="the whole check's limit")
     run.add_argument("--out", type=Path, default=None, help="default results/bench/gpu_<device>")
     run.add_argument("--cpu", action="store_true", help="the CPU's tiny sizes even with a GPU")
+    run.add_argument(
+        "--bundle",
+        action="store_true",
+        help=f"--out holds report.md and {BUNDLE} (everything else) alone",
+    )
     args = parser.parse_args()
     if args.command == "wheels":
         gpu_deps.make_wheels(args.dest, args.box_python)
