@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from train.summary import environment
+
 
 def command_line() -> str:
     """The command as typed from the repository: ``python scripts/NAME.py ARGS``."""
@@ -27,11 +29,16 @@ class Machine:
         self.load_before = os.getloadavg()
 
     def describe(self) -> str:
-        name = f"{torch.get_num_threads()} threads"
+        """The device as a run's summary records it (``train.summary.environment``): on a CPU
+        its model and kernels' instruction set too, since CPU ratios move with both."""
+        env = environment()
+        name = f"{env['threads']} threads"
         if self.device.type == "cuda":
             name = f"{torch.cuda.get_device_name(self.device)}; {name}"
+        else:
+            name = f"{env['cpu']}, {env['cpu_capability']}; {name}"
         return (
-            f"Device: {self.device} ({name}), torch {torch.__version__}; load average (1/5/15 min) "
+            f"Device: {self.device} ({name}), torch {env['torch']}; load average (1/5/15 min) "
             f"{load(self.load_before)} at the start, {load(os.getloadavg())} at the end."
         )
 
