@@ -161,6 +161,8 @@ class Step:
     status: str
     tail: str
     log: Path
+    seconds: float = 0.0
+    """Its wall time: what the next check's budget is shared out by."""
 
 
 def run_step(name: str, cmd: list[str], timeout: float, logs: Path, cwd: Path = REPO) -> Step:
@@ -172,6 +174,7 @@ def run_step(name: str, cmd: list[str], timeout: float, logs: Path, cwd: Path = 
     if timeout <= 0:
         log.write_text("not run: no time left\n")
         return Step("not run (no time left)", "", log)
+    started = time.monotonic()
     with log.open("w") as out:
         proc = subprocess.Popen(
             cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -183,12 +186,14 @@ def run_step(name: str, cmd: list[str], timeout: float, logs: Path, cwd: Path = 
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             status = f"timed out after {timeout:.0f} s"
-    return Step(status, log.read_text(errors="replace")[-3000:], log)
+    tail = log.read_text(errors="replace")[-3000:]
+    return Step(status, tail, log, time.monotonic() - started)
 
 
 def step_body(command: str, step: Step, out_dir: Path) -> str:
     """The command and how it ended; the output's tail when it did not end well."""
-    body = f"Command: `{command}`: **{step.status}** (output: `{step.log.relative_to(out_dir)}`)\n"
+    output = step.log.relative_to(out_dir)
+    body = f"Command: `{command}`: **{step.status}**, {step.seconds:.0f} s (output: `{output}`)\n"
     if step.status != "ok":
         body += f"\n```\n{step.tail.strip()}\n```\n"
     return body
@@ -294,7 +299,8 @@ def training_runs(mode: Mode, budget: Budget, out_dir: Path) -> str:
         summary_file = run_dir / "summary.json"
         s = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
         predicted = predicted_bytes(mode.train_model, method, mode.precision)
-        rows.append(row(method, step.status, s, predicted))
+        took = f"ok, {step.seconds:.0f} s" if step.status == "ok" else step.status
+        rows.append(row(method, took, s, predicted))
         if step.status != "ok":
             last = step.tail.strip().splitlines()[-1] if step.tail.strip() else ""
             rows.append(f"|  | `{last}` |")
