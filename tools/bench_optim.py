@@ -67,7 +67,9 @@ def time_steps(optimizer: torch.optim.Optimizer, steps: int, device: torch.devic
     return times
 
 
-def stepped_sets(model: torch.nn.Module, args: argparse.Namespace) -> list[tuple[str, list]]:
+def stepped_sets(
+    model: torch.nn.Module, args: argparse.Namespace
+) -> list[tuple[str, list[torch.nn.Parameter]]]:
     """What each table times, titled: the whole model (or its matrices), then with ``--by-shape``
     the matrices of each distinct shape alone, which says which shape a model's ratio comes from
     (one slow tile kind hides in a whole-model median)."""
@@ -81,7 +83,11 @@ def stepped_sets(model: torch.nn.Module, args: argparse.Namespace) -> list[tuple
 
 
 def run(
-    model: torch.nn.Module, model_name: str, stepped: list, methods: list[str], args
+    model: torch.nn.Module,
+    model_name: str,
+    stepped: list[torch.nn.Parameter],
+    methods: list[str],
+    args: argparse.Namespace,
 ) -> list[Result]:
     """``args.rounds`` rounds; in each, every method is built, warmed up and timed in turn, with
     gradients on ``stepped`` alone (every method skips a parameter without one)."""

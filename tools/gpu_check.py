@@ -23,10 +23,10 @@ and last the targets of issue 50 read off those sections (FOAM-2's step <= 0.8x 
 ``report.md``, each step's full output under ``logs/`` (kept, stderr included, when a step runs
 out of time), the benchmarks' own reports and the runs. Without ``--out`` DIR is
 ``results/bench/gpu_<device>/``. With ``--bundle`` DIR holds two files only, ``report.md`` and
-``check.tar.gz`` (all the rest, the runs' exported models left out), both rewritten as each section
-ends: for a machine that hands back only a few files of a folder. Without a GPU it runs the same steps on the CPU at tiny sizes
-(the memory cap needs a GPU and is skipped), and the report says so: none of its figures is a GPU
-figure.
+``check.tar.gz`` (all the rest, the runs' exported models left out), both rewritten as each
+section ends: for a machine that hands back only a few files of a folder. Without a GPU it runs
+the same steps on the CPU at tiny sizes (the memory cap needs a GPU and is skipped), and the
+report says so: none of its figures is a GPU figure.
 """
 
 from __future__ import annotations
