@@ -1,5 +1,6 @@
-"""tools/bench_methods.py, scripts/bench_optim.py and bench_train.py: the optimizers they compare are the
-ones a training run builds, and both benchmarks run end to end through their command lines."""
+"""tools/bench_methods.py, scripts/bench_optim.py and bench_train.py: the optimizers they compare
+are the ones a training run builds, and both benchmarks run end to end through their command
+lines."""
 
 import os
 import re
