@@ -227,10 +227,15 @@ def benchmark(name: str, script: str, args: list[str], limit: float, out_dir: Pa
     return body
 
 
+def step_timing(mode: Mode) -> list[str]:
+    """``scripts/bench_optim.py``'s rounds and steps: a GPU's medians, or one of each on a CPU."""
+    return ["--rounds", "3", "--steps", "5"] if mode.on_gpu else ["--rounds", "1", "--steps", "1"]
+
+
 def optimizer_step(mode: Mode, budget: Budget, out_dir: Path) -> str:
     args = ["--models", *mode.bench_models, "--dtypes", "bf16"]
     args += ["--methods", *BENCH_METHODS, "--device", mode.device]
-    args += ["--rounds", "3", "--steps", "5"] if mode.on_gpu else ["--rounds", "1", "--steps", "1"]
+    args += step_timing(mode)
     body = benchmark("bench_optim", "bench_optim.py", args, budget.left(150 * mode.slack), out_dir)
     return "## Optimizer step (scripts/bench_optim.py)\n\n" + body
 
@@ -241,7 +246,7 @@ def step_by_shape(mode: Mode, budget: Budget, out_dir: Path) -> str:
     model = mode.bench_models[-1]
     args = ["--models", model, "--dtypes", "bf16", "--by-shape", "--device", mode.device]
     args += ["--methods", *SHAPE_METHODS]
-    args += ["--rounds", "3", "--steps", "5"] if mode.on_gpu else ["--rounds", "1", "--steps", "1"]
+    args += step_timing(mode)
     limit = budget.left(90 * mode.slack)  # a kernel build per shape and method
     body = benchmark("bench_optim_shapes", "bench_optim.py", args, limit, out_dir)
     return (
