@@ -182,7 +182,25 @@ def test_provenance_flags_runs_on_different_tokenizers(tmp_path):
         and "| abc123 | spm:b.model | 1 | 1.0 |" in text
     )
     assert "| all | | 2 | 2.0 |" in text
-    assert "used 2 tokenizers (spm:a.model, spm:b.model)" in text
+    assert "the runs of 20 steps used 2 tokenizers (spm:a.model, spm:b.model)" in text
+
+
+def test_provenance_says_without_warning_when_each_length_has_its_own_tokenizer(tmp_path):
+    """v4's Q3 trains 10,000 steps on its own corpus: two tokenizers, one per length, by design."""
+    write_runs(tmp_path, "adamw", "llama_60m", [(1e-3, None, 0, 30.0)], steps=1000)
+    write_runs(tmp_path, "foam2", "llama_60m", [(1e-3, 0.25, 0, 30.0)], steps=10000)
+    long_run = tmp_path / "llama_60m" / "foam2" / "lr0.001_alpha0.25_seed0" / "summary.json"
+    long_run.write_text(
+        json.dumps({**json.loads(long_run.read_text()), "tokenizer": "spm:b.model"})
+    )
+    out = tmp_path / "tables"
+    assert make_tables.main([str(tmp_path), "--out", str(out)]) == 0
+    text = (out / "provenance.md").read_text()
+    assert "Warning" not in text
+    assert (
+        "Each run length has its own tokenizer (1,000 steps: spm:a.model; 10,000 steps: "
+        "spm:b.model): perplexities compare within a length, not across."
+    ) in text
 
 
 def test_staged_study_layout(tmp_path):
