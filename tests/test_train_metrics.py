@@ -135,3 +135,16 @@ def test_steady_figures_leave_out_each_segments_first_interval():
     assert cpu["mfu"] is cpu["mfu_steady"] is None
     fresh = throughput(TrainState(), flops_per_token=6, matmul_kind="bf16", peak_flops=1e3)
     assert fresh["tokens_per_s_steady"] is None
+
+
+def test_the_cpu_is_named_with_its_family_model_and_stepping(tmp_path):
+    from train.summary import cpu_model
+
+    cpuinfo = tmp_path / "cpuinfo"
+    block = "processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: {m}\n"
+    block += "model name\t: AMD EPYC\nstepping\t: 1\nflags\t\t: fpu avx2\n"
+    cpuinfo.write_text(block.format(n=0, m=1) + "\n" + block.format(n=1, m=17))
+    assert cpu_model(cpuinfo) == "AMD EPYC (cpu family 25, model 1, stepping 1)"  # the first CPU's
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Some CPU\n")
+    assert cpu_model(cpuinfo) == "Some CPU"
+    assert cpu_model(tmp_path / "absent")  # platform.processor() or "unknown", never empty

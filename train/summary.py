@@ -38,8 +38,8 @@ step_s_measured             seconds per step over its first logged interval past
                             when the segment logged none)
 git_sha                     commit of the code (suffixed ``-dirty`` with uncommitted changes)
 environment                 what the numbers also depend on (``environment()``): torch version,
-                            CPU model, the CPU kernels' instruction set, intra-op threads, GPU
-                            name; of the segment that finished the run
+                            CPU (name, family, model, stepping), the CPU kernels' instruction
+                            set, intra-op threads, GPU name; of the segment that finished the run
 model                       model config name (e.g. llama_350m)
 optim                       optim config name (e.g. foam2)
 optim_name                  registry name passed to foam.build_optimizer (e.g. foam)
@@ -109,22 +109,35 @@ def git_sha() -> str:
     return f"{sha}-dirty" if dirty else sha
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo`` on Linux, ``platform.processor()`` elsewhere)."""
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_model(cpuinfo: Path = CPUINFO) -> str:
+    """The CPU's model name with its family, model and stepping where ``cpuinfo`` (Linux) has
+    them, else ``platform.processor()``: a virtual machine's name can be as bare as "AMD EPYC",
+    which two CPU generations that round differently share."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        text = cpuinfo.read_text()
     except OSError:
-        pass
-    return platform.processor() or "unknown"
+        return platform.processor() or "unknown"
+    first_cpu = text.split("\n\n", 1)[0]
+    fields = dict(
+        (key.strip(), value.strip())
+        for key, _, value in (line.partition(":") for line in first_cpu.splitlines())
+    )
+    name = fields.get("model name") or platform.processor() or "unknown"
+    numbers = [
+        f"{key} {fields[key]}" for key in ("cpu family", "model", "stepping") if key in fields
+    ]
+    return f"{name} ({', '.join(numbers)})" if numbers else name
 
 
 def environment() -> dict[str, Any]:
     """What a run's numbers depend on beyond its code and config: two runs of one commit agree to
     the last bit only with the same torch build, kernels (the instruction set torch's CPU kernels
-    were dispatched for: AVX2 and AVX512 round differently) and thread count; the CPU study found
-    a committed run it could not reproduce and nothing recorded to say why."""
+    were dispatched for: AVX2 and AVX512 round differently), CPU and thread count. One run repeats
+    bit for bit on one machine and not on another (``results/repro/PROTOCOL.md``, v4 "Repeat note,
+    traced")."""
     return {
         "torch": torch.__version__,
         "cpu": cpu_model(),
