@@ -119,7 +119,7 @@ def cpu_model(cpuinfo: Path = CPUINFO) -> str:
     try:
         text = cpuinfo.read_text()
     except OSError:
-        return platform.processor() or "unknown"
+        text = ""
     first_cpu = text.split("\n\n", 1)[0]
     fields = dict(
         (key.strip(), value.strip())
