@@ -6,8 +6,8 @@ test split that no choice was made on.
 * **Q2** (``Q2_ROWS``): every row's embeddings, head and norms at one AdamW lr (``SHARED_LR``),
   its matrices' lr (alpha) walked to a bracketed optimum at full length, then 3 seeds.
 * **Q3** (``Q3_ROWS``, in priority order): 10,000 steps on a second corpus (about 22 tokens per
-  parameter), each row bracketed in both of its lrs at that length, then 3 seeds; it starts only
-  once that corpus is pinned here (``LONG_CORPUS``).
+  parameter), each row bracketed in both of its lrs at that length, then 3 seeds, on the corpus
+  pinned here (``LONG_CORPUS``).
 
 The machinery is v3's (``repro.reproduce_cpu.Study``: resumable runs, the coordinate walk, the
 slots); v4 adds the test split to every run, its own directories (``--root``, committed under
@@ -63,7 +63,10 @@ class LongCorpus:
     test_digest: str
 
 
-LONG_CORPUS: LongCorpus | None = None  # not pinned yet: Q3 runs nothing
+LONG_CORPUS = LongCorpus(  # PROTOCOL.md v4, "Pin note" (2026-11-28)
+    digest="f228d6aed08aa422ca216ae08633770d0c91a3c9a6658539458b5f22da3444ad",
+    test_digest="69514f9e8aebf9e0fef163161f55a4525fbfc3b7bc1bea4a95fd26c7fa5bfd65",
+)
 
 
 def method(name: str, *, searches_alpha: bool = True) -> Method:
@@ -242,8 +245,6 @@ def test_split_mismatch(data: Path) -> str | None:
 
 
 def long_corpus_mismatch(data: Path) -> str | None:
-    if LONG_CORPUS is None:
-        return "--long-data: the Q3 corpus is not pinned yet (PROTOCOL.md, v4: a dated note first)"
     for digest, pinned in (
         (corpus_digest(data), LONG_CORPUS.digest),
         (corpus_digest(data, ("test",)), LONG_CORPUS.test_digest),

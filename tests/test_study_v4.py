@@ -105,9 +105,9 @@ def test_walks_go_on_from_v3s_full_length_runs_and_q2_keeps_the_shared_lr(tmp_pa
     assert {s.lr for s in ran} == {0.04}
 
 
-def test_q3_needs_its_corpus_pinned_and_v4_its_test_split(tmp_path, monkeypatch, capsys):
-    assert "not pinned yet" in study_v4.long_corpus_mismatch(tmp_path)
+def test_q3_needs_its_pinned_corpus_and_v4_its_test_split(tmp_path, monkeypatch, capsys):
     (tmp_path / "en").mkdir()
+    assert "is not the pinned f228d6aed08aa422" in study_v4.long_corpus_mismatch(tmp_path)
     assert "test split digest" in study_v4.test_split_mismatch(tmp_path)
     monkeypatch.setattr(study_cli, "environment_mismatch", lambda: None)
     monkeypatch.setattr(study_cli, "data_mismatch", lambda _: None)
