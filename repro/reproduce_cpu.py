@@ -29,7 +29,6 @@ runs wait on first (``run_priority``); a run that diverges (the trainer then wri
 
 from __future__ import annotations
 
-import heapq
 import importlib.metadata
 import itertools
 import json
@@ -37,7 +36,8 @@ import math
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -233,12 +233,18 @@ def run_priority(stage: str, seed: int) -> tuple[int, int]:
 
 class PrioritySlots:
     """``jobs`` slots, each freed one handed to the waiting run with the smallest priority (the
-    earliest to ask among equals), where a semaphore serves them in the order they asked."""
+    earliest to ask among equals), where a semaphore serves them in the order they asked.
 
-    def __init__(self, jobs: int) -> None:
+    A run may name a ``lane`` with a limit (``lane_limits``): while a run of another lane waits,
+    that lane holds no more slots than its limit, so long runs cannot take every slot from
+    short ones for hours; when only its own runs wait, it takes any free slot (none idles)."""
+
+    def __init__(self, jobs: int, lane_limits: Mapping[str, int] | None = None) -> None:
         self._free = jobs
+        self._limits = dict(lane_limits or {})
+        self._held: Counter[str] = Counter()
         self._paused = False
-        self._waiting: list[tuple[tuple[int, ...], int]] = []
+        self._waiting: list[tuple[tuple[int, ...], int, str]] = []
         self._arrivals = itertools.count()
         self._changed = threading.Condition()
 
@@ -247,22 +253,30 @@ class PrioritySlots:
         with self._changed:
             return len(self._waiting)
 
+    def _next(self) -> tuple[tuple[int, ...], int, str]:
+        """The waiting ticket a free slot goes to: the first by priority of the lanes under their
+        limit, or of all when none is."""
+        under = [t for t in self._waiting if self._held[t[2]] < self._limits.get(t[2], math.inf)]
+        return min(under or self._waiting)
+
     @contextmanager
-    def hold(self, priority: tuple[int, ...]) -> Iterator[None]:
+    def hold(self, priority: tuple[int, ...], lane: str = "") -> Iterator[None]:
         with self._changed:
-            ticket = (priority, next(self._arrivals))
-            heapq.heappush(self._waiting, ticket)
+            ticket = (priority, next(self._arrivals), lane)
+            self._waiting.append(ticket)
             self._changed.wait_for(
-                lambda: not self._paused and self._free > 0 and self._waiting[0] == ticket
+                lambda: not self._paused and self._free > 0 and self._next() == ticket
             )
-            heapq.heappop(self._waiting)
+            self._waiting.remove(ticket)
             self._free -= 1
+            self._held[lane] += 1
             self._changed.notify_all()  # a slot may still be free for the next in line
         try:
             yield
         finally:
             with self._changed:
                 self._free += 1
+                self._held[lane] -= 1
                 self._changed.notify_all()
 
     @contextmanager
@@ -361,7 +375,7 @@ class Study:
             if run_dir not in self.planned:
                 self.planned.append(run_dir)
             return None
-        with self.slots.hold(self.priority(stage, seed, name, setting)):
+        with self.slots.hold(self.priority(stage, seed, name, setting), lane=stage):
             run_dir.mkdir(parents=True, exist_ok=True)
             with open(run_dir / "train.log", "a") as log:
                 code = subprocess.run(

@@ -33,6 +33,7 @@ from repro.reproduce_cpu import (
     METHODS,
     MODEL,
     Method,
+    PrioritySlots,
     Setting,
     Study,
 )
@@ -148,6 +149,9 @@ class StudyV4(Study):
     def __init__(self, *args, long_data: Path | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.long_data = long_data
+        # Q3's runs take 2-3 h each: while a 1,000-step run waits, they hold one slot, so that
+        # every working session moves Q1 and Q2 as well as Q3 (PROTOCOL.md v4, "Schedule note").
+        self.slots = PrioritySlots(self.jobs, lane_limits={LONG: max(1, self.jobs - 1)})
 
     def protocol(self, stage: str, seed: int) -> list[str]:
         if stage == LONG:

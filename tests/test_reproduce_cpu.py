@@ -418,3 +418,45 @@ def test_muon_and_adam_mini_get_the_module_wise_lr(tmp_path):
         study, ran = fake_study(tmp_path, bowl(best_lr=2e-2, best_alpha=0.125))
         assert study.search(method) == Setting(2e-2, 0.125, None)
         assert set(Setting(2e-2, 0.125, None).neighbours(method)) <= set(ran)
+
+
+def test_a_lane_at_its_limit_leaves_a_slot_to_the_other_lane_but_never_an_idle_one():
+    """v4's 10,000-step runs hold one slot of two while a 1,000-step run waits, whatever their
+    priority; with none waiting they take both."""
+    slots = reproduce_cpu.PrioritySlots(2, lane_limits={"long": 1})
+    started: list[str] = []
+    release = {name: threading.Event() for name in ("long0", "long1", "long2", "short0")}
+
+    def run(name: str, lane: str, priority: tuple[int, ...]) -> None:
+        with slots.hold(priority, lane=lane):
+            started.append(name)
+            release[name].wait(timeout=10)
+
+    with slots.paused():
+        threads = [
+            threading.Thread(target=run, args=args)
+            for args in (("long0", "long", (0,)), ("long1", "long", (0,)), ("short0", "", (1,)))
+        ]
+        for thread in threads:
+            thread.start()
+        while slots.waiting < 3:
+            time.sleep(0.001)
+    while len(started) < 2:
+        time.sleep(0.001)
+    assert sorted(started) == ["long0", "short0"]  # long1 is first by priority, yet waits
+    release["short0"].set()
+    while len(started) < 3:  # nothing else waits: the long lane takes the freed slot
+        time.sleep(0.001)
+    assert started[-1] == "long1"
+    threads.append(threading.Thread(target=run, args=("long2", "long", (0,))))
+    threads[-1].start()
+    while slots.waiting < 1:
+        time.sleep(0.001)
+    release["long0"].set()
+    while len(started) < 4:
+        time.sleep(0.001)
+    assert started[-1] == "long2"
+    for name in ("long1", "long2"):
+        release[name].set()
+    for thread in threads:
+        thread.join(timeout=10)
