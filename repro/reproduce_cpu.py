@@ -237,11 +237,19 @@ class PrioritySlots:
 
     A run may name a ``lane`` with a limit (``lane_limits``): while a run of another lane waits,
     that lane holds no more slots than its limit, so long runs cannot take every slot from
-    short ones for hours; when only its own runs wait, it takes any free slot (none idles)."""
+    short ones for hours; when only its own runs wait, it takes any free slot (none idles).
 
-    def __init__(self, jobs: int, lane_limits: Mapping[str, int] | None = None) -> None:
+    A freed slot may wait ``handover_s`` before it is handed out: the runs a finished run leads
+    to (a walk's next points, the seeds at its end) are asked for only after it ends, and without
+    the wait a run already waiting would take the slot before them, whatever their priority."""
+
+    def __init__(
+        self, jobs: int, lane_limits: Mapping[str, int] | None = None, handover_s: float = 0.0
+    ) -> None:
         self._free = jobs
         self._limits = dict(lane_limits or {})
+        self._handover_s = handover_s
+        self._handing_over_until = 0.0  # time.monotonic() before which no freed slot is handed out
         self._held: Counter[str] = Counter()
         self._paused = False
         self._waiting: list[tuple[tuple[int, ...], int, str]] = []
@@ -265,7 +273,12 @@ class PrioritySlots:
             ticket = (priority, next(self._arrivals), lane)
             self._waiting.append(ticket)
             self._changed.wait_for(
-                lambda: not self._paused and self._free > 0 and self._next() == ticket
+                lambda: (
+                    not self._paused
+                    and self._free > 0
+                    and time.monotonic() >= self._handing_over_until
+                    and self._next() == ticket
+                )
             )
             self._waiting.remove(ticket)
             self._free -= 1
@@ -277,7 +290,18 @@ class PrioritySlots:
             with self._changed:
                 self._free += 1
                 self._held[lane] -= 1
+                if self._handover_s > 0:
+                    self._handing_over_until = time.monotonic() + self._handover_s
+                    # wakes the waiting runs once the wait is over (a little after, so that
+                    # the clock has passed it when they look)
+                    wake = threading.Timer(self._handover_s + 0.01, self._wake)
+                    wake.daemon = True
+                    wake.start()
                 self._changed.notify_all()
+
+    def _wake(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
 
     @contextmanager
     def paused(self) -> Iterator[None]:

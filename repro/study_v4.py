@@ -44,6 +44,7 @@ V3_RUNS = REPO / "results" / "repro" / "runs"  # v3's committed runs: walk data 
 V4_RUNS = REPO / "results" / "repro" / "v4" / "runs"
 V3_EVAL_TOKENS = 278_528  # the 1,088 validation rows the v3 trainer scored (PROTOCOL.md, v4)
 TEST_TOKENS = 400_000  # more than the mirror's 393,814 test tokens: the whole split
+HANDOVER_SECONDS = 10  # ample for a finished run's walk to ask for its next runs (~0.1 s)
 # make_corpus.py's test split of the study's mirror (TEST_PACKAGES), pinned by the amendment.
 TEST_DIGEST = "24bca6d9f2a40b7b7bc896fa7160fb27a9bdf97b29867aea8274e3c6a416a8b6"
 Q1_SEEDS = tuple(range(8))
@@ -151,7 +152,11 @@ class StudyV4(Study):
         self.long_data = long_data
         # Q3's runs take 2-3 h each: while a 1,000-step run waits, they hold one slot, so that
         # every working session moves Q1 and Q2 as well as Q3 (PROTOCOL.md v4, "Schedule note").
-        self.slots = PrioritySlots(self.jobs, lane_limits={LONG: max(1, self.jobs - 1)})
+        # A freed slot waits for the runs its run leads to, so that a Q3 row's seeds, asked for
+        # when its walk's last run ends, start before the next row's walk (``priority``).
+        self.slots = PrioritySlots(
+            self.jobs, lane_limits={LONG: max(1, self.jobs - 1)}, handover_s=HANDOVER_SECONDS
+        )
 
     def protocol(self, stage: str, seed: int) -> list[str]:
         if stage == LONG:
@@ -171,11 +176,13 @@ class StudyV4(Study):
         return [o for o in base if o.split("=", 1)[0] not in keys] + evaluation
 
     def priority(self, stage: str, seed: int, name: str, setting: Setting) -> tuple[int, ...]:
-        """Seed-0 walk runs first (each decides the next), then the seeds; Q3's after the shorter
-        questions' at each of those, and Q3's rows in their order (``q3_rank``), so that a row
-        takes a slot only when no row before it has a run waiting."""
-        rank = q3_rank(name, setting) if stage == LONG else 0
-        return int(seed > 0), int(stage == LONG), rank
+        """The 1,000-step questions' runs first, their seed-0 walk runs (each decides the next)
+        before their seeds; then Q3's rows in their order (``q3_rank``), each row's seeds before
+        the next row's walk, so that the rows finish in that order (PROTOCOL.md v4, "Second
+        schedule note"): a row takes a slot only when no row before it has a run waiting."""
+        if stage == LONG:
+            return 1, q3_rank(name, setting), int(seed > 0)
+        return 0, 0, int(seed > 0)
 
     def walk_data(
         self, stage: str, row: Row, keep: Callable[[Setting], bool]

@@ -420,6 +420,37 @@ def test_muon_and_adam_mini_get_the_module_wise_lr(tmp_path):
         assert set(Setting(2e-2, 0.125, None).neighbours(method)) <= set(ran)
 
 
+def test_a_freed_slot_waits_for_the_runs_its_run_leads_to():
+    """A walk's seeds are asked for only after its last run ends: with a handover wait they
+    take its slot before a run of lower priority that has waited for hours; without it, not."""
+
+    def order(handover_s: float) -> list[str]:
+        slots = reproduce_cpu.PrioritySlots(1, handover_s=handover_s)
+        started: list[str] = []
+
+        def run(name: str, priority: tuple[int, ...]) -> None:
+            with slots.hold(priority):
+                started.append(name)
+
+        def walk() -> None:
+            with slots.hold((0,)):
+                while slots.waiting < 1:  # the next row's run waits
+                    time.sleep(0.001)
+            time.sleep(0.05)  # the walk reads its summaries
+            run("seed", (1,))  # what the walk's end leads to, asked for after its slot is free
+
+        threads = [threading.Thread(target=walk), threading.Thread(target=run, args=("next", (2,)))]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.01)
+        for thread in threads:
+            thread.join(timeout=10)
+        return started
+
+    assert order(handover_s=0.5) == ["seed", "next"]
+    assert order(handover_s=0.0) == ["next", "seed"]
+
+
 def test_a_lane_at_its_limit_leaves_a_slot_to_the_other_lane_but_never_an_idle_one():
     """v4's 10,000-step runs hold one slot of two while a 1,000-step run waits, whatever their
     priority; with none waiting they take both."""

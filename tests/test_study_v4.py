@@ -64,17 +64,19 @@ def test_every_v4_run_scores_the_test_split_and_v3s_validation_rows(tmp_path):
     assert f"data.path={tmp_path / 'long'}" in long and "data.shuffle_seed=3" in long
 
 
-def test_q3_rows_take_slots_in_their_order_and_seeds_wait_for_walks():
+def test_q3_rows_finish_in_their_order_each_rows_seeds_before_the_next_rows_walk():
     study = StudyV4(Path("d"), Path("r"), 2)
     control, full_adam = Setting(0.04, 0.0625, None), Setting(2.5e-3, 1.0, None)
     ranks = [q3_rank(r.method.name, r.start) for r in Q3_ROWS]
     assert ranks == list(range(len(Q3_ROWS)))
     assert q3_rank("adamw", control) == 1 and q3_rank("adamw", full_adam) == 5
     walk_q1 = study.priority(FULL, 0, "foam2", control)
-    walk_q3 = study.priority(LONG, 0, "muon_modulewise", Setting(0.08, 0.03125, None))
     seed_q1 = study.priority(FULL, 5, "foam2", control)
-    assert walk_q1 < walk_q3 < seed_q1 < study.priority(LONG, 1, "foam2", control)
-    assert study.priority(LONG, 0, "foam2", control) < walk_q3
+    walk_foam2, seed_foam2 = (study.priority(LONG, seed, "foam2", control) for seed in (0, 1))
+    walk_control, seed_control = (study.priority(LONG, seed, "adamw", control) for seed in (0, 2))
+    walk_muon = study.priority(LONG, 0, "muon_modulewise", Setting(0.08, 0.03125, None))
+    assert walk_q1 < seed_q1 < walk_foam2 < seed_foam2 < walk_control < seed_control < walk_muon
+    assert study.priority(LONG, 0, "adamw", full_adam) > seed_control  # the last row, last
 
 
 def write_summary(run_dir: Path, ppl: float) -> None:
