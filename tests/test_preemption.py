@@ -2,6 +2,9 @@
 
 import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,11 +19,13 @@ from train.preemption import (
     StopAborted,
     StopAndSave,
     Verdict,
+    ignore_stop_signals,
     install_stop_signals,
     received_signal,
 )
 
 CPU = torch.device("cpu")
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -152,3 +157,42 @@ def test_ctrl_c_on_a_run_saves_exits_75_and_the_rerun_resumes(tmp_path):
     resumed = run(cmd)
     assert f"resumed from {run_dir / 'checkpoints'}" in resumed.stdout + resumed.stderr
     assert (run_dir / "summary.json").exists()
+
+
+EXIT_DECIDED = """
+import sys
+from train.preemption import ignore_stop_signals, install_stop_signals
+install_stop_signals()
+{ignore}
+print("exiting", flush=True)
+sys.exit(75)
+"""
+
+
+def exit_status_under_ctrl_c(ignore: str) -> int:
+    """A process that exits with 75 while Ctrl-C keeps arriving until it is gone, so that some
+    presses land in interpreter shutdown, after Python has reset its handlers."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", EXIT_DECIDED.format(ignore=ignore)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert proc.stdout.readline() == b"exiting\n"
+    while proc.poll() is None:
+        try:
+            proc.send_signal(signal.SIGINT)
+        except ProcessLookupError:
+            break
+    return proc.wait()
+
+
+def test_signals_after_the_exit_status_is_decided_leave_it_as_it_is():
+    assert {exit_status_under_ctrl_c("ignore_stop_signals()") for _ in range(5)} == {75}
+
+
+def test_ignoring_the_stop_signals_ignores_them_in_this_process(stop_signals_installed):
+    ignore_stop_signals()
+    os.kill(os.getpid(), signal.SIGINT)
+    assert received_signal() is None
+    assert all(signal.getsignal(sig) is signal.SIG_IGN for sig in STOP_SIGNALS)

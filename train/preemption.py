@@ -86,14 +86,28 @@ def _record(signum: int, frame: FrameType | None) -> None:
 def install_stop_signals(signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> None:
     """Record ``signals`` instead of dying of them, for the rest of the process.
 
-    Never uninstalled: a second signal while the checkpoint is written, the logs are flushed or
-    the interpreter shuts down must not turn the documented exit status into a death by signal.
+    Never uninstalled: a second signal while the checkpoint is written or the logs are flushed
+    must not turn the documented exit status into a death by signal (``ignore_stop_signals``
+    covers what comes after).
     Signal handlers are per process, so the record is too (``received_signal``). Call from the
     main thread (Python's rule for ``signal.signal``).
     """
     _received.clear()
     for sig in signals:
         signal.signal(sig, _record)
+
+
+def ignore_stop_signals(signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> None:
+    """Ignore ``signals`` from here to the end of the process: call once its exit status is
+    decided (the checkpoint written, the process group shut down).
+
+    Recording them is not enough that late: interpreter shutdown resets every Python-level
+    handler to the default action, so a second Ctrl-C landing there would still kill the process
+    with SIGINT and hide the saved checkpoint's exit status. A handler set to ``SIG_IGN`` is the
+    one kind shutdown leaves in place.
+    """
+    for sig in signals:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def received_signal() -> signal.Signals | None:

@@ -92,6 +92,7 @@ from train.preemption import (
     RunPreempted,
     StopAborted,
     StopAndSave,
+    ignore_stop_signals,
     install_stop_signals,
 )
 from train.schedule import build_scheduler
@@ -646,6 +647,7 @@ def main(cfg: DictConfig) -> None:
         sys.exit(ABORTED_EXIT_STATUS)
     finally:
         dist.shutdown()
+        ignore_stop_signals()  # the exit status is decided: a late signal must not replace it
 
 
 if __name__ == "__main__":
