@@ -32,14 +32,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gzip
 import hashlib
 import json
+import multiprocessing
+import os
 import re
 import subprocess
 import tempfile
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -239,29 +242,54 @@ def document_key(path: str) -> str:
     return "/".join(path.split("/")[-2:])
 
 
+def candidate_paragraphs(source: tuple[Package, Path]) -> list[str]:
+    """The paragraphs of one document file that ``keeps`` would keep, before dedup: the part of
+    reading a document that depends on that file alone, so it can run in any process."""
+    package, file = source
+    text = file.read_text(encoding="utf-8", errors="replace")
+    return [paragraph for paragraph in paragraphs(package, text) if keeps(paragraph)]
+
+
+@contextlib.contextmanager
+def ordered_map(workers: int) -> Iterator[Callable[..., Iterable[Any]]]:
+    """``map`` over ``workers`` processes, results in input order (the builtin for 1): cleaning
+    the long corpus's HTML is most of its build, and the files do not depend on each other."""
+    if workers <= 1:
+        yield map
+        return
+    with multiprocessing.Pool(workers) as pool:
+        yield functools.partial(pool.imap, chunksize=16)
+
+
 def documents(
     unpacked: Path,
     timestamp: str,
     packages: tuple[Package, ...],
     seen: set[str] | None = None,
     exclude: frozenset[str] = frozenset(),
+    workers: int = 1,
 ) -> Iterator[Document]:
     """Cleaned documents of ``packages``, paragraphs deduplicated across the whole corpus (and
     against ``seen``, which it extends); documents whose ``document_key`` is in ``exclude`` are
-    skipped whole."""
+    skipped whole. Files are cleaned in ``workers`` processes; dedup stays here, in file order,
+    so the documents are the same for any number of them."""
     seen = set() if seen is None else seen
+    files = []
     for package, root, file in source_files(unpacked, packages):
         relative = relative_path(package, root, file)
-        if relative.startswith("translations/") or document_key(relative) in exclude:
-            continue
-        kept = []
-        for paragraph in paragraphs(package, file.read_text(encoding="utf-8", errors="replace")):
-            key = paragraph.lower()
-            if keeps(paragraph) and key not in seen:
-                seen.add(key)
-                kept.append(paragraph)
-        if len(kept) >= MIN_PARAGRAPHS:
-            yield Document(package, relative, "\n".join(kept), timestamp)
+        if not relative.startswith("translations/") and document_key(relative) not in exclude:
+            files.append((package, relative, file))
+    with ordered_map(workers) as map_files:
+        cleaned = map_files(candidate_paragraphs, [(package, file) for package, _, file in files])
+        for (package, relative, _), candidates in zip(files, cleaned, strict=True):
+            kept = []
+            for paragraph in candidates:
+                key = paragraph.lower()
+                if key not in seen:
+                    seen.add(key)
+                    kept.append(paragraph)
+            if len(kept) >= MIN_PARAGRAPHS:
+                yield Document(package, relative, "\n".join(kept), timestamp)
 
 
 def percentile(key: str) -> int:
@@ -335,7 +363,7 @@ def download(package: Package, workdir: Path) -> Path:
 
 
 def test_documents(
-    unpacked: Path, timestamp: str, corpus: Corpus, seen: set[str]
+    unpacked: Path, timestamp: str, corpus: Corpus, seen: set[str], workers: int = 1
 ) -> list[Document]:
     """The test split from ``corpus.test_packages``: their documents that none of its packages
     has, at its path or moved (``document_key``), without a paragraph of the mirror (``seen``:
@@ -344,11 +372,13 @@ def test_documents(
         document_key(relative_path(package, root, file))
         for package, root, file in source_files(unpacked, corpus.packages)
     )
-    return list(documents(unpacked, timestamp, corpus.test_packages, seen, exclude=known))
+    return list(
+        documents(unpacked, timestamp, corpus.test_packages, seen, exclude=known, workers=workers)
+    )
 
 
 def read_splits(
-    corpus: Corpus, unpacked: Path, validation_percent: int, with_test: bool
+    corpus: Corpus, unpacked: Path, validation_percent: int, with_test: bool, workers: int = 1
 ) -> dict[str, list[Document]]:
     """The documents of each split: by ``split_of`` their URL, or, for a corpus with test
     packages, its test split from those (``test_documents``); no test split unless
@@ -357,12 +387,12 @@ def read_splits(
     stamp = datetime.fromtimestamp(newest, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     seen: set[str] = set()
     splits: dict[str, list[Document]] = {"train": [], "validation": [], "test": []}
-    for doc in documents(unpacked, stamp, corpus.packages, seen):
+    for doc in documents(unpacked, stamp, corpus.packages, seen, workers=workers):
         splits[split_of(doc.url, validation_percent, corpus.test_percent)].append(doc)
     if not with_test:
         splits["test"] = []
     elif corpus.test_packages:
-        splits["test"] = test_documents(unpacked, stamp, corpus, seen)
+        splits["test"] = test_documents(unpacked, stamp, corpus, seen, workers)
     return splits
 
 
@@ -458,6 +488,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
     )
     parser.add_argument("--train-shards", type=int, default=8)
     parser.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="processes that clean the documents (default: one per CPU); the mirror is the "
+        "same for any number",
+    )
+    parser.add_argument(
         "--no-test",
         action="store_true",
         help="no test split (the study's test packages are then neither fetched nor read; the "
@@ -472,6 +509,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
         "size, and record that tokenizer's sha256",
     )
     args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers {args.workers}: needs at least 1")
     if args.source_root is not None and not args.source_root.is_dir():
         parser.error(f"--source-root {args.source_root} is not a directory")
     if (args.out / "en").exists() and any((args.out / "en").iterdir()):
@@ -518,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             root = args.source_root or fetch_packages(Path(tmp), pinned)
-            splits = read_splits(corpus, root, percent, with_test=not args.no_test)
+            splits = read_splits(corpus, root, percent, not args.no_test, args.workers)
         except CorpusError as error:
             parser.error(str(error))
     write_shards(splits["train"], args.out, "train", args.train_shards)

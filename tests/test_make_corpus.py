@@ -165,6 +165,29 @@ def test_mirror_layout_records_and_split(packages, tmp_path):
     assert read_split(again, "validation") == read_split(tmp_path / "other", "validation")
 
 
+def test_the_mirror_is_the_same_for_any_number_of_workers(packages, tmp_path):
+    """Cleaning runs in worker processes, dedup in file order: one worker or three, the same
+    records in every split (the dedup fixture's later duplicate dropped either way)."""
+    for workers in ("1", "3"):
+        make_corpus.main(
+            ["--out", str(tmp_path / workers), "--source-root", str(packages), "--workers", workers]
+        )
+    for split in ("train", "validation", "test"):
+        assert read_split(tmp_path / "1", split) == read_split(tmp_path / "3", split)
+    digests = [
+        json.loads((tmp_path / w / make_corpus.MANIFEST).read_text())["corpus_digest"]
+        for w in ("1", "3")
+    ]
+    assert digests[0] == digests[1]
+
+
+def test_a_worker_count_below_one_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        make_corpus.main(["--out", str(tmp_path / "mirror"), "--workers", "0"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("--workers 0: needs at least 1")
+
+
 def test_refuses_to_overwrite_and_a_missing_package(packages, tmp_path, capsys):
     out = tmp_path / "mirror"
     make_corpus.main(["--out", str(out), "--source-root", str(packages)])
