@@ -1,0 +1,101 @@
+"""tools/thread_check.py: a run's command repeated at several thread counts, numbers compared bit for bit."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from test_train_cli import TINY
+
+from tools import thread_check
+from tools.thread_check import Numbers, check_overrides, first_difference
+
+
+def recorded_run(tmp_path: Path, overrides: list[str]) -> Path:
+    """A run directory as far as the check reads it: Hydra's record of the overrides."""
+    run_dir = tmp_path / "recorded"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    return run_dir
+
+
+def test_the_check_keeps_the_runs_settings_and_sets_its_own_length_and_directory():
+    recorded = [
+        "+model=llama_2m",
+        "+optim=foam2",
+        "optim.lr=0.02",
+        "hydra.run.dir=/runs/x",
+        "trainer.resume=auto",
+        "trainer.max_steps=10000",
+        "trainer.save_every=100",
+        "trainer.eval_every=500",
+        "trainer.test_tokens=10000000",
+        "logger=wandb",
+    ]
+    assert check_overrides(recorded, 120, Path("/scratch/t2")) == [
+        "+model=llama_2m",
+        "+optim=foam2",
+        "optim.lr=0.02",
+        "hydra.run.dir=/scratch/t2",
+        "trainer.max_steps=120",
+        "trainer.save_every=0",
+        "trainer.save_every_minutes=0",
+        "trainer.eval_every=0",
+        "trainer.test_tokens=0",
+        "logger=none",
+    ]
+
+
+def numbers(losses: list[float], val_loss: float | None = 5.5) -> Numbers:
+    return Numbers([(10 * (i + 1), x) for i, x in enumerate(losses)], val_loss, 0.5)
+
+
+def test_the_first_difference_is_named_and_equal_numbers_have_none():
+    assert first_difference(numbers([6.0, 5.9]), numbers([6.0, 5.9])) is None
+    assert first_difference(numbers([6.0, 5.9]), numbers([6.0, 5.9 + 1e-15])) == (
+        f"training loss at step 20: 5.9 against {5.9 + 1e-15!r}"
+    )
+    assert first_difference(numbers([6.0]), numbers([6.0], 5.25)) == (
+        "final validation loss: 5.5 against 5.25"
+    )
+    assert first_difference(numbers([6.0]), numbers([6.0, 5.9])) == "they logged different steps"
+
+
+def test_a_tiny_run_repeated_agrees_with_itself_and_the_check_runs_its_own_length(tmp_path, capsys):
+    long_run = [*TINY, "+optim=adamw", "trainer.max_steps=500", "trainer.eval_every=100"]
+    like = recorded_run(tmp_path, [*long_run, f"hydra.run.dir={tmp_path / 'elsewhere'}"])
+    out = tmp_path / "check"
+    argv = ["--like", str(like), "--threads", "1", "1", "--steps", "4", "--out", str(out)]
+    assert thread_check.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "the same numbers at 1, 1 threads: the training loss at 4 logged steps" in printed
+    rows = [
+        json.loads(line) for line in (out / "threads1" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
+    assert not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--threads", "1"], "--threads: at least two counts, each at least 1"),
+        (["--steps", "0"], "--steps 0: needs at least 1"),
+        (["--trainer", "nowhere.py"], "--trainer nowhere.py: no such file"),
+    ],
+)
+def test_a_bad_command_line_is_refused_in_one_line(tmp_path, capsys, argv, message):
+    like = recorded_run(tmp_path, TINY)
+    with pytest.raises(SystemExit) as exit_:
+        thread_check.main(["--like", str(like), *argv])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(message)
+
+
+def test_a_directory_without_the_record_of_its_command_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        thread_check.main(["--like", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert (
+        "no .hydra/overrides.yaml (not a run directory of this trainer)" in capsys.readouterr().err
+    )
