@@ -1,12 +1,12 @@
-"""Does a run compute the same numbers at another intra-op thread count?
+"""Repeat a run's command at several intra-op thread counts and compare its numbers bit for bit.
 
 A CPU run at two threads steps about 1.7 times faster than at one, but a parallel reduction may
 add in another order and round differently, so a study that fixed single-thread runs may use two
-only where that is shown to move nothing. This repeats a run's command (its Hydra overrides, as
+only where that is shown to move nothing. This repeats the command (its Hydra overrides, as
 ``.hydra/overrides.yaml`` records them) for a few steps at each thread count, in a scratch
 directory, and compares every logged training loss and the final validation loss bit for bit.
 
-    python scripts/check_threads.py --like runs/foo --steps 120                 # 1 vs 2 threads
+    python scripts/thread_check.py --like runs/foo --steps 120                 # 1 vs 2 threads
     ../study/.venv/bin/python -m tools.thread_check --trainer ../study/train/pretrain.py \\
         --like ../study/runs/repro-v4/long/llama_2m/adamw/lr0.02_alpha0.125_seed0
 

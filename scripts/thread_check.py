@@ -2,8 +2,8 @@
 
 The command line of ``tools.thread_check``, which holds the logic (``--help`` for its options).
 
-    python scripts/check_threads.py --like runs/foo               # 120 steps at 1 and 2 threads
-    python scripts/check_threads.py --like runs/foo --threads 1 2 4 --steps 50
+    python scripts/thread_check.py --like runs/foo               # 120 steps at 1 and 2 threads
+    python scripts/thread_check.py --like runs/foo --threads 1 2 4 --steps 50
 """
 
 import sys
