@@ -31,17 +31,6 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 OVERRIDES = Path(".hydra") / "overrides.yaml"
-# What the check sets itself: its length, its directory, no evaluation or save on the way.
-REPLACED = (
-    "hydra.run.dir",
-    "trainer.resume",
-    "trainer.max_steps",
-    "trainer.save_every",
-    "trainer.save_every_minutes",
-    "trainer.eval_every",
-    "trainer.test_tokens",
-    "logger",
-)
 
 
 @dataclass(frozen=True)
@@ -54,18 +43,20 @@ class Numbers:
 
 
 def check_overrides(recorded: list[str], steps: int, run_dir: Path) -> list[str]:
-    """The recorded overrides with the check's own length and directory in place of the run's."""
-    kept = [o for o in recorded if o.lstrip("+~").split("=", 1)[0] not in REPLACED]
-    return [
-        *kept,
-        f"hydra.run.dir={run_dir}",
-        f"trainer.max_steps={steps}",
-        "trainer.save_every=0",
-        "trainer.save_every_minutes=0",
-        "trainer.eval_every=0",
-        "trainer.test_tokens=0",
-        "logger=none",
-    ]
+    """The recorded overrides with the check's own length and directory in place of the run's,
+    and no evaluation, save or resume on the way."""
+    own = {
+        "hydra.run.dir": run_dir,
+        "trainer.max_steps": steps,
+        "trainer.save_every": 0,
+        "trainer.save_every_minutes": 0,
+        "trainer.eval_every": 0,
+        "trainer.test_tokens": 0,
+        "logger": "none",
+    }
+    replaced = {*own, "trainer.resume"}
+    kept = [o for o in recorded if o.lstrip("+~").split("=", 1)[0] not in replaced]
+    return [*kept, *(f"{key}={value}" for key, value in own.items())]
 
 
 def read_numbers(run_dir: Path) -> Numbers:
