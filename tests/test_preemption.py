@@ -22,6 +22,7 @@ from train.preemption import (
     ignore_stop_signals,
     install_stop_signals,
     received_signal,
+    shut_down_keeping_exit_status,
 )
 
 CPU = torch.device("cpu")
@@ -195,4 +196,18 @@ def test_ignoring_the_stop_signals_ignores_them_in_this_process(stop_signals_ins
     ignore_stop_signals()
     os.kill(os.getpid(), signal.SIGINT)
     assert received_signal() is None
+    assert all(signal.getsignal(sig) is signal.SIG_IGN for sig in STOP_SIGNALS)
+
+
+def test_a_third_ctrl_c_during_the_shutdown_only_cuts_it_short(stop_signals_installed, capfd):
+    pressed = []
+
+    def shutdown() -> None:
+        for press in range(1, len(CTRL_C_ANSWERS) + 2):
+            os.kill(os.getpid(), signal.SIGINT)  # the third press raises StopAborted here
+            pressed.append(press)
+        pytest.fail("the third Ctrl-C did not interrupt the shutdown")
+
+    shut_down_keeping_exit_status(shutdown)
+    assert pressed == list(range(1, len(CTRL_C_ANSWERS) + 1))
     assert all(signal.getsignal(sig) is signal.SIG_IGN for sig in STOP_SIGNALS)

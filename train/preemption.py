@@ -23,6 +23,7 @@ not count as a second press.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -108,6 +109,20 @@ def ignore_stop_signals(signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> N
     """
     for sig in signals:
         signal.signal(sig, signal.SIG_IGN)
+
+
+def shut_down_keeping_exit_status(shutdown: Callable[[], None]) -> None:
+    """Run ``shutdown`` (the process group's teardown) once the exit status is decided, then
+    ignore the stop signals to the end of the process (``ignore_stop_signals``).
+
+    A third Ctrl-C during the teardown raises ``StopAborted``, which would replace the decided
+    status (a kept checkpoint's ``PREEMPTED_EXIT_STATUS``, a finished run's 0) with a traceback
+    and a message that no checkpoint was kept; here it only cuts the teardown short, which the
+    process's exit completes anyway.
+    """
+    with contextlib.suppress(StopAborted):
+        shutdown()
+    ignore_stop_signals()
 
 
 def received_signal() -> signal.Signals | None:

@@ -92,8 +92,8 @@ from train.preemption import (
     RunPreempted,
     StopAborted,
     StopAndSave,
-    ignore_stop_signals,
     install_stop_signals,
+    shut_down_keeping_exit_status,
 )
 from train.schedule import build_scheduler
 from train.schema import DataConfig, data_config, register_configs
@@ -646,8 +646,7 @@ def main(cfg: DictConfig) -> None:
         print(f"stopped: {abort}", file=sys.stderr)
         sys.exit(ABORTED_EXIT_STATUS)
     finally:
-        dist.shutdown()
-        ignore_stop_signals()  # the exit status is decided: a late signal must not replace it
+        shut_down_keeping_exit_status(dist.shutdown)
 
 
 if __name__ == "__main__":
