@@ -338,7 +338,8 @@ class Study:
     finished: Path | None = None
     """Where earlier sessions' finished runs were committed (``--collect``): they count as done."""
     slots: PrioritySlots = field(init=False)
-    planned: list[Path] = field(default_factory=list)
+    planned: dict[Path, list[str]] = field(default_factory=dict)
+    """A dry run's runs that can start now, each with its command."""
     _locks: dict[Path, threading.Lock] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
 
@@ -419,8 +420,7 @@ class Study:
             Point(MODEL, optim, setting.lr, setting.alpha, seed, name), run_dir, 1, extra
         )
         if self.dry_run:
-            if run_dir not in self.planned:
-                self.planned.append(run_dir)
+            self.planned.setdefault(run_dir, cmd)
             return None
         with self.slots.hold(self.priority(stage, seed, name, setting), lane=stage):
             run_dir.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ corpus (and, for v4, its pinned test split and Q3 corpus); ``--plan`` lists what
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 from repro.reproduce_cpu import Study, data_mismatch, environment_mismatch
@@ -28,6 +29,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--root", type=Path, help=f"run directories (default {V3_ROOT}, v4 {V4_ROOT})")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--plan", action="store_true", help="list the runs that can start now")
+    p.add_argument(
+        "--commands",
+        action="store_true",
+        help="with --plan: each run's command instead of its directory (what "
+        "scripts/thread_check.py --command repeats)",
+    )
     p.add_argument("--collect", type=Path, help="copy finished summaries here, run nothing")
     p.add_argument(
         "--finished",
@@ -41,6 +48,8 @@ def parser() -> argparse.ArgumentParser:
 
 def refusal(args: argparse.Namespace) -> str | None:
     """Why the study cannot run as asked (one line), or None."""
+    if args.commands and not args.plan:
+        return "--commands lists the plan's commands: it needs --plan"
     if not (args.data / "en").is_dir():
         return f"--data {args.data}: no en/ directory; build it with scripts/make_corpus.py"
     mismatch = environment_mismatch() or data_mismatch(args.data)
@@ -75,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         study = Study(args.data.resolve(), root, args.jobs, **common)
     study.all()
     if args.plan:
-        for run_dir in study.planned:
-            print(run_dir)
+        for run_dir, cmd in study.planned.items():
+            print(shlex.join(cmd) if args.commands else run_dir)
         print(f"{len(study.planned)} runs can start now")
     return 0

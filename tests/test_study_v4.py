@@ -21,6 +21,7 @@ from repro.study_v4 import (
     q3_rank,
     two_lrs,
 )
+from tools.thread_check import command_overrides
 
 FOAM2 = Q1_ROWS[0]
 FULL_ADAM = Q3_ROWS[-1]
@@ -116,3 +117,31 @@ def test_q3_needs_its_pinned_corpus_and_v4_its_test_split(tmp_path, monkeypatch,
     with pytest.raises(SystemExit):
         study_cli.main(["--data", str(tmp_path), "--long-data", str(tmp_path), "--plan"])
     assert "--long-data needs --v4" in capsys.readouterr().err
+
+
+def test_the_plan_lists_each_runs_command_for_the_thread_check(tmp_path, monkeypatch, capsys):
+    for check in ("environment_mismatch", "data_mismatch", "test_split_mismatch"):
+        monkeypatch.setattr(study_cli, check, lambda *_: None)
+    monkeypatch.setattr(study_cli, "long_corpus_mismatch", lambda _: None)
+    (tmp_path / "en").mkdir()
+    args = ["--v4", "--data", str(tmp_path), "--long-data", str(tmp_path / "long")]
+    args += ["--root", str(tmp_path / "runs"), "--finished", str(tmp_path / "none")]
+    assert study_cli.main([*args, "--plan"]) == 0
+    *dirs, count = capsys.readouterr().out.splitlines()
+    assert study_cli.main([*args, "--plan", "--commands"]) == 0
+    *commands, same_count = capsys.readouterr().out.splitlines()
+    assert count == same_count == f"{len(dirs)} runs can start now" and len(dirs) > len(Q3_ROWS)
+    overrides = [command_overrides(command) for command in commands]
+    run_dirs = {
+        o.split("=", 1)[1] for run in overrides for o in run if o.startswith("hydra.run.dir=")
+    }
+    assert run_dirs == set(dirs)  # the same runs (the dry run's threads list them in any order)
+    q3 = [run for run in overrides if f"data.path={tmp_path / 'long'}" in run]
+    assert all("trainer.max_steps=10000" in run for run in q3)
+    assert {o for run in q3 for o in run if o.startswith("+optim=")} >= {
+        "+optim=foam2",
+        "+optim=muon",
+    }
+    with pytest.raises(SystemExit):
+        study_cli.main([*args, "--commands"])
+    assert "--commands lists the plan's commands: it needs --plan" in capsys.readouterr().err

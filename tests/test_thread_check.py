@@ -1,6 +1,7 @@
 """tools/thread_check.py: a run's command repeated at several thread counts, numbers compared bit for bit."""
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,7 @@ import yaml
 from test_train_cli import TINY
 
 from tools import thread_check
-from tools.thread_check import Numbers, check_overrides, first_difference
+from tools.thread_check import Numbers, check_overrides, command_overrides, first_difference
 
 
 def recorded_run(tmp_path: Path, overrides: list[str]) -> Path:
@@ -61,11 +62,34 @@ def test_the_first_difference_is_named_and_equal_numbers_have_none():
     assert first_difference(numbers([6.0]), numbers([6.0, 5.9])) == "they logged different steps"
 
 
-def test_a_tiny_run_repeated_agrees_with_itself_and_the_check_runs_its_own_length(tmp_path, capsys):
+def test_a_command_lines_overrides_are_what_follows_the_trainer_however_it_is_launched():
+    launched = (
+        "/v/bin/python -m torch.distributed.run --standalone --nproc_per_node=1 "
+        "/study/train/pretrain.py +model=llama_2m 'optim.lr=0.02' hydra.run.dir=/runs/a"
+    )
+    assert command_overrides(launched) == [
+        "+model=llama_2m",
+        "optim.lr=0.02",
+        "hydra.run.dir=/runs/a",
+    ]
+    assert command_overrides("python train/pretrain.py") == []
+    assert command_overrides("python -m torch.distributed.run other.py +model=x") is None
+
+
+@pytest.mark.parametrize("given", ["--like", "--command"])
+def test_a_tiny_run_repeated_agrees_with_itself_and_the_check_runs_its_own_length(
+    tmp_path, capsys, given
+):
     long_run = [*TINY, "+optim=adamw", "trainer.max_steps=500", "trainer.eval_every=100"]
-    like = recorded_run(tmp_path, [*long_run, f"hydra.run.dir={tmp_path / 'elsewhere'}"])
+    recorded = [*long_run, f"hydra.run.dir={tmp_path / 'elsewhere'}"]
+    if given == "--like":
+        which = str(recorded_run(tmp_path, recorded))
+    else:
+        which = shlex.join(
+            ["python", "-m", "torch.distributed.run", "train/pretrain.py", *recorded]
+        )
     out = tmp_path / "check"
-    argv = ["--like", str(like), "--threads", "1", "1", "--steps", "4", "--out", str(out)]
+    argv = [given, which, "--threads", "1", "1", "--steps", "4", "--out", str(out)]
     assert thread_check.main(argv) == 0
     printed = capsys.readouterr().out
     assert "the same numbers at 1, 1 threads: the training loss at 4 logged steps" in printed
@@ -99,3 +123,14 @@ def test_a_directory_without_the_record_of_its_command_is_refused(tmp_path, caps
     assert (
         "no .hydra/overrides.yaml (not a run directory of this trainer)" in capsys.readouterr().err
     )
+
+
+def test_a_command_of_another_program_or_both_ways_at_once_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        thread_check.main(["--command", "python other.py +model=llama_2m"])
+    assert exit_.value.code == 2
+    assert "--command: no pretrain.py in it" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        thread_check.main(["--like", str(tmp_path), "--command", "python train/pretrain.py"])
+    assert exit_.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err

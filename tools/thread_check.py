@@ -2,13 +2,14 @@
 
 A CPU run at two threads steps about 1.7 times faster than at one, but a parallel reduction may
 add in another order and round differently, so a study that fixed single-thread runs may use two
-only where that is shown to move nothing. This repeats the command (its Hydra overrides, as
-``.hydra/overrides.yaml`` records them) for a few steps at each thread count, in a scratch
-directory, and compares every logged training loss and the final validation loss bit for bit.
+only where that is shown to move nothing. This repeats the command (its Hydra overrides, as a
+run's ``.hydra/overrides.yaml`` records them, or as a command line gives them: a run not started
+yet) for a few steps at each thread count, in a scratch directory, and compares every logged
+training loss and the final validation loss bit for bit.
 
     python scripts/thread_check.py --like runs/foo --steps 120                 # 1 vs 2 threads
     ../study/.venv/bin/python -m tools.thread_check --trainer ../study/train/pretrain.py \\
-        --like ../study/runs/repro-v4/long/llama_2m/adamw/lr0.02_alpha0.125_seed0
+        --command "$(scripts/reproduce_cpu.py --v4 ... --plan --commands | grep muon | head -1)"
 
 Exit status 0 when the numbers agree, 1 when they do not (the first difference is printed),
 2 for a command line it cannot use. It runs ``--trainer`` with this Python, so run it with the
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -31,6 +33,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 OVERRIDES = Path(".hydra") / "overrides.yaml"
+TRAINER = "pretrain.py"
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,14 @@ def check_overrides(recorded: list[str], steps: int, run_dir: Path) -> list[str]
     replaced = {*own, "trainer.resume"}
     kept = [o for o in recorded if o.lstrip("+~").split("=", 1)[0] not in replaced]
     return [*kept, *(f"{key}={value}" for key, value in own.items())]
+
+
+def command_overrides(command: str) -> list[str] | None:
+    """The Hydra overrides of a trainer command line (what follows ``train/pretrain.py``, however
+    it is launched), or None when the trainer is not in it."""
+    words = shlex.split(command)
+    at = next((i for i, word in enumerate(words) if word.endswith(TRAINER)), None)
+    return None if at is None else words[at + 1 :]
 
 
 def read_numbers(run_dir: Path) -> Numbers:
@@ -97,16 +108,22 @@ def repeat(trainer: Path, recorded: list[str], steps: int, run_dir: Path, thread
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--like", type=Path, required=True, help="a run directory whose command is repeated"
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--like", type=Path, help="a run directory whose command is repeated")
+    which.add_argument(
+        "--command",
+        help="a trainer command line to repeat, e.g. one that scripts/reproduce_cpu.py --plan "
+        "--commands prints (a run not started yet)",
     )
     parser.add_argument("--trainer", type=Path, default=REPO / "train" / "pretrain.py")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--out", type=Path, help="where the repeats run (default: a temporary one)")
     args = parser.parse_args(argv)
-    if not (args.like / OVERRIDES).is_file():
+    if args.like is not None and not (args.like / OVERRIDES).is_file():
         parser.error(f"--like {args.like}: no {OVERRIDES} (not a run directory of this trainer)")
+    if args.command is not None and command_overrides(args.command) is None:
+        parser.error(f"--command: no {TRAINER} in it (not a command of this trainer)")
     if not args.trainer.is_file():
         parser.error(f"--trainer {args.trainer}: no such file")
     if len(args.threads) < 2 or min(args.threads) < 1:
@@ -118,7 +135,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
 
 def main(argv: list[str] | None = None) -> int:
     parser, args = parse_args(argv)
-    recorded = yaml.safe_load((args.like / OVERRIDES).read_text())
+    if args.like is not None:
+        recorded = yaml.safe_load((args.like / OVERRIDES).read_text())
+    else:
+        recorded = command_overrides(args.command)
     with tempfile.TemporaryDirectory() as tmp:
         root = args.out or Path(tmp)
         numbers = {}
