@@ -43,6 +43,7 @@ import subprocess
 import tempfile
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -396,11 +397,14 @@ def read_splits(
     return splits
 
 
-def fetch_packages(workdir: Path, packages: tuple[Package, ...]) -> Path:
-    """Download every pinned package and unpack it into one root; return that root."""
-    for package in packages:
-        deb = download(package, workdir)
-        subprocess.run(["dpkg", "-x", str(deb), str(workdir / "root")], check=True)
+def fetch_packages(workdir: Path, packages: tuple[Package, ...], downloads: int = 8) -> Path:
+    """Download every pinned package and unpack it into one root; return that root.
+
+    ``downloads`` at a time, since the wait is the mirror's, while each is unpacked in the list's
+    order, so that the root is the same however the downloads finish."""
+    with ThreadPoolExecutor(downloads) as pool:
+        for deb in pool.map(functools.partial(download, workdir=workdir), packages):
+            subprocess.run(["dpkg", "-x", str(deb), str(workdir / "root")], check=True)
     return workdir / "root"
 
 

@@ -3,8 +3,10 @@
 import gzip
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -394,3 +396,49 @@ def test_split_of_gives_disjoint_hash_buckets():
         expected = "validation" if place < 5 else "test" if place < 8 else "train"
         assert make_corpus.split_of(key, 5, 3) == expected
     assert {make_corpus.split_of(k, 5, 0) for k in keys} == {"train", "validation"}
+
+
+def built_deb(tmp_path: Path, name: str, files: dict[str, str]) -> bytes:
+    """A real (tiny) Debian package holding ``files``, built by dpkg-deb."""
+    tree = tmp_path / f"build-{name}"
+    (tree / "DEBIAN").mkdir(parents=True)
+    (tree / "DEBIAN" / "control").write_text(
+        f"Package: {name}\nVersion: 1.0\nArchitecture: all\nMaintainer: t <t@t>\n"
+        "Description: test\n"
+    )
+    for path, text in files.items():
+        (tree / path).parent.mkdir(parents=True, exist_ok=True)
+        (tree / path).write_text(text)
+    subprocess.run(
+        ["dpkg-deb", "--build", str(tree), str(tmp_path / f"{name}.deb")],
+        check=True,
+        capture_output=True,
+    )
+    return (tmp_path / f"{name}.deb").read_bytes()
+
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
+def test_packages_unpack_in_their_order_however_their_downloads_finish(tmp_path, monkeypatch):
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    packages = []
+    for name in ("first", "second"):  # both hold doc/page.txt: the later one's is kept
+        data = built_deb(tmp_path, name, {"doc/page.txt": name, f"doc/{name}.txt": name})
+        package = make_corpus.Package(
+            name, "1.0", hashlib.sha256(data).hexdigest(), (pool.as_uri() + "/",), "doc", "u"
+        )
+        (pool / package.deb).write_bytes(data)
+        packages.append(package)
+    download = make_corpus.download
+
+    def first_one_slow(package, workdir):
+        if package.name == "first":
+            time.sleep(0.5)
+        return download(package, workdir)
+
+    monkeypatch.setattr(make_corpus, "download", first_one_slow)
+    work = tmp_path / "work"
+    work.mkdir()
+    root = make_corpus.fetch_packages(work, tuple(packages))
+    assert (root / "doc" / "page.txt").read_text() == "second"
+    assert (root / "doc" / "first.txt").read_text() == "first"
