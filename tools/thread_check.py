@@ -9,7 +9,7 @@ training loss and the final validation loss bit for bit.
 
     python scripts/thread_check.py --like runs/foo --steps 120                 # 1 vs 2 threads
     ../study/.venv/bin/python -m tools.thread_check --trainer ../study/train/pretrain.py \\
-        --command "$(scripts/reproduce_cpu.py --v4 ... --plan --commands | grep muon | head -1)"
+        --command "$(python scripts/reproduce_cpu.py --v4 ... --plan --commands | grep muon | head -1)"
 
 Exit status 0 when the numbers agree, 1 when they do not (the first difference is printed),
 2 for a command line it cannot use. It runs ``--trainer`` with this Python, so run it with the
