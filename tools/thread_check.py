@@ -120,10 +120,16 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--out", type=Path, help="where the repeats run (default: a temporary one)")
     args = parser.parse_args(argv)
-    if args.like is not None and not (args.like / OVERRIDES).is_file():
-        parser.error(f"--like {args.like}: no {OVERRIDES} (not a run directory of this trainer)")
-    if args.command is not None and command_overrides(args.command) is None:
-        parser.error(f"--command: no {TRAINER} in it (not a command of this trainer)")
+    if args.like is not None:
+        if not (args.like / OVERRIDES).is_file():
+            parser.error(
+                f"--like {args.like}: no {OVERRIDES} (not a run directory of this trainer)"
+            )
+        args.recorded = yaml.safe_load((args.like / OVERRIDES).read_text())
+    else:
+        args.recorded = command_overrides(args.command)
+        if args.recorded is None:
+            parser.error(f"--command: no {TRAINER} in it (not a command of this trainer)")
     if not args.trainer.is_file():
         parser.error(f"--trainer {args.trainer}: no such file")
     if len(args.threads) < 2 or min(args.threads) < 1:
@@ -135,17 +141,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
 
 def main(argv: list[str] | None = None) -> int:
     parser, args = parse_args(argv)
-    if args.like is not None:
-        recorded = yaml.safe_load((args.like / OVERRIDES).read_text())
-    else:
-        recorded = command_overrides(args.command)
     with tempfile.TemporaryDirectory() as tmp:
         root = args.out or Path(tmp)
         numbers = {}
         for threads in args.threads:
             run_dir = root / f"threads{threads}"
             try:
-                numbers[threads] = repeat(args.trainer, recorded, args.steps, run_dir, threads)
+                numbers[threads] = repeat(args.trainer, args.recorded, args.steps, run_dir, threads)
             except RuntimeError as error:
                 parser.exit(2, f"{parser.prog}: error: {error}\n")
             print(f"{threads} threads: {numbers[threads].median_step_s:.3f} s a step (median)")
