@@ -9,7 +9,13 @@ import yaml
 from test_train_cli import TINY
 
 from tools import thread_check
-from tools.thread_check import Numbers, check_overrides, command_overrides, first_difference
+from tools.thread_check import (
+    Numbers,
+    check_overrides,
+    command_overrides,
+    first_difference,
+    how_far,
+)
 
 
 def recorded_run(tmp_path: Path, overrides: list[str]) -> Path:
@@ -60,6 +66,27 @@ def test_the_first_difference_is_named_and_equal_numbers_have_none():
         "final validation loss: 5.5 against 5.25"
     )
     assert first_difference(numbers([6.0]), numbers([6.0, 5.9])) == "they logged different steps"
+
+
+def test_how_far_names_the_largest_training_loss_gap_and_both_validation_losses():
+    assert how_far(numbers([6.0, 5.9, 5.8]), numbers([6.0, 5.875, 5.75], 5.25)) == (
+        "largest training-loss gap 0.05 (step 30); final validation loss 5.5 against 5.25"
+    )
+
+
+def test_repeats_that_differ_exit_1_saying_where_they_part_and_how_far(
+    tmp_path, capsys, monkeypatch
+):
+    ran = {1: numbers([6.0, 5.9]), 2: numbers([6.0, 5.9 + 1e-3], 5.5 + 2e-3)}
+    monkeypatch.setattr(thread_check, "repeat", lambda *args: ran[args[-1]])
+    command = f"python train/pretrain.py {' '.join(TINY)}"
+    assert thread_check.main(["--command", command, "--out", str(tmp_path)]) == 1
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-2:] == [
+        f"1 and 2 threads differ: training loss at step 20: 5.9 against {5.9 + 1e-3!r}",
+        f"  largest training-loss gap 0.001 (step 20); final validation loss 5.5 against "
+        f"{5.5 + 2e-3!r}",
+    ]
 
 
 def test_a_command_lines_overrides_are_what_follows_the_trainer_however_it_is_launched():

@@ -11,9 +11,9 @@ training loss and the final validation loss bit for bit.
     ../study/.venv/bin/python -m tools.thread_check --trainer ../study/train/pretrain.py \\
         --command "$(python scripts/reproduce_cpu.py --v4 ... --plan --commands | grep muon | head -1)"
 
-Exit status 0 when the numbers agree, 1 when they do not (the first difference is printed),
-2 for a command line it cannot use. It runs ``--trainer`` with this Python, so run it with the
-environment the checked runs use.
+Exit status 0 when the numbers agree, 1 when they do not (the first difference is printed, and
+how far apart the repeats end up, for the study to weigh), 2 for a command line it cannot use.
+It runs ``--trainer`` with this Python, so run it with the environment the checked runs use.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 OVERRIDES = Path(".hydra") / "overrides.yaml"
 TRAINER = "pretrain.py"
+DIFFERENT_STEPS = "they logged different steps"
 
 
 @dataclass(frozen=True)
@@ -85,13 +86,23 @@ def read_numbers(run_dir: Path) -> Numbers:
 def first_difference(a: Numbers, b: Numbers) -> str | None:
     """Where two repeats part, in words; None when every number is the same."""
     if [s for s, _ in a.losses] != [s for s, _ in b.losses]:
-        return "they logged different steps"
+        return DIFFERENT_STEPS
     for (step, x), (_, y) in zip(a.losses, b.losses, strict=True):
         if x != y:
             return f"training loss at step {step}: {x!r} against {y!r}"
     if a.val_loss != b.val_loss:
         return f"final validation loss: {a.val_loss!r} against {b.val_loss!r}"
     return None
+
+
+def how_far(a: Numbers, b: Numbers) -> str:
+    """The size of a difference, for a study to weigh it: the largest gap between the logged
+    training losses (at the same steps) and the final validation loss of each repeat."""
+    gap, step = max((abs(x - y), s) for (s, x), (_, y) in zip(a.losses, b.losses, strict=True))
+    return (
+        f"largest training-loss gap {gap:.3g} (step {step}); final validation loss "
+        f"{a.val_loss!r} against {b.val_loss!r}"
+    )
 
 
 def repeat(trainer: Path, recorded: list[str], steps: int, run_dir: Path, threads: int) -> Numbers:
@@ -156,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         difference = first_difference(numbers[base], numbers[threads])
         if difference is not None:
             print(f"{base} and {threads} threads differ: {difference}")
+            if difference != DIFFERENT_STEPS:
+                print(f"  {how_far(numbers[base], numbers[threads])}")
             return 1
     steps = len(numbers[base].losses)
     print(
