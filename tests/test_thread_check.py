@@ -72,6 +72,7 @@ def test_how_far_names_the_largest_training_loss_gap_and_both_validation_losses(
     assert how_far(numbers([6.0, 5.9, 5.8]), numbers([6.0, 5.875, 5.75], 5.25)) == (
         "largest training-loss gap 0.05 (step 30); final validation loss 5.5 against 5.25"
     )
+    assert how_far(numbers([]), numbers([], 5.25)) == "final validation loss 5.5 against 5.25"
 
 
 def test_repeats_that_differ_exit_1_saying_where_they_part_and_how_far(

@@ -98,11 +98,12 @@ def first_difference(a: Numbers, b: Numbers) -> str | None:
 def how_far(a: Numbers, b: Numbers) -> str:
     """The size of a difference, for a study to weigh it: the largest gap between the logged
     training losses (at the same steps) and the final validation loss of each repeat."""
-    gap, step = max((abs(x - y), s) for (s, x), (_, y) in zip(a.losses, b.losses, strict=True))
-    return (
-        f"largest training-loss gap {gap:.3g} (step {step}); final validation loss "
-        f"{a.val_loss!r} against {b.val_loss!r}"
-    )
+    gaps = [(abs(x - y), s) for (s, x), (_, y) in zip(a.losses, b.losses, strict=True)]
+    validation = f"final validation loss {a.val_loss!r} against {b.val_loss!r}"
+    if not gaps:  # a check shorter than the run's log interval logs no training loss
+        return validation
+    gap, step = max(gaps)
+    return f"largest training-loss gap {gap:.3g} (step {step}); {validation}"
 
 
 def repeat(trainer: Path, recorded: list[str], steps: int, run_dir: Path, threads: int) -> Numbers:
