@@ -140,8 +140,13 @@ def test_ranks_agree_on_a_signal_or_a_due_save_seen_by_one(tmp_path):
 
 
 def test_ctrl_c_on_a_run_saves_exits_75_and_the_rerun_resumes(tmp_path):
-    """Ctrl-C (twice: the second while the first is handled) on a running llama_tiny: the step
-    finishes, its checkpoint is written, exit 75; the same command resumes from it."""
+    """Ctrl-C twice on a running llama_tiny: the step finishes, its checkpoint is written, exit
+    75; the same command resumes from it.
+
+    The second press lands 0.2 s after the first: while the stop is handled (it prints the second
+    answer) or, when llama_tiny's checkpoint is quicker than that, after the exit status is
+    decided (ignored). Either way it must not change the status; the second answer's wording is
+    ``test_ctrl_c_stops_like_sigterm_then_waits_then_aborts``'s to check."""
     from test_train_cli import checkpoint_steps, command, logged_steps, run, stop_with
 
     run_dir = tmp_path / "run"
@@ -151,7 +156,7 @@ def test_ctrl_c_on_a_run_saves_exits_75_and_the_rerun_resumes(tmp_path):
     assert stopped.returncode == PREEMPTED_EXIT_STATUS, stopped.stderr[-4000:]
     last = logged_steps(run_dir)
     assert checkpoint_steps(run_dir) == [last] and last < 40
-    assert CTRL_C_ANSWERS[0] in stopped.stderr and CTRL_C_ANSWERS[1] in stopped.stderr
+    assert CTRL_C_ANSWERS[0] in stopped.stderr
     assert f"stopped: SIGINT at step {last}" in stopped.stderr
     assert "Traceback" not in stopped.stderr
     assert "data=embedded: the embedded corpus" in stopped.stdout.splitlines()[0]
