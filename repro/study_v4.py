@@ -164,11 +164,13 @@ class Question:
     neighbours: Callable[[Setting, Method], list[Setting]]
     seeds: tuple[int, ...]
     keep: Callable[[Setting], bool] = everywhere
+    one_at_a_time: bool = False
+    """The walk takes one run at a time, moving at the first better one (``Study.descend``)."""
 
 
 Q1 = Question("Q1", FULL, Q1_ROWS, eight_directions, Q1_SEEDS)
 Q2 = Question("Q2", FULL, Q2_ROWS, matrices_only, SEEDS, at_shared_lr)
-Q3 = Question("Q3", LONG, Q3_ROWS, two_lrs, SEEDS)
+Q3 = Question("Q3", LONG, Q3_ROWS, two_lrs, SEEDS, one_at_a_time=True)
 
 
 class StudyV4(Study):
@@ -232,7 +234,14 @@ class StudyV4(Study):
 
     def walk(self, question: Question, row: Row) -> Setting | None:
         seen = self.walk_data(question.stage, row, question.keep)
-        return self.descend(question.stage, row.method, row.start, question.neighbours, seen)
+        return self.descend(
+            question.stage,
+            row.method,
+            row.start,
+            question.neighbours,
+            seen,
+            one_at_a_time=question.one_at_a_time,
+        )
 
     def seeds(self, stage: str, row: Row, point: Setting, seeds: tuple[int, ...]) -> None:
         m = row.method

@@ -3,6 +3,7 @@ v3's full-length runs as walk data, score the test split, and rank Q3's rows."""
 
 import json
 import math
+import threading
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,49 @@ def test_walks_go_on_from_v3s_full_length_runs_and_q2_keeps_the_shared_lr(tmp_pa
     ran.clear()
     assert study.walk(study_v4.Q2, FOAM2) == Setting(0.04, 0.0625, None)
     assert {s.lr for s in ran} == {0.04}
+
+
+def test_a_q3_walk_takes_one_run_at_a_time_and_moves_at_the_first_better_one(tmp_path):
+    """The control's Q3 walk as it stood (PROTOCOL.md v4, "Walk note"): 2e-2/0.0625 beat
+    2e-2/0.125, so the walk goes on from it with its first neighbour not yet run alone, and,
+    that one being better, moves on without the other two."""
+    control = Q3_ROWS[1]
+    method_dir = tmp_path / "v4" / LONG / "llama_2m" / "adamw"
+    walked = {"lr0.04_alpha0.0625": 37.11, "lr0.02_alpha0.125": 36.35}
+    walked |= {"lr0.01_alpha0.25": 36.66, "lr0.02_alpha0.0625": 34.45}
+    for name, ppl in walked.items():
+        write_summary(method_dir / f"{name}_seed0", ppl)
+    study = StudyV4(tmp_path / "data", tmp_path / "runs", 1, finished=tmp_path / "v4")
+    ran: list[Setting] = []
+
+    def run(stage, name, optim, setting, seed, overrides=()):
+        assert stage == LONG and name == "adamw" and seed == 0
+        ran.append(setting)
+        return 34.0 if setting == Setting(0.01, 0.125, None) else 40.0
+
+    study.run = run
+    assert study.walk(study_v4.Q3, control) == Setting(0.01, 0.125, None)
+    assert ran == [
+        Setting(0.01, 0.125, None),
+        Setting(0.005, 0.25, None),
+        Setting(0.01, 0.0625, None),
+    ]
+
+
+def test_a_walk_in_rounds_asks_for_every_neighbour_at_once(tmp_path):
+    """Without ``one_at_a_time`` (the 1,000-step questions) a walk's neighbours run together:
+    each run below returns only once all four have been asked for."""
+    control = Q3_ROWS[1]
+    together = threading.Barrier(4, timeout=10)
+
+    def run(stage, name, optim, setting, seed, overrides=()):
+        together.wait()
+        return 40.0
+
+    study = StudyV4(tmp_path / "data", tmp_path / "runs", 4, finished=tmp_path / "v4")
+    study.run = run
+    seen = {control.start: 37.0}
+    assert study.descend(LONG, control.method, control.start, two_lrs, seen) == control.start
 
 
 def test_q3_needs_its_pinned_corpus_and_v4_its_test_split(tmp_path, monkeypatch, capsys):
