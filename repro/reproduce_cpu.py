@@ -419,16 +419,24 @@ class Study:
         start: Setting,
         neighbours: Callable[[Setting, Method], list[Setting]],
         seen: dict[Setting, float] | None = None,
+        one_at_a_time: bool = False,
     ) -> Setting | None:
         """Coordinate search (seed 0) from the best of ``start`` and the points already ``seen``
         until the best point's ``neighbours`` have all been run and are worse; None in a dry run,
-        where the rest depends on results."""
+        where the rest depends on results.
+
+        By default it runs every neighbour of the best point at once (a round) and moves when the
+        round has ended. ``one_at_a_time`` runs only the first of them and moves as soon as a run
+        is better: the walk a restarted driver makes too, for runs so long that a session's end
+        cuts every round (PROTOCOL.md v4, "Walk note")."""
         seen = dict(seen or {})
         best = min(seen, key=lambda s: (seen[s], s), default=start)
         while True:
             todo = [s for s in (best, *neighbours(best, method)) if s not in seen]
             if not todo:
                 return best
+            if one_at_a_time:
+                todo = todo[:1]
             with ThreadPoolExecutor(max_workers=len(todo)) as pool:
                 results = pool.map(
                     lambda s: self.run(stage, method.name, method.optim, s, 0, method.overrides),

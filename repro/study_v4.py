@@ -198,7 +198,10 @@ class StudyV4(Study):
 
     def walk(self, stage: str, row: Row, neighbours, keep=lambda s: True) -> Setting | None:
         seen = self.walk_data(stage, row, keep)
-        return self.descend(stage, row.method, row.start, neighbours, seen)
+        # Q3's walks take one run at a time (PROTOCOL.md v4, "Walk note")
+        return self.descend(
+            stage, row.method, row.start, neighbours, seen, one_at_a_time=stage == LONG
+        )
 
     def seeds(self, stage: str, row: Row, point: Setting, seeds: tuple[int, ...]) -> None:
         m = row.method
