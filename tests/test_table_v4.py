@@ -11,6 +11,7 @@ from repro import study_v4
 from repro.make_tables import main as make_tables
 from repro.study_points import load_points
 from repro.study_v4 import StudyV4
+from repro.tables import curves
 from repro.tables.v4 import v4_table
 from repro.tables.walks_v4 import walks_table
 
@@ -89,23 +90,44 @@ def test_make_tables_writes_v4_and_its_provenance(study, tmp_path):
     assert "| abc1234 | spm:test | 23 |" in (out / "provenance.md").read_text()
 
 
-def test_q3_curves_are_drawn_once_a_row_has_its_three_seeds(study, tmp_path):
-    v4, v3 = study
-    out = tmp_path / "tables"
-    assert make_tables([str(v4), "--v4", str(v3), "--out", str(out), "--curves"]) == 0
-    assert not list(out.glob("*.png"))  # no Q3 row has its seeds yet
+def write_q3_seeds(v4: Path, method: str, point: str, test: float) -> None:
+    """Seeds 0-2 of a Q3 (10,000-step) point, each with a validation curve."""
     for seed in range(3):
-        write_run(v4, "long", "foam2", "lr0.04_alpha0.0625", seed, 40.0, 41.0 + seed)
-        summary = v4 / "long/llama_2m/foam2" / f"lr0.04_alpha0.0625_seed{seed}" / "summary.json"
+        write_run(v4, "long", method, point, seed, 40.0, test + seed)
+        summary = v4 / "long/llama_2m" / method / f"{point}_seed{seed}" / "summary.json"
         record = json.loads(summary.read_text())
         record["eval_history"] = [
             {"step": step, "tokens": step * 4096, "val_ppl": 1000.0 / step**0.5 + seed}
             for step in (500, 1000, 1500)
         ]
         summary.write_text(json.dumps(record))
+
+
+def test_q3_curves_are_drawn_once_a_row_has_its_three_seeds(study, tmp_path):
+    v4, v3 = study
+    out = tmp_path / "tables"
+    assert make_tables([str(v4), "--v4", str(v3), "--out", str(out), "--curves"]) == 0
+    assert not list(out.glob("*.png"))  # no Q3 row has its seeds yet
+    write_q3_seeds(v4, "foam2", "lr0.04_alpha0.0625", 41.0)
     assert make_tables([str(v4), "--v4", str(v3), "--out", str(out), "--curves"]) == 0
     assert [p.name for p in out.glob("*.png")] == ["curves_q3_llama_2m.png"]
     assert "| FOAM-2 | 0.04, alpha 0.0625 | 42.00" in (out / "v4.md").read_text()
+
+
+def test_q3_curves_draw_every_row_read_the_module_wise_one_too(study, tmp_path, monkeypatch):
+    """Muon (module-wise) is not one of Table 2's rows; the curves once left it out."""
+    v4, v3 = study
+    write_q3_seeds(v4, "foam2", "lr0.04_alpha0.0625", 41.0)
+    write_q3_seeds(v4, "muon_modulewise", "lr0.01_alpha0.25", 38.0)
+    drawn = []
+
+    def keep_labels(fig, path, ax):
+        drawn.append([line.get_label() for line in ax.get_lines()])
+        return path
+
+    monkeypatch.setattr(curves, "save_figure", keep_labels)
+    assert make_tables([str(v4), "--v4", str(v3), "--out", str(tmp_path), "--curves"]) == 0
+    assert drawn == [["Muon, module-wise lr (n=3)", "FOAM-2 (n=3)"]]
 
 
 def walk_runs(tmp_path: Path) -> tuple[Path, Path]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from repro.study_points import CONTROL, Point, method_rows, model_order, row_label
+from repro.study_points import CONTROL, Point, ordered, row_label
 from repro.tables.figures import save_figure
 
 
@@ -23,11 +23,10 @@ def plot_curves(
     import matplotlib.pyplot as plt
 
     written = []
-    for model in sorted({m for m, _ in best}, key=model_order):
+    keys = ordered(best)  # every row the tables read, the module-wise ones beside the control
+    for model in dict.fromkeys(m for m, _ in keys):
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for row in method_rows({r for m, r in best if m == model}):
-            if row is None:
-                continue
+        for row in [r for m, r in keys if m == model]:
             point = best[(model, row)]
             ax.plot(
                 *mean_curve(point),
