@@ -66,6 +66,11 @@ def test_every_v4_run_scores_the_test_split_and_v3s_validation_rows(tmp_path):
     assert f"data.path={tmp_path / 'long'}" in long and "data.shuffle_seed=3" in long
 
 
+def test_q3_stopped_after_its_first_three_rows():
+    assert [study_v4.Q3.cut(row) for row in Q3_ROWS] == [False] * 3 + [True] * 3
+    assert not any(study_v4.Q1.cut(row) for row in Q1_ROWS)
+
+
 def test_q3_rows_finish_in_their_order_each_rows_seeds_before_the_next_rows_walk():
     study = StudyV4(Path("d"), Path("r"), 2)
     control, full_adam = Setting(0.04, 0.0625, None), Setting(2.5e-3, 1.0, None)
@@ -182,6 +187,7 @@ def test_the_plan_lists_each_runs_command_for_the_thread_check(tmp_path, monkeyp
     assert run_dirs == set(dirs)  # the same runs (the dry run's threads list them in any order)
     q3 = [run for run in overrides if f"data.path={tmp_path / 'long'}" in run]
     assert all("trainer.max_steps=10000" in run for run in q3)
+    assert len(q3) == 3  # the start of each row Q3 ran; the rows cut when it stopped run nothing
     assert {o for run in q3 for o in run if o.startswith("+optim=")} >= {
         "+optim=foam2",
         "+optim=muon",

@@ -167,3 +167,16 @@ def test_walks_show_each_rows_point_its_neighbours_and_what_the_driver_still_run
     driver = StudyV4(tmp_path / "data", tmp_path / "runs", 1, dry_run=True, finished=v4, v3_runs=v3)
     driver.walk(study_v4.Q1, study_v4.Q1_ROWS[0])
     assert [d.name for d in driver.planned] == ["lr0.08_alpha0.125_seed0"]
+
+
+def test_rows_cut_when_the_study_stopped_say_so_in_both_tables(study, tmp_path):
+    v4, v3 = study
+    write_run(v4, "long", "apollo_1_4", "lr0.04_alpha0.25_gap200", 0, 33.8, 33.9)
+    walks_q3 = walks_table(v4, v3).split("## Q3")[1]
+    assert "| FOAM-2 | 0.04, 0.0625 (start) | - | not started | - |" in walks_q3
+    apollo = next(line for line in walks_q3.splitlines() if line.startswith("| APOLLO-1/4 |"))
+    assert apollo.endswith("| cut when the study stopped | 1 of 3 |")
+    assert "| Full-Adam | 0.0025, 1 (start) | - | cut when the study stopped | - |" in walks_q3
+    q3 = v4_table(load_points(v4, "final_test_ppl"), load_points(v3)).split("## Q3")[1]
+    assert "| APOLLO-1/4 | cut when the study stopped |" in q3
+    assert "| FOAM-2 | not complete yet |" in q3

@@ -82,16 +82,17 @@ def question_best(points: list[Point], question: Question) -> Best:
     return best
 
 
-def rows_table(best: Best, rows: tuple[Row, ...]) -> list[str]:
+def rows_table(best: Best, q: Question) -> list[str]:
     lines = [
         "| Row | point | test PPL | seeds (test) | validation PPL | paper, 60M |",
         "|---|---|---:|---|---:|---:|",
     ]
-    for row in rows:
+    for row in q.rows:
         name = table_row(row)
         point = best.get((MODEL, name))
         if point is None:
-            lines.append(f"| {row_label(name)} | not complete yet | - | - | - | - |")
+            state = "cut when the study stopped" if q.cut(row) else "not complete yet"
+            lines.append(f"| {row_label(name)} | {state} | - | - | - | - |")
             continue
         theirs = paper_row(name)
         k, paper = point.key, None if theirs is None else paper_ppl(MODEL, theirs)
@@ -105,9 +106,9 @@ def rows_table(best: Best, rows: tuple[Row, ...]) -> list[str]:
     return lines
 
 
-def question(title: str, best: Best, rows: tuple[Row, ...], tau: bool) -> list[str]:
-    names = [table_row(r) for r in rows if (MODEL, table_row(r)) in best]
-    lines = [f"## {title}", "", *rows_table(best, rows), "", *paired_lines(best, MODEL, names)]
+def question(title: str, best: Best, q: Question, tau: bool) -> list[str]:
+    names = [table_row(r) for r in q.rows if (MODEL, table_row(r)) in best]
+    lines = [f"## {title}", "", *rows_table(best, q), "", *paired_lines(best, MODEL, names)]
     if tau:
         present = [(n, paper_row(n)) for n in names]
         lines += ["", tau_line(best, MODEL, present)]
@@ -173,10 +174,10 @@ def v4_table(v4: list[Point], v3: list[Point]) -> str:
         reproduced(v4, v3),
         "",
     ]
-    body = question("Q1: confirmation at n = 8 (1,000 steps)", q1, Q1.rows, tau=False)
+    body = question("Q1: confirmation at n = 8 (1,000 steps)", q1, Q1, tau=False)
     body += question(
-        f"Q2: one non-matrix lr ({SHARED_LR:g}) for every row, seeds 0-2", q2, Q2.rows, tau=True
+        f"Q2: one non-matrix lr ({SHARED_LR:g}) for every row, seeds 0-2", q2, Q2, tau=True
     )
-    body += question("Q3: twenty tokens per parameter (10,000 steps)", q3, Q3.rows, tau=False)
+    body += question("Q3: twenty tokens per parameter (10,000 steps)", q3, Q3, tau=False)
     body += [order_carries_over(q1, q3), ""]
     return "\n".join(head + body)

@@ -32,8 +32,9 @@ def row_line(study: StudyV4, question: Question, row: Row) -> str:
     v4 = study.seed0_runs(question.stage, row.method)
     best, todo = walk_front(seen, row.start, question.neighbours, row.method)
     label = row_label(table_row(row))
+    cut = "cut when the study stopped" if question.cut(row) else ""
     if not seen:
-        return f"| {label} | {where(row.start)} (start) | - | not started | - |"
+        return f"| {label} | {where(row.start)} (start) | - | {cut or 'not started'} | - |"
 
     def point(s: Setting) -> str:
         if s not in seen:
@@ -41,7 +42,7 @@ def row_line(study: StudyV4, question: Question, row: Row) -> str:
         return f"{where(s)}: {ppl(seen[s])}" + ("" if s in v4 else " (v3)")
 
     around = "; ".join(point(s) for s in question.neighbours(best, row.method))
-    state = "bracketed" if not todo else f"waits on {len(todo)} run{'s' * (len(todo) > 1)}"
+    state = cut or ("bracketed" if not todo else f"waits on {len(todo)} run{'s' * (len(todo) > 1)}")
     run_dirs = [study.run_dir(question.stage, row.method.name, best, s) for s in question.seeds]
     seeds = sum(study.result(d) is not None for d in run_dirs)
     gap = "" if best.gap is None else f", gap {best.gap}"
