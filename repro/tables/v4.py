@@ -32,6 +32,7 @@ from repro.tables.views import bootstrap_tau, kendall_tau, paired_lines, reverse
 MODEL = "llama_2m"
 Best = dict[tuple[str, str], Point]
 PAPER_ROW = {CONTROL: None, "muon_modulewise": "muon"}  # the paper's row a v4 row stands for
+CUT = "cut when the study stopped"  # a row of a question stopped before it (``Question.cut``)
 
 
 def paper_row(name: str) -> str | None:
@@ -91,7 +92,7 @@ def rows_table(best: Best, q: Question) -> list[str]:
         name = table_row(row)
         point = best.get((MODEL, name))
         if point is None:
-            state = "cut when the study stopped" if q.cut(row) else "not complete yet"
+            state = CUT if q.cut(row) else "not complete yet"
             lines.append(f"| {row_label(name)} | {state} | - | - | - | - |")
             continue
         theirs = paper_row(name)

@@ -16,7 +16,7 @@ from pathlib import Path
 from repro.reproduce_cpu import Setting, walk_front
 from repro.study_points import row_label
 from repro.study_v4 import Q1, Q2, Q3, Question, Row, StudyV4
-from repro.tables.v4 import table_row
+from repro.tables.v4 import CUT, table_row
 
 
 def where(s: Setting) -> str:
@@ -32,7 +32,7 @@ def row_line(study: StudyV4, question: Question, row: Row) -> str:
     v4 = study.seed0_runs(question.stage, row.method)
     best, todo = walk_front(seen, row.start, question.neighbours, row.method)
     label = row_label(table_row(row))
-    cut = "cut when the study stopped" if question.cut(row) else ""
+    cut = CUT if question.cut(row) else ""
     if not seen:
         return f"| {label} | {where(row.start)} (start) | - | {cut or 'not started'} | - |"
 
