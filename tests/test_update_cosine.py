@@ -6,8 +6,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed as dist
 from test_train_cli import command, records, run
+from torch.distributed.fsdp import fully_shard
 
+from train.errors import ConfigError
 from train.update_cosine import UpdateCosine, averages, track_update_cosine
 
 G1 = [[3.0, -4.0]]
@@ -114,3 +117,18 @@ def test_trainer_logs_the_cosine_at_every_evaluation(tmp_path, optim, adam_like)
         else:
             assert 0 < record["update_cosine/mean"] < 0.999
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 4
+
+
+def test_sharded_matrices_are_refused_in_one_line():
+    """Under FSDP2 the matrices are DTensor shards, which a shadow Adam of whole matrices cannot
+    follow. (The guard once tested the parameters with the model-level ``FSDPModule`` test, so it
+    never fired.)"""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False))
+        fully_shard(model)
+        optimizer = torch.optim.AdamW(model.parameters())
+        with pytest.raises(ConfigError, match="needs whole matrices"):
+            UpdateCosine(model, optimizer, next_step=lambda: 1, due=bool, log=print)
+    finally:
+        dist.destroy_process_group()

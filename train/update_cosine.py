@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 import foam
+from foam.sharding import is_sharded
 from train.errors import ConfigError
-from train.parallelism import is_sharded
 
 PREFIX = "update_cosine/"
 LAYER = re.compile(r"\.layers\.(\d+)\.")
