@@ -7,39 +7,16 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from transformers import (
-    DebertaConfig,
-    DebertaForMaskedLM,
-    GPT2Config,
-    GPT2LMHeadModel,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PretrainedConfig,
-    PreTrainedModel,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
+import transformers
+from transformers import PretrainedConfig, PreTrainedModel
 
 from .config import validate_model_config
-
-_FAMILIES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel]]] = {
-    "llama": (LlamaConfig, LlamaForCausalLM),
-    "qwen": (Qwen2Config, Qwen2ForCausalLM),
-    "gpt2": (GPT2Config, GPT2LMHeadModel),
-    "deberta": (DebertaConfig, DebertaForMaskedLM),
-}
+from .families import family_of
 
 _OWN_KEYS = ("name", "family", "mask_token_id")
 """Keys of our YAML files that are ours, not transformers config fields (the masked-LM objective
 reads ``mask_token_id``: the protocol's T5 vocabulary has no mask token, so DeBERTa's embedding
 has one row more for it)."""
-
-_RENAMED: dict[str, dict[str, str]] = {
-    "gpt2": {"intermediate_size": "n_inner", "layer_norm_eps": "layer_norm_epsilon"},
-}
-"""Our common key -> the family's transformers field, where the config class does not map it
-itself (GPT2Config maps ``hidden_size``, ``num_hidden_layers``, ... through its
-``attribute_map``)."""
 
 
 def _plain(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -60,8 +37,9 @@ def hf_config(cfg: Mapping[str, Any]) -> PretrainedConfig:
     """
     cfg = _plain(cfg)
     validate_model_config(cfg)
-    config_cls, _ = _FAMILIES[cfg["family"]]
-    renamed = _RENAMED.get(cfg["family"], {})
+    family = family_of(cfg)
+    config_cls = getattr(transformers, family.config_class)
+    renamed = family.renamed
     kwargs = {  # a null is a key of another family (the trainer's schema has them all)
         renamed.get(k, k): v for k, v in cfg.items() if k not in _OWN_KEYS and v is not None
     }
@@ -70,7 +48,7 @@ def hf_config(cfg: Mapping[str, Any]) -> PretrainedConfig:
     if unknown:
         raise ValueError(f"{config_cls.__name__} has no field(s) {unknown} (model {cfg['name']!r})")
     config = config_cls(**kwargs)
-    config.architectures = [_FAMILIES[cfg["family"]][1].__name__]
+    config.architectures = [family.model_class]
     return config
 
 
@@ -90,7 +68,7 @@ def build_model(
     the same on every device for a given global seed (see there).
     """
     config = hf_config(cfg)
-    _, model_cls = _FAMILIES[_plain(cfg)["family"]]
+    model_cls = getattr(transformers, family_of(_plain(cfg)).model_class)
     with torch.device("meta"):
         model = model_cls(config)
     if torch.device(device).type == "meta":

@@ -13,52 +13,15 @@ from typing import Any
 
 import yaml
 
+from .families import family_of
+
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "model"
 """``configs/model`` next to this package (the repository root is the parent of ``models/``)."""
-
-FAMILIES = ("llama", "qwen", "gpt2", "deberta")
-MASKED_LM_FAMILIES = ("deberta",)
-"""Encoders, pre-trained with the masked-LM objective (``train/objective.py``); the others are
-causal LMs."""
-GATED_MLP_FAMILIES = ("llama", "qwen")
-"""Families whose MLP has three matrices (gate, up, down); GPT-2's and DeBERTa's have two."""
-
-COMMON_KEYS = (
-    "name",
-    "family",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "vocab_size",
-    "max_position_embeddings",
-    "tie_word_embeddings",
-    "initializer_range",
-)
-REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
-    "llama": (*COMMON_KEYS, "num_key_value_heads", "rope_theta", "rms_norm_eps"),
-    "qwen": (*COMMON_KEYS, "num_key_value_heads", "rope_theta", "rms_norm_eps"),
-    "gpt2": (*COMMON_KEYS, "layer_norm_eps"),
-    "deberta": (
-        *COMMON_KEYS,
-        "layer_norm_eps",
-        "relative_attention",
-        "pos_att_type",
-        "position_biased_input",
-        "max_relative_positions",
-        "type_vocab_size",
-        "mask_token_id",
-    ),
-}
-"""Keys every model config of a family must state explicitly (a null counts as absent):
-transformers' defaults differ between versions and families (Qwen2Config defaults to vocab
-151936, DebertaConfig to absolute positions where DeBERTa-base uses relative attention), so
-nothing shape-relevant is left to them."""
 
 
 def is_masked_lm(cfg: Mapping[str, Any]) -> bool:
     """Whether the model is pre-trained with the masked-LM objective (an encoder)."""
-    return cfg["family"] in MASKED_LM_FAMILIES
+    return family_of(cfg).masked_lm
 
 
 def available_models() -> list[str]:
@@ -82,9 +45,7 @@ def load_model_config(name: str) -> dict[str, Any]:
 
 def validate_model_config(cfg: Mapping[str, Any]) -> None:
     """Fail early, with the key's name, on configs that would build a silently wrong model."""
-    if cfg.get("family") not in FAMILIES:
-        raise ValueError(f"model family must be one of {FAMILIES}, got {cfg.get('family')!r}")
-    missing = [k for k in REQUIRED_KEYS[cfg["family"]] if cfg.get(k) is None]
+    missing = [k for k in family_of(cfg).required_keys if cfg.get(k) is None]
     if missing:
         raise ValueError(f"model config {cfg.get('name', '?')!r} lacks keys: {missing}")
     heads, kv = int(cfg["num_attention_heads"]), kv_heads(cfg)

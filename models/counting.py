@@ -9,7 +9,8 @@ from typing import Any
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from .config import GATED_MLP_FAMILIES, head_dim, kv_heads
+from .config import head_dim, kv_heads
+from .families import family_of
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def matmul_params(cfg: Mapping[str, Any]) -> int:
     q_width = int(cfg["num_attention_heads"]) * head_dim(cfg)
     kv_width = kv_heads(cfg) * head_dim(cfg)
     attention = h * q_width + 2 * h * kv_width + q_width * h
-    mlp = (3 if cfg["family"] in GATED_MLP_FAMILIES else 2) * h * inter
+    mlp = (3 if family_of(cfg).gated_mlp else 2) * h * inter
     return layers * (attention + mlp) + vocab * h
 
 

@@ -6,9 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 import foam
 import models
+from models.config import validate_model_config
+from models.families import FAMILIES
 
 PAPER_SIZES = (
     "llama_60m",
@@ -340,3 +343,17 @@ def test_flops_per_token() -> None:
         models.matmul_params(qwen)
         == 12 * (2 * 576 * 576 + 2 * 576 * 144 + 3 * 576 * 1536) + 32000 * 576
     )
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_family_record_names_a_matching_transformers_pair(family):
+    """``models/families.py`` is the one home of a family: its classes exist and belong together."""
+    record = FAMILIES[family]
+    config_cls = getattr(transformers, record.config_class)
+    assert getattr(transformers, record.model_class).config_class is config_cls
+    assert set(record.renamed.values()) <= set(vars(config_cls()).keys())
+
+
+def test_an_unknown_family_is_one_line():
+    with pytest.raises(ValueError, match=r"model family must be one of \('llama'"):
+        validate_model_config({"family": "mamba"})
