@@ -1,4 +1,4 @@
-"""The paper's fine-tuning grids as runs of ``train/finetune.py``: ``sweep.py --experiment glue``
+"""The paper's fine-tuning grids as runs of ``scripts/finetune.py``: ``sweep.py --experiment glue``
 and ``--experiment mmlu``.
 
 GLUE: RoBERTa-Large on the eight tasks of the paper's table, Full-Adam, LoRA, GaLore, APOLLO
@@ -83,8 +83,8 @@ class FinetuneRun:
         )
 
     def command(self, root: Path, extra: Sequence[str]) -> list[str]:
-        """``train/finetune.py``'s command."""
-        args = [sys.executable, str(REPO / "train" / "finetune.py"), self.benchmark]
+        """``scripts/finetune.py``'s command."""
+        args = [sys.executable, str(REPO / "scripts" / "finetune.py"), self.benchmark]
         args += ["--task", self.task] if self.benchmark == "glue" else []
         args += ["--model", self.model.name, "--method", self.method]
         args += ["--lr", hparam(self.lr), "--out", str(self.run_dir(root))]

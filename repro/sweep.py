@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--jobs must be >= 1")
     if (
         args.experiment in FINETUNE_EXPERIMENTS
-    ):  # train/finetune.py runs; --model: a hub name or DIR
+    ):  # scripts/finetune.py runs; --model: a hub name or DIR
         runs, finetunes = finetune_todo(parser, args)
         if args.dry_run:
             print(finetune_plan(runs, finetunes, args, args.mfu or MFU, GPUS))

@@ -1,4 +1,4 @@
-"""The fine-tuning recipes (train/finetune.py) offline, on tiny random models and GLUE- and
+"""The fine-tuning recipes (train/finetune/) offline, on tiny random models and GLUE- and
 MMLU-format rows written here: every method trains, evaluates and writes its metrics; the
 metrics against hand-worked values; one-line errors without the hub."""
 
@@ -17,14 +17,14 @@ from transformers import (
     RobertaForSequenceClassification,
 )
 
-from train import finetune
-from train.finetune_metrics import (
+from train.finetune import cli as finetune
+from train.finetune.metrics import (
     accuracy,
     category_accuracy,
     matthews_correlation,
     pearson_correlation,
 )
-from train.finetune_tasks import MMLU_SUBJECTS
+from train.finetune.tasks import MMLU_SUBJECTS
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", *(f"w{i}" for i in range(40)), *"ABCD"]
 WORDS += ["Answer", ":", ".", "The", "following", "are"]

@@ -28,7 +28,7 @@ ALLOWED = {
         "pyarrow",
         "numpy",
         "psutil",
-        "peft",  # the fine-tuning recipes' LoRA baseline (train/finetune_methods.py)
+        "peft",  # the fine-tuning recipes' LoRA baseline (train/finetune/methods.py)
         "safetensors",  # one model file from a checkpoint (train/consolidate.py)
         "foam",
         "models",
@@ -218,3 +218,27 @@ def test_the_data_pipeline_reads_one_way():
     assert not {"train.data", "train.val_batches"} & graph["train.batcher"]
     assert not {"train.data", "train.val_batches"} & graph["train.data_position"]
     assert "train.val_batches" not in graph["train.data"]
+
+
+FINETUNE_SHARES = {"train.corpus", "train.objective", "train.summary"}
+"""What fine-tuning (train/finetune/) may import of the pre-training trainer: the hub check, the
+loss's ignore index and the git sha (train/finetune/__init__.py names them)."""
+
+
+def test_finetuning_imports_only_the_named_pieces_of_pretraining():
+    bad = []
+    for path in sorted((ROOT / "train" / "finetune").rglob("*.py")):
+        for name, _ in imported_modules(path):
+            parts = name.split(".")
+            if parts[0] != "train" or parts[1] == "finetune":
+                continue
+            if ".".join(parts[:2]) not in FINETUNE_SHARES:
+                bad.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not bad, f"fine-tuning reaches into pre-training: {bad}"
+    pretraining = [p for p in (ROOT / "train").rglob("*.py") if "finetune" not in p.parts]
+    assert not [
+        p.name
+        for p in pretraining
+        for name, _ in imported_modules(p)
+        if name.startswith("train.finetune")
+    ], "pre-training imports fine-tuning"

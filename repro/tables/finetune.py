@@ -1,4 +1,4 @@
-"""The paper's two fine-tuning tables from ``train/finetune.py``'s summaries under
+"""The paper's two fine-tuning tables from ``scripts/finetune.py``'s summaries under
 ``ROOT/finetune`` (``repro/finetune_grid.py``'s layout): each method at its best lr (per task on
 GLUE, by the average on MMLU, as the paper reports), measured beside the paper's printed number.
 

@@ -1,25 +1,25 @@
-"""The two fine-tuning recipes (``train/finetune.py``): GLUE on a sequence classifier, MMLU on a
+"""The two fine-tuning recipes (``train/finetune/cli.py``): GLUE on a sequence classifier, MMLU on a
 causal LM, each trained by ``transformers.Trainer`` with the method's optimizer and scored as the
 paper's tables score it."""
 
 from __future__ import annotations
 
-import argparse
 import math
 from typing import Any
 
 import torch
 from torch import nn
 
-from train.finetune_methods import MethodSetting, memory_counts, prepare
-from train.finetune_metrics import (
+from train.finetune.args import FinetuneArgs
+from train.finetune.methods import MethodSetting, memory_counts, prepare
+from train.finetune.metrics import (
     accuracy,
     category_accuracy,
     matthews_correlation,
     pearson_correlation,
     percent,
 )
-from train.finetune_tasks import (
+from train.finetune.tasks import (
     CHOICES,
     GLUE_HUB,
     GLUE_TASKS,
@@ -56,7 +56,7 @@ def default_dtype() -> torch.dtype:
 def train(
     model: nn.Module,
     setting: MethodSetting,
-    args: argparse.Namespace,
+    args: FinetuneArgs,
     data: Any,
     *,
     batch_size: int,
@@ -120,7 +120,7 @@ def glue_predictions(model: nn.Module, features: Any, task: GlueTask) -> list[fl
     return out
 
 
-def run_glue(args: argparse.Namespace, setting: MethodSetting) -> dict[str, Any]:
+def run_glue(args: FinetuneArgs, setting: MethodSetting) -> dict[str, Any]:
     """Fine-tune on the task's train split; the task's metric over its validation split(s)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -196,7 +196,7 @@ def mmlu_answers(
     return out
 
 
-def run_mmlu(args: argparse.Namespace, setting: MethodSetting) -> dict[str, Any]:
+def run_mmlu(args: FinetuneArgs, setting: MethodSetting) -> dict[str, Any]:
     """Fine-tune on the auxiliary training set; 5-shot accuracy on the test set by category."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq2Seq
 

@@ -1,9 +1,9 @@
 """Fine-tune a pre-trained model on GLUE or MMLU with Full-Adam, FOAM, GaLore, APOLLO or LoRA (the
 paper's fine-tuning tables), on ``transformers.Trainer``.
 
-    python train/finetune.py glue --task rte --model roberta-large --method foam --lr 1e-4
-    python train/finetune.py mmlu --model meta-llama/Llama-3.2-3B --method lora --lr 2.5e-5
-    python train/finetune.py glue --task cola --model DIR --data-dir GLUE/cola --out runs/ft/cola
+    python scripts/finetune.py glue --task rte --model roberta-large --method foam --lr 1e-4
+    python scripts/finetune.py mmlu --model meta-llama/Llama-3.2-3B --method lora --lr 2.5e-5
+    python scripts/finetune.py glue --task cola --model DIR --data-dir GLUE/cola --out runs/ft/cola
 
 GLUE trains ``--epochs`` (3) epochs at the paper's batch size of the task, sequences padded to
 ``--max-length`` (256), and scores the validation split as the paper's table does (MNLI over
@@ -23,20 +23,20 @@ input.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python train/finetune.py` anywhere
-
 from train.corpus import hub_reachable
-from train.finetune_methods import DEFAULT_LEVEL, DEFAULT_RANK, METHODS, MethodSetting
-from train.finetune_recipes import run_glue, run_mmlu
-from train.finetune_tasks import GLUE_TASKS, FinetuneError
+from train.finetune.args import FinetuneArgs
+from train.finetune.methods import DEFAULT_LEVEL, DEFAULT_RANK, METHODS, MethodSetting
+from train.finetune.recipes import run_glue, run_mmlu
+from train.finetune.tasks import GLUE_TASKS, FinetuneError
 from train.summary import git_sha
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> FinetuneArgs:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("benchmark", choices=["glue", "mmlu"])
     parser.add_argument("--task", choices=sorted(GLUE_TASKS), help="glue: the task")
@@ -62,10 +62,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--task is glue's; mmlu is one task")
     if args.lr is None and args.benchmark == "mmlu":
         parser.error("mmlu needs --lr (the paper sweeps 1e-5 ... 2e-4)")
-    return args
+    return FinetuneArgs(**vars(args))
 
 
-def setting_of(args: argparse.Namespace) -> MethodSetting:
+def setting_of(args: FinetuneArgs) -> MethodSetting:
     """The method's knobs, with the paper's defaults where not given."""
     lr = args.lr if args.lr is not None else GLUE_TASKS[args.task].foam_lr
     rank = args.rank or DEFAULT_RANK[args.benchmark]
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": args.benchmark,
         "task": args.task or "mmlu",
         "model": args.model,
-        **vars(setting),
+        **dataclasses.asdict(setting),
         "seed": args.seed,
         **result,
         "git_sha": git_sha(),
