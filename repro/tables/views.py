@@ -186,9 +186,15 @@ def view_section(points: list[Point], view: View) -> str:
     return "\n".join(lines)
 
 
-def paired_lines(best: dict[tuple[str, str], Point], model: str, rows: list[str]) -> list[str]:
+def comparison_pairs(rows: list[str]) -> list[tuple[str, str]]:
+    """The (row, row) pairs a view or question compares: FOAM-2 against every other row, then
+    the tier comparisons whose rows are both present."""
     against = [(REFERENCE, r) for r in rows if r != REFERENCE] if REFERENCE in rows else []
-    pairs = against + [(a, b) for a, b in TIER_COMPARISONS if a in rows and b in rows]
+    return against + [(a, b) for a, b in TIER_COMPARISONS if a in rows and b in rows]
+
+
+def paired_lines(best: dict[tuple[str, str], Point], model: str, rows: list[str]) -> list[str]:
+    pairs = comparison_pairs(rows)
     diffs = [paired(best[(model, a)], best[(model, b)]) for a, b in pairs]
     lines = [
         "| Comparison | difference (paired) | 95% interval | p (Holm, this view) | read |",
