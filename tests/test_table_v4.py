@@ -2,6 +2,7 @@
 family-wise reading per question, and the check that v4 repeats v3's runs."""
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -277,3 +278,81 @@ def test_the_order_across_lengths_gives_its_exact_p_not_a_bootstrap(study):
     assert "3 rows: Kendall's tau **1.00** (0 of 3 pairs the other way" in order
     assert "exact two-sided p 0.333" in order and "not below 0.05" in order
     assert "bootstrap" not in order
+
+
+def test_provenance_says_run_by_run_what_the_summary_and_the_notes_record(study, tmp_path):
+    v4, v3 = study
+    muon = v4 / "final/llama_2m/muon_modulewise/lr0.08_alpha0.03125_seed1/summary.json"
+    record = json.loads(muon.read_text())
+    record["environment"] = {"torch": "2.13.0", "cpu": "AMD EPYC", "cpu_capability": "AVX2"}
+    record["environment"]["threads"] = 2
+    muon.write_text(json.dumps(record))
+    first, second = (
+        "final/llama_2m/foam2/lr0.04_alpha0.0625_seed0",
+        str(muon.parent.relative_to(v4)),
+    )
+    notes = {
+        "torch": {"says": "2.13.0+cpu", "source": "environment.txt"},
+        "machines": [
+            {"first_run": first, "note": "the first", "says": "not described"},
+            {"first_run": second, "note": "Machine note", "says": "AMD EPYC"},
+        ],
+        "threads": [
+            {"runs": second, "says": "2", "source": "a note"},
+            {"runs": "final/", "says": "1", "source": "Budget"},
+        ],
+        "finished": [
+            [first, "abc1234", "2026-11-28 11:20"],
+            [second, "def5678", "2026-11-29 01:00"],
+        ],
+    }
+    (v4 / "machines.json").write_text(json.dumps(notes))
+    out = tmp_path / "tables"
+    assert make_tables([str(v4), "--v4", str(v3), "--out", str(out)]) == 0
+    text = (out / "provenance.md").read_text()
+    assert "Summaries that record their machine (`environment`): 1 of 23;" in text
+    assert "* machine 1: the first; 1 run; not described." in text
+    assert "* machine 2: Machine note; 1 run; AMD EPYC." in text
+    assert f"| {first} | abc1234 2026-11-28 11:20 | nothing | machine 1 | 1 [Budget] |" in text
+    assert (
+        f"| {second} | def5678 2026-11-29 01:00 | torch 2.13.0; AMD EPYC (AVX2); 2 threads "
+        "(the segment that finished it) | machine 2 | 2 [a note] |" in text
+    )
+    # a run the notes do not list: its summary only
+    assert (
+        "| final/llama_2m/foam3/lr0.04_alpha0.0625_seed2 | - | nothing | - | 1 [Budget] |" in text
+    )
+
+
+V4_RUNS = Path(__file__).resolve().parents[1] / "results" / "repro" / "v4" / "runs"
+
+
+def test_the_committed_machine_record_lists_every_run_in_the_order_git_committed_them():
+    """``machines.json``'s ``finished`` is git's record of when each summary was committed, which
+    places each run on a machine: it must be that record, whole."""
+    listed = [run for run, *_ in json.loads((V4_RUNS / "machines.json").read_text())["finished"]]
+    on_disk = sorted(str(p.parent.relative_to(V4_RUNS)) for p in V4_RUNS.rglob("summary.json"))
+    assert sorted(listed) == on_disk
+    log = subprocess.run(
+        [
+            "git",
+            "log",
+            "--reverse",
+            "--diff-filter=A",
+            "--format=@%h",
+            "--name-only",
+            "--",
+            "results/repro/v4/runs/*/summary.json",
+        ],
+        cwd=V4_RUNS.parents[3],
+        capture_output=True,
+        text=True,
+    )
+    if log.returncode != 0 or not log.stdout.strip():
+        pytest.skip("no git history here")
+    from_git = [
+        line.removeprefix("results/repro/v4/runs/").removesuffix("/summary.json")
+        for line in log.stdout.splitlines()
+        if line.strip() and not line.startswith("@")
+    ]
+    assert listed == from_git
