@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.stats import kendalltau
@@ -130,9 +130,12 @@ def rows_table(best: Best, q: Question) -> list[str]:
     return lines
 
 
-def question(title: str, best: Best, q: Question, tau: bool) -> list[str]:
+def question(
+    title: str, best: Best, q: Question, tau: bool, qualify: dict | None = None
+) -> list[str]:
     names = [table_row(r) for r in q.rows if (MODEL, table_row(r)) in best]
-    lines = [f"## {title}", "", *rows_table(best, q), "", *paired_lines(best, MODEL, names)]
+    comparisons = paired_lines(best, MODEL, names, qualify or {})
+    lines = [f"## {title}", "", *rows_table(best, q), "", *comparisons]
     if tau:
         present = [(n, paper_row(n)) for n in names]
         lines += ["", tau_line(best, MODEL, present)]
@@ -202,40 +205,80 @@ def on_new_seeds(every: Diff, every_p: float, new: Diff, new_p: float, old: str)
     return f"{now} on the new seeds" + (" too" if now == was else f" ({was} over every seed)")
 
 
-def new_seeds_lines(best: Best, q: Question, v3: V3Runs) -> list[str]:
-    """The question's comparisons over every seed beside the same over the seeds at which no row
-    repeats a v3 run: the runs v3 made chose v4's points and suggested its questions, so they
-    re-score old evidence on a new split; the other seeds are new evidence."""
+@dataclass(frozen=True)
+class NewSeeds:
+    """A question's comparisons over every seed and over the seeds at which no row repeats a v3
+    run: the runs v3 made chose v4's points and suggested its questions, so they re-score old
+    evidence on a new split; the other seeds are new evidence."""
+
+    reused: dict[str, list[int]]  # row -> its seeds that repeat a v3 run
+    old: list[int]
+    new: tuple[int, ...]
+    reads: dict[tuple[str, str], tuple[Diff | None, float | None, Diff | None, float | None]]
+    """(a, b) -> difference and Holm p over every seed, then over the new seeds alone."""
+
+    def says(self, pair: tuple[str, str]) -> str:
+        return on_new_seeds(*self.reads[pair], seed_text(self.old))
+
+
+def new_seeds(best: Best, q: Question, v3: V3Runs) -> NewSeeds | None:
+    """None where no row repeats a v3 run, or too few seeds are new to read an order over."""
     names = [table_row(r) for r in q.rows if (MODEL, table_row(r)) in best]
     reused = {name: repeated(best[(MODEL, name)], v3) for name in names}
     old = sorted(set().union(*reused.values()))
     new = tuple(s for s in q.seeds if s not in old)
     if not old or len(new) < ORDER_SEEDS:
-        return []
+        return None
     pairs = comparison_pairs(names)
     fresh = {k: restricted(point, new) for k, point in best.items()}
     every = [paired(best[(MODEL, a)], best[(MODEL, b)]) for a, b in pairs]
     only_new = [paired(fresh[(MODEL, a)], fresh[(MODEL, b)]) for a, b in pairs]
-    rows = "; ".join(f"{row_label(n)} {seed_text(s)}" for n, s in reused.items() if s)
+    reads = dict(
+        zip(
+            pairs,
+            zip(every, holm_family(every), only_new, holm_family(only_new), strict=True),
+            strict=True,
+        )
+    )
+    return NewSeeds(reused, old, new, reads)
+
+
+def only_with_reused(seeds: NewSeeds | None) -> dict[tuple[str, str], str]:
+    """The main table's reading of a comparison that resolves only with the seeds v3 ran, in
+    place of the rule's: never read as one row beating the other."""
+    if seeds is None:
+        return {}
+    return {
+        pair: f"resolved only with the re-used seeds {seed_text(seeds.old)}; unresolved on seeds "
+        f"{seed_text(seeds.new)} (below)"
+        for pair in seeds.reads
+        if seeds.says(pair).startswith("resolves only")
+    }
+
+
+def new_seeds_lines(seeds: NewSeeds | None, q: Question) -> list[str]:
+    if seeds is None:
+        return []
+    new, rows = (
+        seed_text(seeds.new),
+        "; ".join(f"{row_label(n)} {seed_text(s)}" for n, s in seeds.reused.items() if s),
+    )
     lines = [
-        f"Seeds {seed_text(new)} alone beside seeds {seed_text(q.seeds)} (added on 2026-12-06, "
-        f'after the question was read: post hoc; PROTOCOL.md v4, "Correction note"). These '
-        f"seeds repeat a v3 run at the same point and seed (the check above): {rows}. Those runs' "
-        "validation numbers chose the rows' points and suggested the question, so only the "
-        f"other seeds are runs v3 never made. Holm over the question's {len(pairs)} comparisons "
+        f"Seeds {new} alone beside seeds {seed_text(q.seeds)} (added on 2026-12-06, after the "
+        'question was read: post hoc; PROTOCOL.md v4, "Correction note"). The seeds whose runs '
+        f"repeat a v3 run at the same point and seed (the check above): {rows}. Those runs' "
+        "validation numbers chose the rows' points and suggested the question, so only seeds "
+        f"{new} are runs v3 never made. Holm over the question's {len(seeds.reads)} comparisons "
         "on those seeds.",
         "",
         f"| Comparison | seeds {seed_text(q.seeds)}: difference | 95% interval | p (Holm) | "
-        f"seeds {seed_text(new)} alone | 95% interval | p (Holm) | what the new seeds say |",
+        f"seeds {new} alone | 95% interval | p (Holm) | what the new seeds say |",
         "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for (a, b), d, p, d_new, p_new in zip(
-        pairs, every, holm_family(every), only_new, holm_family(only_new), strict=True
-    ):
+    for (a, b), (d, p, d_new, p_new) in seeds.reads.items():
         lines.append(
             f"| {row_label(a)} − {row_label(b)} | {comparison_cells(d, p)} | "
-            f"{comparison_cells(d_new, p_new)} | "
-            f"{on_new_seeds(d, p, d_new, p_new, seed_text(old))} |"
+            f"{comparison_cells(d_new, p_new)} | {seeds.says((a, b))} |"
         )
     return lines
 
@@ -390,8 +433,15 @@ def v4_table(v4: list[Point], v3: list[Point]) -> str:
         "",
     ]
     ran_in_v3 = v3_runs(v3)
-    body = question("Q1: confirmation at n = 8 (1,000 steps)", q1, Q1, tau=False)
-    body += [*new_seeds_lines(q1, Q1, ran_in_v3), ""]
+    fresh = new_seeds(q1, Q1, ran_in_v3)
+    body = question(
+        "Q1: confirmation at n = 8 (1,000 steps)",
+        q1,
+        Q1,
+        tau=False,
+        qualify=only_with_reused(fresh),
+    )
+    body += [*new_seeds_lines(fresh, Q1), ""]
     body += [*v3_point_lines(v4, v3, q1), ""]
     body += question(
         f"Q2: one non-matrix lr ({SHARED_LR:g}) for every row, seeds 0-2", q2, Q2, tau=True

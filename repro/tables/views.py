@@ -193,7 +193,14 @@ def comparison_pairs(rows: list[str]) -> list[tuple[str, str]]:
     return against + [(a, b) for a, b in TIER_COMPARISONS if a in rows and b in rows]
 
 
-def paired_lines(best: dict[tuple[str, str], Point], model: str, rows: list[str]) -> list[str]:
+def paired_lines(
+    best: dict[tuple[str, str], Point],
+    model: str,
+    rows: list[str],
+    qualify: dict[tuple[str, str], str] | None = None,
+) -> list[str]:
+    """The comparisons' table; ``qualify``: a comparison's reading in place of the rule's (v4's,
+    where the rule's order rests on re-used runs)."""
     pairs = comparison_pairs(rows)
     diffs = [paired(best[(model, a)], best[(model, b)]) for a, b in pairs]
     lines = [
@@ -203,7 +210,7 @@ def paired_lines(best: dict[tuple[str, str], Point], model: str, rows: list[str]
     for (a, b), diff, p in zip(pairs, diffs, holm_family(diffs), strict=True):
         lines.append(
             f"| {row_label(a)} − {row_label(b)} | {comparison_cells(diff, p)} | "
-            f"{order_read(row_label(a), row_label(b), diff, p)} |"
+            f"{(qualify or {}).get((a, b)) or order_read(row_label(a), row_label(b), diff, p)} |"
         )
     return lines
 
