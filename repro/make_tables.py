@@ -17,7 +17,8 @@ with ``--curves`` also ``alpha_MODEL.png``, and the ablation figures ``ablations
 the commits the runs came from (``provenance.md``).
 With ``--v4 V3_RUNS``, the v4 study's readings on the test split instead (``v4.md``,
 ``repro/tables/v4.py``), where each of its walks stands (``walks.md``,
-``repro/tables/walks_v4.py``) and its ``provenance.md``.
+``repro/tables/walks_v4.py``) and its ``provenance.md`` (with each run's machine and threads, from
+its summary and the study's ``machines.json`` beside the runs).
 Output is deterministic, so committed tables regenerate byte for byte.
 """
 
@@ -35,7 +36,7 @@ from repro.tables.carry_over import carry_over_table
 from repro.tables.curves import plot_curves
 from repro.tables.experiments import experiment_outputs
 from repro.tables.paired import paired_table
-from repro.tables.provenance import provenance
+from repro.tables.provenance import machines, provenance
 from repro.tables.sweep_points import sweep_table
 from repro.tables.table2 import table2
 from repro.tables.table3 import table3
@@ -51,7 +52,7 @@ def write_v4(root: Path, v3_root: Path, out: Path | None, curves: bool) -> int:
     outputs = {
         "v4.md": v4_table(points, load_points(v3_root)),
         "walks.md": walks_table(root, v3_root),
-        "provenance.md": provenance(points),
+        "provenance.md": provenance(points) + "\n" + machines(root),
     }
     if out is None:
         print(outputs["v4.md"])

@@ -2,6 +2,7 @@
 family-wise reading per question, and the check that v4 repeats v3's runs."""
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,181 @@ def test_rows_cut_when_the_study_stopped_say_so_in_both_tables(study, tmp_path):
     q3 = v4_table(load_points(v4, "final_test_ppl"), load_points(v3)).split("## Q3")[1]
     assert "| APOLLO-1/4 | cut when the study stopped |" in q3
     assert "| FOAM-2 | not complete yet |" in q3
+
+
+def q1_rows_repeating_v3(tmp_path: Path) -> tuple[Path, Path]:
+    """FOAM-2 and APOLLO-1/4 with 8 seeds, their seeds 0-2 repeating v3's runs: far apart on
+    seeds 0-2, close on 3-7."""
+    v4, v3 = tmp_path / "v4", tmp_path / "v3"
+    foam2 = [80.0, 80.5, 79.5, 80.0, 81.0, 80.0, 81.0, 80.0]
+    apollo = [84.0, 84.5, 83.5, 80.9, 81.1, 80.2, 81.3, 80.9]
+    for seed in range(8):
+        write_run(v4, "final", "foam2", "lr0.04_alpha0.0625", seed, 79.0, foam2[seed])
+        write_run(v4, "final", "apollo_1_4", "lr0.04_alpha0.25_gap20", seed, 80.0, apollo[seed])
+    for seed in range(3):
+        write_run(v3, "final", "foam2", "lr0.04_alpha0.0625", seed, 79.0, 0.0)
+        write_run(v3, "final", "apollo_1_4", "lr0.04_alpha0.25_gap20", seed, 80.0, 0.0)
+    return v4, v3
+
+
+def test_q1_reads_the_seeds_no_v3_run_repeats_beside_all_eight(tmp_path):
+    """A comparison resolved over seeds 0-7 whose seeds 3-7 alone hold 0 is said to resolve only
+    with the re-used seeds, never read as a win."""
+    v4, v3 = q1_rows_repeating_v3(tmp_path)
+    q1 = v4_table(load_points(v4, "final_test_ppl"), load_points(v3)).split("## Q2")[0]
+    assert (
+        "repeat a v3 run at the same point and seed (the check above): FOAM-2 0-2; APOLLO-1/4 0-2."
+        in q1
+    )
+    main, line = (row for row in q1.splitlines() if row.startswith("| FOAM-2 − APOLLO-1/4 |"))
+    assert main.endswith(
+        "| resolved only with the re-used seeds 0-2; unresolved on seeds 3-7 (below) |"
+    )  # the rule alone would read "FOAM-2 better"
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    everything = ttest_rel(
+        [80.0, 80.5, 79.5, 80.0, 81.0, 80.0, 81.0, 80.0],
+        [84.0, 84.5, 83.5, 80.9, 81.1, 80.2, 81.3, 80.9],
+    )
+    new = ttest_rel([80.0, 81.0, 80.0, 81.0, 80.0], [80.9, 81.1, 80.2, 81.3, 80.9])
+    assert cells[1].startswith("-1.80 ") and cells[3] == f"{everything.pvalue:.3f}"
+    assert cells[4].startswith("-0.48 ") and cells[4].endswith("(n=5)")
+    assert cells[6] == f"{new.pvalue:.3f}"  # one comparison: Holm leaves it as it is
+    assert cells[7] == "resolves only with the re-used seeds 0-2"
+
+
+def test_q1_without_rows_that_repeat_v3_has_no_new_seeds_table(study):
+    v4, v3 = study  # v3's FOAM-2 seed 0 is the only repeat: seeds 1-7 are new
+    text = v4_table(load_points(v4, "final_test_ppl"), load_points(v3))
+    assert "Seeds 1-7 alone beside seeds 0-7" in text
+    line = next(row for row in text.splitlines() if "| seeds 1-7 alone |" in row)
+    assert line.startswith("| Comparison | seeds 0-7: difference |")
+
+
+def test_q2_says_which_rows_re_score_v3_runs(tmp_path):
+    v4, v3 = q1_rows_repeating_v3(tmp_path)
+    for seed in range(3):
+        write_run(v4, "final", "foam3", "lr0.04_alpha0.03125", seed, 81.0, 90.0 + seed)
+        write_run(v4, "final", "galore_1_4", "lr0.04_alpha0.125_gap20", seed, 90.0, 97.0)
+    write_run(v3, "final", "galore_1_4", "lr0.04_alpha0.125_gap20", 0, 90.0, 0.0)
+    q2 = v4_table(load_points(v4, "final_test_ppl"), load_points(v3)).split("## Q2")[1]
+    assert "Re-scored, not new: 2 of these 4 rows repeat v3's runs at every seed" in q2
+    assert "(APOLLO-1/4; FOAM-2: the same point and seed as a v3 run)" in q2
+    assert "GaLore-1/4: seed 0 of 0-2 repeats a v3 run. FOAM-3: new runs." in q2
+    assert "Comparisons between two re-scored rows: FOAM-2 − APOLLO-1/4." in q2
+
+
+def test_a_row_whose_walk_moved_is_read_at_its_v3_point_too(tmp_path):
+    """The control walked from its v3 point (0.04, 0.0625) to 0.02, 0.125: FOAM-2 against it
+    at both points over seeds 0-2, validation beside."""
+    v4, v3 = tmp_path / "v4", tmp_path / "v3"
+    foam2 = [80.0, 81.0, 79.0, 80.0, 80.0, 80.0, 80.0, 80.0]
+    for seed in range(8):
+        write_run(v4, "final", "foam2", "lr0.04_alpha0.0625", seed, 79.0, foam2[seed])
+        write_run(v4, "final", "adamw", "lr0.02_alpha0.125", seed, 85.0 + seed, 90.0 + seed)
+    for seed in range(3):
+        write_run(v4, "final", "adamw", "lr0.04_alpha0.0625", seed, 84.0, 88.0)
+    write_run(v3, "final", "adamw", "lr0.04_alpha0.0625", 0, 84.0, 0.0)
+    text = v4_table(load_points(v4, "final_test_ppl"), load_points(v3))
+    walked, start = [
+        row for row in text.splitlines() if row.startswith("| AdamW") and ": 0.0" in row
+    ]
+    # walked: test 90, 91, 92 against FOAM-2's 80, 81, 79: -10, -10, -13
+    assert (
+        "| walked: 0.02, alpha 0.125 | 85.00 | 86.00 | 2.45 | 91.00 | -11.00 ± 1.73 (n=3) |"
+        in walked
+    )
+    assert (
+        "| v3 point: 0.04, alpha 0.0625 | 84.00 | 84.00 | - | 88.00 | -8.00 ± 1.00 (n=3) |" in start
+    )
+
+
+def test_the_order_across_lengths_gives_its_exact_p_not_a_bootstrap(study):
+    v4, v3 = study
+    for seed in range(8):
+        write_run(v4, "final", "adamw", "lr0.04_alpha0.0625", seed, 85.0, 90.0)
+    write_q3_seeds(v4, "foam2", "lr0.04_alpha0.0625", 41.0)
+    write_q3_seeds(v4, "muon_modulewise", "lr0.08_alpha0.03125", 38.0)
+    write_q3_seeds(v4, "adamw", "lr0.04_alpha0.0625", 45.0)
+    text = v4_table(load_points(v4, "final_test_ppl"), load_points(v3))
+    order = next(line for line in text.splitlines() if line.startswith("Order at 1,000"))
+    assert "3 rows: Kendall's tau **1.00** (0 of 3 pairs the other way" in order
+    assert "exact two-sided p 0.333" in order and "not below 0.05" in order
+    assert "bootstrap" not in order
+
+
+def test_provenance_says_run_by_run_what_the_summary_and_the_notes_record(study, tmp_path):
+    v4, v3 = study
+    muon = v4 / "final/llama_2m/muon_modulewise/lr0.08_alpha0.03125_seed1/summary.json"
+    record = json.loads(muon.read_text())
+    record["environment"] = {"torch": "2.13.0", "cpu": "AMD EPYC", "cpu_capability": "AVX2"}
+    record["environment"]["threads"] = 2
+    muon.write_text(json.dumps(record))
+    first, second = (
+        "final/llama_2m/foam2/lr0.04_alpha0.0625_seed0",
+        str(muon.parent.relative_to(v4)),
+    )
+    notes = {
+        "torch": {"says": "2.13.0+cpu", "source": "environment.txt"},
+        "machines": [
+            {"first_run": first, "note": "the first", "says": "not described"},
+            {"first_run": second, "note": "Machine note", "says": "AMD EPYC"},
+        ],
+        "threads": [
+            {"runs": second, "says": "2", "source": "a note"},
+            {"runs": "final/", "says": "1", "source": "Budget"},
+        ],
+        "finished": [
+            [first, "abc1234", "2026-11-28 11:20"],
+            [second, "def5678", "2026-11-29 01:00"],
+        ],
+    }
+    (v4 / "machines.json").write_text(json.dumps(notes))
+    out = tmp_path / "tables"
+    assert make_tables([str(v4), "--v4", str(v3), "--out", str(out)]) == 0
+    text = (out / "provenance.md").read_text()
+    assert "Summaries that record their machine (`environment`): 1 of 23;" in text
+    assert "* machine 1: the first; 1 run; not described." in text
+    assert "* machine 2: Machine note; 1 run; AMD EPYC." in text
+    assert f"| {first} | abc1234 2026-11-28 11:20 | nothing | machine 1 | 1 [Budget] |" in text
+    assert (
+        f"| {second} | def5678 2026-11-29 01:00 | torch 2.13.0; AMD EPYC (AVX2); 2 threads "
+        "(the segment that finished it) | machine 2 | 2 [a note] |" in text
+    )
+    # a run the notes do not list: its summary only
+    assert (
+        "| final/llama_2m/foam3/lr0.04_alpha0.0625_seed2 | - | nothing | - | 1 [Budget] |" in text
+    )
+
+
+V4_RUNS = Path(__file__).resolve().parents[1] / "results" / "repro" / "v4" / "runs"
+
+
+def test_the_committed_machine_record_lists_every_run_in_the_order_git_committed_them():
+    """``machines.json``'s ``finished`` is git's record of when each summary was committed, which
+    places each run on a machine: it must be that record, whole."""
+    listed = [run for run, *_ in json.loads((V4_RUNS / "machines.json").read_text())["finished"]]
+    on_disk = sorted(str(p.parent.relative_to(V4_RUNS)) for p in V4_RUNS.rglob("summary.json"))
+    assert sorted(listed) == on_disk
+    log = subprocess.run(
+        [
+            "git",
+            "log",
+            "--reverse",
+            "--diff-filter=A",
+            "--format=@%h",
+            "--name-only",
+            "--",
+            "results/repro/v4/runs/*/summary.json",
+        ],
+        cwd=V4_RUNS.parents[3],
+        capture_output=True,
+        text=True,
+    )
+    if log.returncode != 0 or not log.stdout.strip():
+        pytest.skip("no git history here")
+    from_git = [
+        line.removeprefix("results/repro/v4/runs/").removesuffix("/summary.json")
+        for line in log.stdout.splitlines()
+        if line.strip() and not line.startswith("@")
+    ]
+    assert listed == from_git

@@ -186,9 +186,22 @@ def view_section(points: list[Point], view: View) -> str:
     return "\n".join(lines)
 
 
-def paired_lines(best: dict[tuple[str, str], Point], model: str, rows: list[str]) -> list[str]:
+def comparison_pairs(rows: list[str]) -> list[tuple[str, str]]:
+    """The (row, row) pairs a view or question compares: FOAM-2 against every other row, then
+    the tier comparisons whose rows are both present."""
     against = [(REFERENCE, r) for r in rows if r != REFERENCE] if REFERENCE in rows else []
-    pairs = against + [(a, b) for a, b in TIER_COMPARISONS if a in rows and b in rows]
+    return against + [(a, b) for a, b in TIER_COMPARISONS if a in rows and b in rows]
+
+
+def paired_lines(
+    best: dict[tuple[str, str], Point],
+    model: str,
+    rows: list[str],
+    qualify: dict[tuple[str, str], str] | None = None,
+) -> list[str]:
+    """The comparisons' table; ``qualify``: a comparison's reading in place of the rule's (v4's,
+    where the rule's order rests on re-used runs)."""
+    pairs = comparison_pairs(rows)
     diffs = [paired(best[(model, a)], best[(model, b)]) for a, b in pairs]
     lines = [
         "| Comparison | difference (paired) | 95% interval | p (Holm, this view) | read |",
@@ -197,7 +210,7 @@ def paired_lines(best: dict[tuple[str, str], Point], model: str, rows: list[str]
     for (a, b), diff, p in zip(pairs, diffs, holm_family(diffs), strict=True):
         lines.append(
             f"| {row_label(a)} − {row_label(b)} | {comparison_cells(diff, p)} | "
-            f"{order_read(row_label(a), row_label(b), diff, p)} |"
+            f"{(qualify or {}).get((a, b)) or order_read(row_label(a), row_label(b), diff, p)} |"
         )
     return lines
 
