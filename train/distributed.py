@@ -29,6 +29,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from train import elastic
+
 SLOW_IO_TIMEOUT = timedelta(hours=2)
 """How long ranks wait for one another on the slow-I/O group: a 7B run's checkpoint is tens of GB,
 and rank 0 initialises a 7B model on the CPU for minutes. The default group keeps torch's timeout
@@ -63,6 +65,11 @@ def env_dist_info() -> DistInfo:
     )
 
 
+def run_dir_given(argv: list[str]) -> bool:
+    """Whether the command names its run directory (``hydra.run.dir=...``)."""
+    return any(a.startswith("hydra.run.dir=") for a in argv)
+
+
 def hydra_argv_for_rank(argv: list[str], rank: int) -> list[str]:
     """Hydra overrides that keep non-zero ranks from creating run dirs and log files."""
     if rank == 0:
@@ -72,7 +79,7 @@ def hydra_argv_for_rank(argv: list[str], rank: int) -> list[str]:
         "hydra/job_logging=disabled",
         "hydra/hydra_logging=disabled",
     ]
-    if not any(a.startswith("hydra.run.dir=") for a in argv):
+    if not run_dir_given(argv):
         extra.append("hydra.run.dir=.")
     return [*argv, *extra]
 
@@ -97,12 +104,22 @@ def init_distributed(
 ) -> None:
     """Join the process group (NCCL on GPU, gloo on CPU) when launched with several ranks, with
     ``timeout`` (torch's default when None), and create the gloo group of
-    :func:`slow_io_group`."""
+    :func:`slow_io_group`. Under torchrun the group forms on a store of this attempt's own, so
+    that the workers of a restart do not read the dead workers' addresses
+    (``train/elastic.py``)."""
     global _slow_io_group
     if info.enabled and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
+        store = None
+        if elastic.uses_agent_store():
+            store = elastic.attempt_store(info.rank, info.world_size, slow_io_timeout)
         dist.init_process_group(
-            backend, device_id=device if device.type == "cuda" else None, timeout=timeout
+            backend,
+            device_id=device if device.type == "cuda" else None,
+            timeout=timeout,
+            store=store,
+            rank=info.rank if store else -1,
+            world_size=info.world_size if store else -1,
         )
     if dist.is_initialized() and _slow_io_group is None:
         _slow_io_group = dist.new_group(backend="gloo", timeout=slow_io_timeout)

@@ -40,6 +40,7 @@ from tqdm import tqdm
 import foam
 import models
 from train import distributed as dist
+from train import elastic, faults
 from train.checkpoint import (
     Resumable,
     find_resume_checkpoint,
@@ -172,6 +173,7 @@ def train(cfg: DictConfig) -> dict:
     info = dist.env_dist_info()
     state = TrainState(world_size=info.world_size)  # its clock starts now
     check_config(cfg, info.world_size)
+    faults.check_spec()  # a FOAM_FAULT that does not parse: one line before any step
     run = build_run(cfg, info)
     if run.resume_from is not None:
         restore_training_state(run.resume_from, run.resumable(), state, rank=info.rank)
@@ -476,6 +478,7 @@ class Due:
 def step_once(run: Run, state: TrainState, stats: StepStats) -> dict[str, float]:
     """One optimizer step, its numbers left on the device in ``stats``; returns its lrs."""
     run.peaks.enter("train")
+    faults.hit("step", step=state.step + 1)  # FOAM_FAULT=step:K@...: a no-op when unset
     result, grad_norm, lrs = train_step(
         run.replica,
         run.optimizer,
@@ -487,6 +490,7 @@ def step_once(run: Run, state: TrainState, stats: StepStats) -> dict[str, float]
         autocast=run.autocast,
         grad_clip=run.cfg.trainer.grad_clip,
         loss_sum=run.loss_sum,
+        loss_scale=faults.loss_scale(state.step + 1),
     )
     state.step += 1
     stats.add(state.step, result, grad_norm)
@@ -553,6 +557,7 @@ def step_record(
 def evaluate_and_log(run: Run, state: TrainState, sink: MetricSink) -> dict:
     """Validation loss and perplexity at this step, recorded in the history and the metrics."""
     run.peaks.enter("eval")
+    faults.hit("eval", step=state.step)
     result = evaluate(run.model, run.val_batches, device=run.device, autocast=run.autocast)
     entry = state.record_eval(result)
     sink.log(entry)
@@ -625,6 +630,7 @@ def refuse(message: str) -> NoReturn:
 
 
 register_configs()
+elastic.register_run_stamp()
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
@@ -650,5 +656,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    try:
+        elastic.check_restartable(dist.run_dir_given(sys.argv))
+    except ConfigError as err:
+        exit_config_error(str(err))
     sys.argv = dist.hydra_argv_for_rank(sys.argv, dist.env_dist_info().rank)
     run_reporting_config_errors(main)  # Hydra's own config errors: one line, exit 2 too
