@@ -33,8 +33,11 @@ from train import elastic
 
 SLOW_IO_TIMEOUT = timedelta(hours=2)
 """How long ranks wait for one another on the slow-I/O group: a 7B run's checkpoint is tens of GB,
-and rank 0 initialises a 7B model on the CPU for minutes. The default group keeps torch's timeout
-(10 min for NCCL), so a rank that really hangs in a training collective is still noticed soon."""
+and rank 0 initialises a 7B model on the CPU for minutes (``trainer.slow_io_timeout_s``)."""
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+"""How long a training collective on the default group waits (``trainer.collective_timeout_s``):
+torch's NCCL default, for gloo too (torch's gloo default is 30 min), so a rank that really hangs
+mid-step is noticed in minutes and the job restarts."""
 
 _slow_io_group: dist.ProcessGroup | None = None
 
@@ -123,6 +126,24 @@ def init_distributed(
         )
     if dist.is_initialized() and _slow_io_group is None:
         _slow_io_group = dist.new_group(backend="gloo", timeout=slow_io_timeout)
+
+
+def collective_failure(err: BaseException) -> str | None:
+    """The one line for ``err`` if a collective raised it because another rank hung or died
+    (gloo's timeout or closed connection, torch's ``DistError`` family: NCCL's watchdog, the
+    store), else None. Such an error is no bug of this rank: it ends the run so that the job
+    restarts from its last checkpoint."""
+    text = str(err)
+    if not (isinstance(err, dist.DistError) or "gloo/transport" in text):
+        return None
+    reason = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+    reason = reason.split("] ", 1)[-1] if reason.startswith("[") else reason  # gloo's source line
+    rank = dist.get_rank() if dist.is_initialized() else env_dist_info().rank
+    return (
+        f"rank {rank}: a collective failed ({reason}): another rank hung or died; stopping so "
+        "that the job restarts from its last checkpoint (trainer.collective_timeout_s bounds "
+        "the wait)"
+    )
 
 
 def slow_io_group() -> dist.ProcessGroup | None:

@@ -24,6 +24,7 @@ import functools
 import logging
 import sys
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import NoReturn
 
@@ -40,7 +41,7 @@ from tqdm import tqdm
 import foam
 import models
 from train import distributed as dist
-from train import elastic, faults
+from train import elastic, faults, step_guard
 from train.checkpoint import (
     Resumable,
     find_resume_checkpoint,
@@ -96,11 +97,13 @@ from train.preemption import (
     install_stop_signals,
     shut_down_keeping_exit_status,
 )
+from train.replicas import ReplicasDiffer, check_replicas_agree
 from train.schedule import build_scheduler
 from train.schema import DataConfig, data_config, register_configs
 from train.seeding import seed_everything
 from train.state import TrainState
 from train.step import LossSum, loss_sum_for, train_step
+from train.step_guard import GuardPolicy, StepGuard
 from train.step_stats import IntervalStats, StepStats
 from train.summary import (
     build_summary,
@@ -194,8 +197,9 @@ def train(cfg: DictConfig) -> dict:
         step_time = train_loop(run, state, sink)
     except TrainingDiverged as err:
         if info.is_main:
+            err = step_guard.repeated(err, run.run_dir, state.step)
             write_diverged(run.run_dir, state.step, str(err))
-        raise
+        raise err from None
     final = state.last_eval() or evaluate_and_log(run, state, sink)
     final_test = test_and_log(run, state, sink) if run.test_batches is not None else None
     summary = run_summary(run, state, final, final_test, step_time)
@@ -255,7 +259,12 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
     t = cfg.trainer
     accumulation = accumulation_steps(t.global_batch_size, t.micro_batch_size, info.world_size)
     device = dist.resolve_device(t.device, info)
-    dist.init_distributed(info, device)
+    dist.init_distributed(
+        info,
+        device,
+        slow_io_timeout=timedelta(seconds=t.slow_io_timeout_s),
+        timeout=timedelta(seconds=t.collective_timeout_s),
+    )
     peaks = PhasePeaks(device)
     run_dir = Path(dist.broadcast_object(HydraConfig.get().runtime.output_dir))
     resume_from = dist.broadcast_object(find_resume_checkpoint(t.resume, run_dir))
@@ -417,12 +426,13 @@ def train_loop(run: Run, state: TrainState, sink: MetricSink) -> StepTimeEstimat
         is_main=run.info.is_main,
     )
     stats, stopper = StepStats(run.device), StopAndSave(t.save_every_minutes, run.device)
+    guard = StepGuard(GuardPolicy.of(t), state)
     progress = tqdm(
         total=t.max_steps, initial=state.step, disable=not run.info.is_main, dynamic_ncols=True
     )
     first_interval, stop_signal = True, None
     while state.step < t.max_steps:
-        lrs = step_once(run, state, stats)
+        lrs = step_once(run, state, stats, guard)
         progress.update(1)
         due = Due.at(state.step, t)
         if not due.any():
@@ -475,8 +485,9 @@ class Due:
         return self.log or self.eval or self.save
 
 
-def step_once(run: Run, state: TrainState, stats: StepStats) -> dict[str, float]:
-    """One optimizer step, its numbers left on the device in ``stats``; returns its lrs."""
+def step_once(run: Run, state: TrainState, stats: StepStats, guard: StepGuard) -> dict[str, float]:
+    """One optimizer step, its numbers left on the device in ``stats``; returns its lrs. The
+    guard judges the update before it lands only where its policy asks (``train/step_guard.py``)."""
     run.peaks.enter("train")
     faults.hit("step", step=state.step + 1)  # FOAM_FAULT=step:K@...: a no-op when unset
     result, grad_norm, lrs = train_step(
@@ -491,6 +502,7 @@ def step_once(run: Run, state: TrainState, stats: StepStats) -> dict[str, float]
         grad_clip=run.cfg.trainer.grad_clip,
         loss_sum=run.loss_sum,
         loss_scale=faults.loss_scale(state.step + 1),
+        allows=guard.allows if guard.policy.reads_every_step else None,
     )
     state.step += 1
     stats.add(state.step, result, grad_norm)
@@ -511,6 +523,7 @@ def save_checkpoint(run: Run, state: TrainState, stopper: StopAndSave) -> None:
     """A checkpoint of the run at this step (every rank), its peak memory as its own phase."""
     run.peaks.enter("checkpoint")
     stopper.checkpoint_saved()
+    check_replicas_agree(run.model, state.step)  # DDP: replicas still bit-identical?
     path = save_training_state(
         run.run_dir,
         run.resumable(),
@@ -550,6 +563,7 @@ def step_record(
         "tokens_per_s": interval.tokens / interval.seconds,
         "mfu": mfu(run.flops_per_token(), slots_per_s, run.peak_flops()),
         "optimizer_state_bytes": foam.state_bytes(run.optimizer),
+        "skipped_steps": state.skipped_steps,
         **run.peaks.record(),
     }
 
@@ -651,6 +665,15 @@ def main(cfg: DictConfig) -> None:
     except StopAborted as abort:
         print(f"stopped: {abort}", file=sys.stderr)
         sys.exit(ABORTED_EXIT_STATUS)
+    except ReplicasDiffer as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+    except Exception as err:  # a hung or dead peer: one line, not a traceback per rank
+        line = dist.collective_failure(err)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        sys.exit(1)
     finally:
         shut_down_keeping_exit_status(dist.shutdown)
 

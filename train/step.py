@@ -171,6 +171,8 @@ class StepResult:
     """Token-weighted mean loss over the global batch (float64 scalar)."""
     counts: torch.Tensor
     """Global (target tokens, non-pad input tokens, token positions with padding), int64."""
+    landed: bool = True
+    """Whether the update was applied (``train/step_guard.py`` may skip it)."""
 
 
 def accumulate_gradients(
@@ -253,10 +255,13 @@ def train_step(
     grad_clip: float,
     loss_sum: LossSum = next_token_loss_sum,
     loss_scale: float | None = None,
+    allows: Callable[[torch.Tensor, torch.Tensor], bool] | None = None,
 ) -> tuple[StepResult, torch.Tensor, dict[str, float]]:
     """One optimizer step: read ``accumulation`` micro-batches, forward/backward, clip, update,
     advance the schedule. Returns the step's numbers and gradient norm, left on the device
-    (``train/step_stats.py`` reads them), and the learning rate each param group used."""
+    (``train/step_stats.py`` reads them), and the learning rate each param group used.
+    ``allows(loss, grad_norm)`` (``train/step_guard.py``), where given, decides whether the
+    update and the schedule's advance happen; a skipped step only drops its gradients."""
     micro_batches = [next(loader) for _ in range(accumulation)]
     result = accumulate_gradients(
         model,
@@ -269,8 +274,10 @@ def train_step(
     )
     norm = grad_norm_and_clip([p for p in model.parameters() if p.requires_grad], grad_clip)
     lrs = {g.get("name", str(i)): g["lr"] for i, g in enumerate(optimizer.param_groups)}
-    optimizer.step()
-    scheduler.step()
+    result.landed = allows is None or allows(result.loss, norm)
+    if result.landed:
+        optimizer.step()
+        scheduler.step()
     optimizer.zero_grad(
         set_to_none=not isinstance(model, DistributedDataParallel)
     )  # DDP: keep the bucket views
