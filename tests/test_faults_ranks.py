@@ -64,8 +64,11 @@ def two_ranks(*args: str, restarts: int = 0) -> list[str]:
     return [TORCHRUN, "--standalone", "--nproc_per_node", "2", f"--max-restarts={restarts}", *args]
 
 
-def last_line(proc: subprocess.CompletedProcess) -> str:
-    return proc.stderr.strip().splitlines()[-1]
+def error_line(proc: subprocess.CompletedProcess) -> str:
+    """The run's one ``error:`` line (the progress bar may be drawn after it)."""
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    return line
 
 
 # -- the hook's points in the trainer ----------------------------------------------------------
@@ -78,9 +81,21 @@ def test_a_fault_spec_that_does_not_parse_is_one_line_before_any_step(tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert (
-        last_line(proc) == "error: FOAM_FAULT='step@0:exit': the step point needs its step (step:K)"
+        error_line(proc)
+        == "error: FOAM_FAULT='step@0:exit': the step point needs its step (step:K)"
     )
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_the_eval_point_fires_as_that_evaluation_begins(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [f"hydra.run.dir={run_dir}", "trainer.max_steps=6", "trainer.eval_every=2"]
+    proc = launch([sys.executable, *trainer(*args)], fault="eval:4@0:exit")
+    assert proc.returncode == 1
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "val_loss" in r] == [2]  # step 4's never began
+    assert max(r["step"] for r in records) == 4
 
 
 # -- restarts that resume ----------------------------------------------------------------------
@@ -105,7 +120,7 @@ def test_restarts_that_could_not_find_their_run_dir_are_refused_in_one_line(tmp_
         TORCHELASTIC_RUN_ID="none",
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert last_line(proc).startswith(
+    assert error_line(proc).startswith(
         "error: torchrun --max-restarts 1 without hydra.run.dir: a restart could not find"
     )
     assert not (tmp_path / "runs").exists()
@@ -326,10 +341,26 @@ def test_nan_skipped_through_the_cli_and_counted(tmp_path):
         [sys.executable, *trainer(*args, "trainer.on_nonfinite=skip")], fault="step:3@0:nan"
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "step 3: update skipped (loss nan, grad norm nan); 1 in a row, 1 in all" in proc.stderr
+    skipped = "step 3: update skipped (loss nan, grad norm nan); 1 in a row, 1 in all"
+    assert skipped in proc.stdout + proc.stderr
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if "loss" in r]
     assert all(math.isfinite(x) for x in losses) and records[-2]["skipped_steps"] == 1
+
+
+@pytest.mark.slow
+def test_a_finite_spike_is_skipped_through_the_cli(tmp_path):
+    """Step 7's loss (and gradients) x1000 on every rank, the spike rule on a 4-step window."""
+    run_dir = tmp_path / "run"
+    args = [f"hydra.run.dir={run_dir}", "trainer.max_steps=8", "trainer.eval_every=0"]
+    rule = ["trainer.on_spike=skip", "trainer.spike_window=4"]
+    proc = launch([sys.executable, *trainer(*args, *rule)], fault="step:7@*:spike:1000")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (
+        "step 7: update skipped (loss " in proc.stderr
+        and "beyond 6 sigma of the last 4" in proc.stderr
+    )
+    assert proc.stderr.count("update skipped") == 1
 
 
 @pytest.mark.slow
@@ -344,8 +375,8 @@ def test_a_resumed_run_that_diverges_at_the_same_step_says_so(tmp_path):
     assert "previous attempt" not in first.stderr
     again = launch(cmd, fault="step:5@0:nan")
     assert again.returncode == 3
-    assert last_line(again).startswith("error: step 5: loss nan")
-    assert "previous attempt diverged at this step too" in last_line(again)
+    assert error_line(again).startswith("error: step 5: loss nan")
+    assert "previous attempt diverged at this step too" in error_line(again)
 
 
 # -- replicas that stop agreeing ---------------------------------------------------------------
