@@ -657,7 +657,7 @@ def main(cfg: DictConfig) -> None:
     except InterpolationResolutionError as err:  # a `${...}` the run resolves (optim.lr=${typo})
         refuse(value_error_message(err))
     except TrainingDiverged as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"\nerror: {err}", file=sys.stderr)  # past the progress bar's line
         sys.exit(3)
     except RunPreempted as stop:
         print(f"stopped: {stop}", file=sys.stderr)
@@ -666,13 +666,13 @@ def main(cfg: DictConfig) -> None:
         print(f"stopped: {abort}", file=sys.stderr)
         sys.exit(ABORTED_EXIT_STATUS)
     except ReplicasDiffer as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"\nerror: {err}", file=sys.stderr)
         sys.exit(1)
     except Exception as err:  # a hung or dead peer: one line, not a traceback per rank
         line = dist.collective_failure(err)
         if line is None:
             raise
-        print(f"error: {line}", file=sys.stderr)
+        print(f"\nerror: {line}", file=sys.stderr)
         sys.exit(1)
     finally:
         shut_down_keeping_exit_status(dist.shutdown)

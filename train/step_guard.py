@@ -99,7 +99,8 @@ class StepGuard:
         """Whether the update of the step about to land (``state.step + 1``) may; raises
         :class:`TrainingDiverged` when the policy says stop."""
         step = self.state.step + 1
-        loss_value, norm_value = torch.stack([loss.double(), grad_norm.double().cpu()]).tolist()
+        pair = torch.stack([loss.double(), grad_norm.double().to(loss.device)])
+        loss_value, norm_value = pair.tolist()  # the one read: see the module docstring
         reason = self._reason_to_skip(loss_value, norm_value)
         if reason is None:
             self.state.skips_in_row = 0
