@@ -11,7 +11,9 @@ of ``train/`` with its own tests. What a run writes into its run directory: ``co
 ``checkpoints/step_*`` (contents in ``train/checkpoint.py``), the final model as a transformers
 checkpoint in ``hf/`` and, with ``logger=wandb``, ``wandb/``.
 
-Exit status: 0 finished, 1 crash, 2 config error, 3 divergence,
+Exit status: 0 finished, 1 crash (also, with one line, a collective that a hung or dead rank
+left waiting past ``trainer.collective_timeout_s``, and replicas that differ: README "Faults"),
+2 config error, 3 divergence,
 ``train.preemption.PREEMPTED_EXIT_STATUS`` when SIGTERM / SIGUSR1 / SIGUSR2 / Ctrl-C stopped the
 run after a checkpoint (rerun the same command to resume), and ``ABORTED_EXIT_STATUS`` when a
 third Ctrl-C gave up on that checkpoint.

@@ -11,7 +11,8 @@ the step it happened. The steps in between still update the weights in memory (w
 the run stops with :class:`~train.errors.TrainingDiverged` naming the first bad step *before*
 any evaluation or checkpoint of those weights, because the trainer reads the stats before every
 save and every evaluation. The cost is at most ``trainer.log_every - 1`` wasted steps; the last
-checkpoint stays the newest good state to resume from.
+checkpoint stays the newest good state to resume from. Skipping such steps instead, and loss
+spikes, is ``train/step_guard.py``'s (``trainer.on_nonfinite``, ``trainer.on_spike``).
 """
 
 from __future__ import annotations
