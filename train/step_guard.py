@@ -38,6 +38,7 @@ from enum import StrEnum
 from pathlib import Path
 
 import torch
+from omegaconf import DictConfig
 
 from train.errors import TrainingDiverged
 from train.state import TrainState
@@ -71,7 +72,7 @@ class GuardPolicy:
     max_skips_in_row: int = 8
 
     @classmethod
-    def of(cls, trainer) -> GuardPolicy:
+    def of(cls, trainer: DictConfig) -> GuardPolicy:
         """The policy a run's ``cfg.trainer`` sets."""
         return cls(
             OnNonFinite(trainer.on_nonfinite),
