@@ -134,6 +134,10 @@ def _check_trainer(t: DictConfig, world_size: int, data_name: str) -> None:
         "trainer.eval_micro_batch_size must be positive, or null for trainer.micro_batch_size, "
         f"got {t.eval_micro_batch_size}",
     )
+    for key in ("collective_timeout_s", "slow_io_timeout_s"):  # issue #75's options
+        _require(t[key] > 0, f"trainer.{key} must be a number of seconds > 0, got {t[key]}")
+    for key in ("spike_sigma", "spike_window", "max_skips_in_row"):
+        _require(t[key] > 0, f"trainer.{key} must be > 0, got {t[key]}")
 
 
 def _check_data(data: DictConfig, max_positions: int) -> None:

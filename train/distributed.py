@@ -29,10 +29,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from train import elastic
+
 SLOW_IO_TIMEOUT = timedelta(hours=2)
 """How long ranks wait for one another on the slow-I/O group: a 7B run's checkpoint is tens of GB,
-and rank 0 initialises a 7B model on the CPU for minutes. The default group keeps torch's timeout
-(10 min for NCCL), so a rank that really hangs in a training collective is still noticed soon."""
+and rank 0 initialises a 7B model on the CPU for minutes (``trainer.slow_io_timeout_s``)."""
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+"""How long a training collective on the default group waits (``trainer.collective_timeout_s``):
+torch's NCCL default, for gloo too (torch's gloo default is 30 min), so a rank that really hangs
+mid-step is noticed in minutes and the job restarts."""
 
 _slow_io_group: dist.ProcessGroup | None = None
 
@@ -63,6 +68,11 @@ def env_dist_info() -> DistInfo:
     )
 
 
+def run_dir_given(argv: list[str]) -> bool:
+    """Whether the command names its run directory (``hydra.run.dir=...``)."""
+    return any(a.startswith("hydra.run.dir=") for a in argv)
+
+
 def hydra_argv_for_rank(argv: list[str], rank: int) -> list[str]:
     """Hydra overrides that keep non-zero ranks from creating run dirs and log files."""
     if rank == 0:
@@ -72,7 +82,7 @@ def hydra_argv_for_rank(argv: list[str], rank: int) -> list[str]:
         "hydra/job_logging=disabled",
         "hydra/hydra_logging=disabled",
     ]
-    if not any(a.startswith("hydra.run.dir=") for a in argv):
+    if not run_dir_given(argv):
         extra.append("hydra.run.dir=.")
     return [*argv, *extra]
 
@@ -97,15 +107,43 @@ def init_distributed(
 ) -> None:
     """Join the process group (NCCL on GPU, gloo on CPU) when launched with several ranks, with
     ``timeout`` (torch's default when None), and create the gloo group of
-    :func:`slow_io_group`."""
+    :func:`slow_io_group`. Under torchrun the group forms on a store of this attempt's own, so
+    that the workers of a restart do not read the dead workers' addresses
+    (``train/elastic.py``)."""
     global _slow_io_group
     if info.enabled and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
+        store = None
+        if elastic.uses_agent_store():
+            store = elastic.attempt_store(info.rank, info.world_size, slow_io_timeout)
         dist.init_process_group(
-            backend, device_id=device if device.type == "cuda" else None, timeout=timeout
+            backend,
+            device_id=device if device.type == "cuda" else None,
+            timeout=timeout,
+            store=store,
+            rank=info.rank if store else -1,
+            world_size=info.world_size if store else -1,
         )
     if dist.is_initialized() and _slow_io_group is None:
         _slow_io_group = dist.new_group(backend="gloo", timeout=slow_io_timeout)
+
+
+def collective_failure(err: BaseException) -> str | None:
+    """The one line for ``err`` if a collective raised it because another rank hung or died
+    (gloo's timeout or closed connection, torch's ``DistError`` family: NCCL's watchdog, the
+    store), else None. Such an error is no bug of this rank: it ends the run so that the job
+    restarts from its last checkpoint."""
+    text = str(err)
+    if not (isinstance(err, dist.DistError) or "gloo/transport" in text):
+        return None
+    reason = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+    reason = reason.split("] ", 1)[-1] if reason.startswith("[") else reason  # gloo's source line
+    rank = dist.get_rank() if dist.is_initialized() else env_dist_info().rank
+    return (
+        f"rank {rank}: a collective failed ({reason}): another rank hung or died; stopping so "
+        "that the job restarts from its last checkpoint (trainer.collective_timeout_s bounds "
+        "the wait)"
+    )
 
 
 def slow_io_group() -> dist.ProcessGroup | None:

@@ -32,6 +32,8 @@ import signal
 import time
 from dataclasses import dataclass
 
+from train.errors import ConfigError
+
 ENV = "FOAM_FAULT"
 
 POINTS = ("step", "save:after_shards", "save:before_publish", "eval")
@@ -113,6 +115,15 @@ def planned() -> Fault | None:
     if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         return None
     return parse(spec)
+
+
+def check_spec() -> None:
+    """Raise ``ConfigError`` with :class:`FaultSpecError`'s line if ``FOAM_FAULT`` does not parse:
+    the trainer calls it before any step, so a typo is refused, not met mid-run as a traceback."""
+    try:
+        planned()
+    except FaultSpecError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _rank() -> int:

@@ -11,7 +11,9 @@ of ``train/`` with its own tests. What a run writes into its run directory: ``co
 ``checkpoints/step_*`` (contents in ``train/checkpoint.py``), the final model as a transformers
 checkpoint in ``hf/`` and, with ``logger=wandb``, ``wandb/``.
 
-Exit status: 0 finished, 1 crash, 2 config error, 3 divergence,
+Exit status: 0 finished, 1 crash (also, with one line, a collective that a hung or dead rank
+left waiting past ``trainer.collective_timeout_s``, and replicas that differ: README "Faults"),
+2 config error, 3 divergence,
 ``train.preemption.PREEMPTED_EXIT_STATUS`` when SIGTERM / SIGUSR1 / SIGUSR2 / Ctrl-C stopped the
 run after a checkpoint (rerun the same command to resume), and ``ABORTED_EXIT_STATUS`` when a
 third Ctrl-C gave up on that checkpoint.
@@ -24,6 +26,7 @@ import functools
 import logging
 import sys
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import NoReturn
 
@@ -40,6 +43,7 @@ from tqdm import tqdm
 import foam
 import models
 from train import distributed as dist
+from train import elastic, faults, step_guard
 from train.checkpoint import (
     Resumable,
     find_resume_checkpoint,
@@ -95,11 +99,13 @@ from train.preemption import (
     install_stop_signals,
     shut_down_keeping_exit_status,
 )
+from train.replicas import ReplicasDiffer, check_replicas_agree
 from train.schedule import build_scheduler
 from train.schema import DataConfig, data_config, register_configs
 from train.seeding import seed_everything
 from train.state import TrainState
 from train.step import LossSum, loss_sum_for, train_step
+from train.step_guard import GuardPolicy, StepGuard
 from train.step_stats import IntervalStats, StepStats
 from train.summary import (
     build_summary,
@@ -172,6 +178,7 @@ def train(cfg: DictConfig) -> dict:
     info = dist.env_dist_info()
     state = TrainState(world_size=info.world_size)  # its clock starts now
     check_config(cfg, info.world_size)
+    faults.check_spec()  # a FOAM_FAULT that does not parse: one line before any step
     run = build_run(cfg, info)
     if run.resume_from is not None:
         restore_training_state(run.resume_from, run.resumable(), state, rank=info.rank)
@@ -192,8 +199,9 @@ def train(cfg: DictConfig) -> dict:
         step_time = train_loop(run, state, sink)
     except TrainingDiverged as err:
         if info.is_main:
+            err = step_guard.repeated(err, run.run_dir, state.step)
             write_diverged(run.run_dir, state.step, str(err))
-        raise
+        raise err from None
     final = state.last_eval() or evaluate_and_log(run, state, sink)
     final_test = test_and_log(run, state, sink) if run.test_batches is not None else None
     summary = run_summary(run, state, final, final_test, step_time)
@@ -253,7 +261,12 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
     t = cfg.trainer
     accumulation = accumulation_steps(t.global_batch_size, t.micro_batch_size, info.world_size)
     device = dist.resolve_device(t.device, info)
-    dist.init_distributed(info, device)
+    dist.init_distributed(
+        info,
+        device,
+        slow_io_timeout=timedelta(seconds=t.slow_io_timeout_s),
+        timeout=timedelta(seconds=t.collective_timeout_s),
+    )
     peaks = PhasePeaks(device)
     run_dir = Path(dist.broadcast_object(HydraConfig.get().runtime.output_dir))
     resume_from = dist.broadcast_object(find_resume_checkpoint(t.resume, run_dir))
@@ -415,12 +428,13 @@ def train_loop(run: Run, state: TrainState, sink: MetricSink) -> StepTimeEstimat
         is_main=run.info.is_main,
     )
     stats, stopper = StepStats(run.device), StopAndSave(t.save_every_minutes, run.device)
+    guard = StepGuard(GuardPolicy.of(t), state)
     progress = tqdm(
         total=t.max_steps, initial=state.step, disable=not run.info.is_main, dynamic_ncols=True
     )
     first_interval, stop_signal = True, None
     while state.step < t.max_steps:
-        lrs = step_once(run, state, stats)
+        lrs = step_once(run, state, stats, guard)
         progress.update(1)
         due = Due.at(state.step, t)
         if not due.any():
@@ -473,9 +487,11 @@ class Due:
         return self.log or self.eval or self.save
 
 
-def step_once(run: Run, state: TrainState, stats: StepStats) -> dict[str, float]:
-    """One optimizer step, its numbers left on the device in ``stats``; returns its lrs."""
+def step_once(run: Run, state: TrainState, stats: StepStats, guard: StepGuard) -> dict[str, float]:
+    """One optimizer step, its numbers left on the device in ``stats``; returns its lrs. The
+    guard judges the update before it lands only where its policy asks (``train/step_guard.py``)."""
     run.peaks.enter("train")
+    faults.hit("step", step=state.step + 1)  # FOAM_FAULT=step:K@...: a no-op when unset
     result, grad_norm, lrs = train_step(
         run.replica,
         run.optimizer,
@@ -487,6 +503,8 @@ def step_once(run: Run, state: TrainState, stats: StepStats) -> dict[str, float]
         autocast=run.autocast,
         grad_clip=run.cfg.trainer.grad_clip,
         loss_sum=run.loss_sum,
+        loss_scale=faults.loss_scale(state.step + 1),
+        allows=guard.allows if guard.policy.reads_every_step else None,
     )
     state.step += 1
     stats.add(state.step, result, grad_norm)
@@ -507,6 +525,7 @@ def save_checkpoint(run: Run, state: TrainState, stopper: StopAndSave) -> None:
     """A checkpoint of the run at this step (every rank), its peak memory as its own phase."""
     run.peaks.enter("checkpoint")
     stopper.checkpoint_saved()
+    check_replicas_agree(run.model, state.step)  # DDP: replicas still bit-identical?
     path = save_training_state(
         run.run_dir,
         run.resumable(),
@@ -546,6 +565,7 @@ def step_record(
         "tokens_per_s": interval.tokens / interval.seconds,
         "mfu": mfu(run.flops_per_token(), slots_per_s, run.peak_flops()),
         "optimizer_state_bytes": foam.state_bytes(run.optimizer),
+        "skipped_steps": state.skipped_steps,
         **run.peaks.record(),
     }
 
@@ -553,6 +573,7 @@ def step_record(
 def evaluate_and_log(run: Run, state: TrainState, sink: MetricSink) -> dict:
     """Validation loss and perplexity at this step, recorded in the history and the metrics."""
     run.peaks.enter("eval")
+    faults.hit("eval", step=state.step)
     result = evaluate(run.model, run.val_batches, device=run.device, autocast=run.autocast)
     entry = state.record_eval(result)
     sink.log(entry)
@@ -625,6 +646,7 @@ def refuse(message: str) -> NoReturn:
 
 
 register_configs()
+elastic.register_run_stamp()
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
@@ -637,7 +659,7 @@ def main(cfg: DictConfig) -> None:
     except InterpolationResolutionError as err:  # a `${...}` the run resolves (optim.lr=${typo})
         refuse(value_error_message(err))
     except TrainingDiverged as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"\nerror: {err}", file=sys.stderr)  # past the progress bar's line
         sys.exit(3)
     except RunPreempted as stop:
         print(f"stopped: {stop}", file=sys.stderr)
@@ -645,10 +667,23 @@ def main(cfg: DictConfig) -> None:
     except StopAborted as abort:
         print(f"stopped: {abort}", file=sys.stderr)
         sys.exit(ABORTED_EXIT_STATUS)
+    except ReplicasDiffer as err:
+        print(f"\nerror: {err}", file=sys.stderr)
+        sys.exit(1)
+    except Exception as err:  # a hung or dead peer: one line, not a traceback per rank
+        line = dist.collective_failure(err)
+        if line is None:
+            raise
+        print(f"\nerror: {line}", file=sys.stderr)
+        sys.exit(1)
     finally:
         shut_down_keeping_exit_status(dist.shutdown)
 
 
 if __name__ == "__main__":
+    try:
+        elastic.check_restartable(dist.run_dir_given(sys.argv))
+    except ConfigError as err:
+        exit_config_error(str(err))
     sys.argv = dist.hydra_argv_for_rank(sys.argv, dist.env_dist_info().rank)
     run_reporting_config_errors(main)  # Hydra's own config errors: one line, exit 2 too

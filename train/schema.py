@@ -30,6 +30,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 import foam
 from foam.schedule import MIN_LR_RATIO, WARMUP_RATIO
+from train.distributed import COLLECTIVE_TIMEOUT, SLOW_IO_TIMEOUT
+from train.step_guard import GuardPolicy, OnNonFinite, OnSpike
 
 # Keys of an optim config that describe it rather than being optimizer keywords.
 DESCRIPTIVE_OPTIM_KEYS = ("name", "paper_lr")
@@ -200,6 +202,27 @@ class TrainerConfig:
     seed: int = PROTOCOL_SEED
     device: str = "auto"
     """auto = cuda:LOCAL_RANK when available, else cpu."""
+
+    # --- Restarts, hangs, spikes, replica checks (issue #75; README "Faults"; train/elastic.py,
+    # train/distributed.py, train/step_guard.py, train/replicas.py) ---
+    collective_timeout_s: float = COLLECTIVE_TIMEOUT.total_seconds()
+    """How long a training collective (the gradients' all-reduce, the step's counts, a stop
+    poll) waits for the other ranks before this rank gives up and exits non-zero, so that a hung
+    or frozen rank becomes a restart (torchrun --max-restarts, a requeue) instead of a job that
+    holds its nodes: 10 minutes, torch's NCCL default, now also for gloo (torch: 30 min)."""
+    slow_io_timeout_s: float = SLOW_IO_TIMEOUT.total_seconds()
+    """The same bound for what waits on storage or rank 0's set-up (checkpoint save and load,
+    opening the data, building the model): longer, see ``train.distributed.SLOW_IO_TIMEOUT``."""
+    on_nonfinite: OnNonFinite = GuardPolicy.on_nonfinite
+    """stop (exit 3 before anything after the bad step is saved) | skip the update (counted in
+    ``skipped_steps``); ``train/step_guard.py`` says why and what each costs."""
+    on_spike: OnSpike = GuardPolicy.on_spike
+    """allow | skip an update whose loss or gradient norm is beyond spike_sigma of the last
+    spike_window landed steps (OLMo-core's rule)."""
+    spike_sigma: float = GuardPolicy.spike_sigma
+    spike_window: int = GuardPolicy.spike_window
+    max_skips_in_row: int = GuardPolicy.max_skips_in_row
+    """Skipped updates in a row after which the run stops as a divergence (exit 3)."""
 
 
 @dataclass

@@ -34,6 +34,11 @@ class TrainState:
     evaluation."""
     run_id: str | None = None
     """The logger's run id, so a resumed run continues the same wandb run."""
+    skipped_steps: int = 0
+    """Steps whose update ``train/step_guard.py`` skipped (their batches were consumed)."""
+    skips_in_row: int = 0
+    recent: list[list[float]] = field(default_factory=list)
+    """[loss, grad norm] of the latest landed steps: the spike rule's window."""
 
     def __post_init__(self) -> None:
         self._segment_start = time.perf_counter()
@@ -70,6 +75,8 @@ class TrainState:
         return {**dataclasses.asdict(self), "wall_time_s": self.wall_time()}
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
-        """Continue from ``saved``; the current segment's clock keeps running from construction."""
+        """Continue from ``saved``; the current segment's clock keeps running from construction.
+        A counter ``saved`` lacks (a checkpoint older than it) keeps its default."""
         for f in dataclasses.fields(self):
-            setattr(self, f.name, copy.deepcopy(saved[f.name]))
+            if f.name in saved:
+                setattr(self, f.name, copy.deepcopy(saved[f.name]))

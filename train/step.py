@@ -171,6 +171,8 @@ class StepResult:
     """Token-weighted mean loss over the global batch (float64 scalar)."""
     counts: torch.Tensor
     """Global (target tokens, non-pad input tokens, token positions with padding), int64."""
+    landed: bool = True
+    """Whether the update was applied (``train/step_guard.py`` may skip it)."""
 
 
 def accumulate_gradients(
@@ -181,12 +183,15 @@ def accumulate_gradients(
     world_size: int,
     autocast: Callable[[], contextlib.AbstractContextManager],
     loss_sum: LossSum = next_token_loss_sum,
+    loss_scale: float | None = None,
 ) -> StepResult:
     """Forward and backward over this rank's micro-batches; leaves the global gradient in .grad.
 
     Nothing here waits for the GPU: the counts are taken from the host-side batches and
     all-reduced on the device, the loss stays a device tensor, and a right-padded batch reaches
     the model without a mask (``to_device``), so transformers reads nothing back either.
+    ``loss_scale`` multiplies this rank's loss and so its gradients: an injected ``nan`` or
+    ``spike:X`` (``train/faults.py``); None (every real step) multiplies nothing.
     """
     local = torch.tensor(
         [
@@ -205,6 +210,8 @@ def accumulate_gradients(
         last = i == len(micro_batches) - 1
         with contextlib.nullcontext() if last else no_gradient_sync(model):
             loss = forward_loss_sum(model, batch, autocast, loss_sum)
+            if loss_scale is not None:
+                loss = loss * loss_scale
             (loss / denominator).backward()
         total += loss.detach().double()
     return StepResult(loss=all_reduce_sum(total) / targets, counts=counts)
@@ -247,10 +254,14 @@ def train_step(
     autocast: Callable[[], contextlib.AbstractContextManager],
     grad_clip: float,
     loss_sum: LossSum = next_token_loss_sum,
+    loss_scale: float | None = None,
+    allows: Callable[[torch.Tensor, torch.Tensor], bool] | None = None,
 ) -> tuple[StepResult, torch.Tensor, dict[str, float]]:
     """One optimizer step: read ``accumulation`` micro-batches, forward/backward, clip, update,
     advance the schedule. Returns the step's numbers and gradient norm, left on the device
-    (``train/step_stats.py`` reads them), and the learning rate each param group used."""
+    (``train/step_stats.py`` reads them), and the learning rate each param group used.
+    ``allows(loss, grad_norm)`` (``train/step_guard.py``), where given, decides whether the
+    update and the schedule's advance happen; a skipped step only drops its gradients."""
     micro_batches = [next(loader) for _ in range(accumulation)]
     result = accumulate_gradients(
         model,
@@ -259,11 +270,14 @@ def train_step(
         world_size=world_size,
         autocast=autocast,
         loss_sum=loss_sum,
+        loss_scale=loss_scale,
     )
     norm = grad_norm_and_clip([p for p in model.parameters() if p.requires_grad], grad_clip)
     lrs = {g.get("name", str(i)): g["lr"] for i, g in enumerate(optimizer.param_groups)}
-    optimizer.step()
-    scheduler.step()
+    result.landed = allows is None or allows(result.loss, norm)
+    if result.landed:
+        optimizer.step()
+        scheduler.step()
     optimizer.zero_grad(
         set_to_none=not isinstance(model, DistributedDataParallel)
     )  # DDP: keep the bucket views

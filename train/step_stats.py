@@ -11,7 +11,8 @@ the step it happened. The steps in between still update the weights in memory (w
 the run stops with :class:`~train.errors.TrainingDiverged` naming the first bad step *before*
 any evaluation or checkpoint of those weights, because the trainer reads the stats before every
 save and every evaluation. The cost is at most ``trainer.log_every - 1`` wasted steps; the last
-checkpoint stays the newest good state to resume from.
+checkpoint stays the newest good state to resume from. Skipping such steps instead, and loss
+spikes, is ``train/step_guard.py``'s (``trainer.on_nonfinite``, ``trainer.on_spike``).
 """
 
 from __future__ import annotations
@@ -47,11 +48,13 @@ class StepStats:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self._newest = torch.zeros(2, dtype=torch.float64, device=device)
+        """The newest *landed* step's loss and norm: kept across reads, so an interval whose
+        every update was skipped logs the last one that landed."""
         self._reset()
 
     def _reset(self) -> None:
         self._counts = torch.zeros(3, dtype=torch.int64, device=self.device)
-        self._newest = torch.zeros(2, dtype=torch.float64, device=self.device)
         self._first_bad = torch.full((3,), -1.0, dtype=torch.float64, device=self.device)
         self._steps = 0
         self.restart_clock()
@@ -61,15 +64,19 @@ class StepStats:
         self._start = time.perf_counter()
 
     def add(self, step: int, result: StepResult, grad_norm: torch.Tensor) -> None:
-        """Record optimizer step ``step`` (1-based) without waiting for the GPU."""
+        """Record optimizer step ``step`` (1-based) without waiting for the GPU. A step whose
+        update was skipped (``result.landed`` false, ``train/step_guard.py``) counts its tokens
+        only: its loss is neither the newest nor a divergence."""
+        self._counts += result.counts
+        self._steps += 1
+        if not result.landed:
+            return
         newest = torch.stack([result.loss.double(), grad_norm.to(self.device).double()])
         bad = newest.isfinite().logical_not().any() & (self._first_bad[0] < 0)
         at = torch.full((1,), float(step), dtype=torch.float64, device=self.device)  # no copy
         step_and_values = torch.cat([at, newest])
         self._first_bad = torch.where(bad, step_and_values, self._first_bad)
         self._newest = newest
-        self._counts += result.counts
-        self._steps += 1
 
     def read(self) -> IntervalStats:
         """Wait for the queued steps, return their numbers and start a new interval.
