@@ -41,6 +41,7 @@ import re
 import shutil
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -368,8 +369,15 @@ def _every_rank_or_none(step: int, rank: int, where: Path) -> Iterator[None]:
 
 
 def _failure_line(rank: int, err: BaseException, where: Path) -> str:
-    """``rank R: EIO (Input/output error) writing PATH``; the file when the error names one."""
-    if isinstance(err, OSError) and err.errno is not None:
+    """``rank R: EIO (Input/output error) at PATH`` (the file when the error names one, else
+    the directory being written). ``torch.save``'s zip writer turns a failed write into a
+    ``RuntimeError`` whose context is the ``OSError``: that is what is named (the context does
+    not survive DCP's gathering of another rank's error)."""
+    cause: BaseException | None = err
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None and cause.errno is not None:
+        err = cause
         path = err.filename or where
         name = errno.errorcode.get(err.errno, str(err.errno))
         return f"rank {rank}: {name} ({err.strerror}) at {path}"
@@ -384,42 +392,124 @@ def save_training_state(
     rank: int,
     keep_last: int,
     data_fingerprint: dict[str, Any] | None = None,
+    background: bool = False,
 ) -> Path | None:
-    """Checkpoint the run; every rank calls this. Returns the path on rank 0.
+    """Checkpoint the run; every rank calls this. Returns the path on rank 0 once published.
 
     ``keep_last <= 0`` keeps every checkpoint. Any rank's failure raises
     ``CheckpointSaveFailed`` on every rank; nothing half-written is published, and the previous
-    checkpoint stays the newest.
+    checkpoint stays the newest. ``background``: the state is copied and its shards written by
+    ``dcp.async_save`` while training goes on; the checkpoint is checked and published (the
+    same manifest, rename and failure rules) by the next call or ``finish_background_save``,
+    so at most one is in flight.
     """
+    finish_background_save()
+    save = _start_save(run_dir, live, state, rank=rank, keep_last=keep_last, background=background)
+    save.meta["data"] = data_fingerprint
+    if background:
+        global _in_flight
+        _in_flight = save
+        return None
+    return _finish_save(save)
+
+
+def finish_background_save() -> Path | None:
+    """Wait for the checkpoint ``save_training_state(background=True)`` left in flight, if any,
+    and publish it (every rank calls this); its path on rank 0."""
+    global _in_flight
+    save, _in_flight = _in_flight, None
+    return None if save is None else _finish_save(save)
+
+
+@dataclass
+class _Save:
+    """A checkpoint on its way: its shards written, or being written in the background."""
+
+    rank: int
+    root: Path
+    tmp: Path
+    keep_last: int
+    meta: dict[str, Any]
+    """``meta.json``, as of the step saved."""
+    shards: Future | None
+    """``dcp.async_save``'s future; None once the shards are written."""
+
+    @property
+    def step(self) -> int:
+        return self.meta["step"]
+
+
+_in_flight: _Save | None = None
+_background_group: torch.distributed.ProcessGroup | None = None
+
+
+def _start_save(
+    run_dir: Path,
+    live: Resumable,
+    state: TrainState,
+    *,
+    rank: int,
+    keep_last: int,
+    background: bool,
+) -> _Save:
     root = checkpoint_root(run_dir)
-    final = root / step_dir_name(state.step)
-    tmp = root / f"{_TMP}{final.name}"
+    tmp = root / f"{_TMP}{step_dir_name(state.step)}"
+    meta = {
+        "step": state.step,
+        "tokens": state.tokens,
+        "world_size": state.world_size,
+        "git_sha": git_sha(),
+    }
+    save = _Save(rank, root, tmp, keep_last, meta, shards=None)
     with _every_rank_or_none(state.step, rank, root):
         if rank == 0:
             root.mkdir(parents=True, exist_ok=True)
             clear_leftovers(root)
             tmp.mkdir()
-    with _every_rank_or_none(state.step, rank, tmp):
-        with _single_process_quiet():
+    with _every_rank_or_none(state.step, rank, tmp), _single_process_quiet():
+        if background:
+            save.shards = dcp.async_save(
+                contents(live, state, rank=rank), checkpoint_id=tmp, **_background_options()
+            )
+        else:
             dcp.save(contents(live, state, rank=rank), checkpoint_id=tmp, **_dcp_options())
-        faults.hit("save:after_shards", step=state.step, path=tmp / f"__{rank}_0.distcp")
+    return save
+
+
+def _background_options() -> dict[str, Any]:
+    """``dcp.async_save``'s collectives run in its own thread: on a group of their own, which
+    no collective of the training thread can interleave with."""
+    global _background_group
+    if not dist.is_initialized():
+        return {"no_dist": True}
+    if _background_group is None:
+        _background_group = torch.distributed.new_group(
+            backend="gloo", timeout=dist.SLOW_IO_TIMEOUT
+        )
+    return {"process_group": _background_group}
+
+
+def _finish_save(save: _Save) -> Path | None:
+    """Check every rank's shards, then publish (rank 0): ``meta.json``, the manifest, the
+    rename, pruning."""
+    step, rank, tmp = save.step, save.rank, save.tmp
+    with _every_rank_or_none(step, rank, tmp):
+        if save.shards is not None:
+            with _single_process_quiet():
+                save.shards.result()
+        faults.hit("save:after_shards", step=step, path=tmp / f"__{rank}_0.distcp")
         mine = manifest.describe_files(tmp, manifest.owned_files(tmp, rank))
     files = {k: v for part in dist.all_gather_object(mine, slow_io=True) for k, v in part.items()}
-    with _every_rank_or_none(state.step, rank, tmp):
+    final = save.root / step_dir_name(step)
+    with _every_rank_or_none(step, rank, tmp):
         if rank == 0:
-            faults.hit("save:before_publish", step=state.step, path=tmp / META_FILE)
-            meta = {
-                "step": state.step,
-                "tokens": state.tokens,
-                "world_size": state.world_size,
-                "git_sha": git_sha(),
-                "data": data_fingerprint,
-            }
-            _write_synced(tmp / META_FILE, json.dumps(meta, indent=2).encode())
+            faults.hit("save:before_publish", step=step, path=tmp / META_FILE)
+            _write_synced(tmp / META_FILE, json.dumps(save.meta, indent=2).encode())
             files |= manifest.describe_files(tmp, [META_FILE])
             manifest.write_manifest(tmp, files)
             _publish(tmp, final)
-            _prune(root, keep_last)
+            _prune(save.root, save.keep_last)
+            log.info("saved %s", final)
     return final if rank == 0 else None
 
 
@@ -436,12 +526,13 @@ def _publish(tmp: Path, final: Path) -> None:
     once the new one is in place: a crash in between leaves it for ``clear_leftovers`` to put
     back."""
     _fsync(tmp)
-    replaced = final.with_name(f"{_REPLACED}{final.name}")
-    if final.exists():
+    replaced = final.with_name(f"{_REPLACED}{final.name}") if final.exists() else None
+    if replaced:
         os.replace(final, replaced)
     os.replace(tmp, final)
     _fsync(final.parent)
-    shutil.rmtree(replaced, ignore_errors=True)
+    if replaced:
+        shutil.rmtree(replaced, ignore_errors=True)
 
 
 def _prune(root: Path, keep_last: int) -> None:

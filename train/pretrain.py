@@ -42,6 +42,7 @@ import models
 from train import distributed as dist
 from train.checkpoint import (
     Resumable,
+    finish_background_save,
     read_meta,
     restore_first_loadable,
     resume_candidates,
@@ -202,6 +203,7 @@ def train(cfg: DictConfig) -> dict:
     track_update_cosine(run, state, sink)  # trainer.log_update_cosine: hooks on the optimizer
     try:
         step_time = train_loop(run, state, sink)
+        finish_background_save()  # trainer.async_save: the last one still in flight
     except TrainingDiverged as err:
         if info.is_main:
             write_diverged(run.run_dir, state.step, str(err))
@@ -550,26 +552,27 @@ def save_checkpoint(
 
     A save that fails stops the run (``CheckpointSaveFailed``), unless
     ``trainer.continue_after_failed_save`` and the run goes on past it (not a stop's save, not
-    the final one): then a warning, and the next save tries again."""
+    the final one): then a warning, and the next save tries again. With ``trainer.async_save``
+    the shards are written while training goes on (not a stop's or the final save: the run
+    ends after those), and published at the next save or the run's end."""
     t = run.cfg.trainer
     run.peaks.enter("checkpoint")
     stopper.checkpoint_saved()
+    last = stopping or state.step >= t.max_steps  # the run ends: no later save to retry
     try:
-        path = save_training_state(
+        save_training_state(
             run.run_dir,
             run.resumable(),
             state,
             rank=run.info.rank,
             keep_last=t.keep_last,
             data_fingerprint=run.data_fingerprint if run.info.is_main else None,
+            background=t.async_save and not last,
         )
     except CheckpointSaveFailed as err:
-        if stopping or state.step >= t.max_steps or not t.continue_after_failed_save:
+        if last or not t.continue_after_failed_save:
             raise
         log.warning("%s; training goes on (trainer.continue_after_failed_save)", err)
-        return
-    if path:
-        log.info("saved %s", path)
 
 
 def stop_preempted(state: TrainState, sink: MetricSink, stop_signal: str) -> None:
