@@ -508,3 +508,35 @@ def test_a_resume_onto_changed_data_refuses_unless_told(tmp_path):
     assert names(run_dir) == ["step_00000002"]
     launch(run_dir, *data, "trainer.max_steps=4", "trainer.allow_data_change=true")
     assert names(run_dir) == ["step_00000002", "step_00000004"]
+
+
+# --- saves in the background ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_async_saves_publish_the_same_checkpoints_and_resume_the_same_run(whole, tmp_path):
+    run_dir = tmp_path / "run"
+    launch(run_dir, "trainer.async_save=true")  # 2 and 4 in the background, 6 (the last) not
+    assert names(run_dir) == ["step_00000002", "step_00000004", "step_00000006"]
+    for path in (run_dir / "checkpoints").iterdir():
+        ckpt.verify_checkpoint(path, rank=0, world_size=1)
+    assert train_losses(run_dir) == train_losses(whole)
+    shutil.rmtree(run_dir / "checkpoints" / "step_00000006")
+    (run_dir / "summary.json").unlink()
+    launch(run_dir, "trainer.async_save=true")  # resumes from step 4, written in the background
+    assert train_losses(run_dir) == train_losses(whole)
+
+
+@pytest.mark.slow
+def test_an_async_save_that_fails_stops_the_run_at_the_next_save(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = launch(
+        run_dir,
+        "trainer.async_save=true",
+        fault="save:after_shards:2@0:io_error",
+        expect_rc=SAVE_FAILED_EXIT_STATUS,
+    )
+    (line,) = error_lines(proc)
+    assert line.startswith("error: checkpoint of step 2 not saved: rank 0: EIO")
+    assert names(run_dir) == [".tmp_step_00000002"]
+    assert max(train_losses(run_dir)) == 4  # found at step 4's save, before it is written

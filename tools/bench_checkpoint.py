@@ -1,11 +1,12 @@
-"""What a checkpoint's self-proof and its background write cost (``train/manifest.py``,
-``train/checkpoint.py``), in one process on this machine.
+"""What a checkpoint's self-proof and its background write cost: the manifest's checksum per GiB
+(beside SHA-256 and BLAKE2b) and the training stall per save, synchronous against
+``trainer.async_save``, at ``llama_60m``'s state on this machine.
 
     python scripts/bench_checkpoint.py                    # both parts, a markdown report
     python scripts/bench_checkpoint.py --checksum-mib 1024 --repeats 5 --out results/bench/ckpt.md
 
-Checksum: seconds per GiB of the manifest's CRC-32 over a file in the page cache (the read
-included), beside SHA-256 and BLAKE2b read the same way, so the choice is visible. Stall: the
+Checksum (``train/manifest.py``): seconds per GiB of the manifest's CRC-32 over a file in the
+page cache (the read included), beside SHA-256 and BLAKE2b read the same way, so the choice is visible. Stall: the
 seconds a training loop is held per save at ``llama_60m``'s state (weights and AdamW moments in
 ``--dtype``), synchronous (``dcp.save``, checksums, publish) against ``trainer.async_save``
 (the call that copies the state and starts ``dcp.async_save``, plus the wait left at the next

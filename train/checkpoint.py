@@ -157,10 +157,10 @@ def resume_candidates(resume: str | None, run_dir: Path, *, set_aside_newer: boo
     is refused, unless ``set_aside_newer`` renames the newer ones ``step_N.aside``, so that the
     run's history is the trajectory it resumes.
     """
-    if resume is None or str(resume).lower() in ("none", "null", "false", ""):
-        return []
     root = checkpoint_root(run_dir)
     clear_leftovers(root)
+    if resume is None or str(resume).lower() in ("none", "null", "false", ""):
+        return []
     if resume == "auto":
         found = [path for _, path in reversed(step_dirs(root))]
         damaged = sorted(p.name for p in root.glob("step_*.bad-*")) if root.is_dir() else []
@@ -480,7 +480,8 @@ def _background_options() -> dict[str, Any]:
     """``dcp.async_save``'s collectives run in its own thread: on a group of their own, which
     no collective of the training thread can interleave with."""
     global _background_group
-    if not dist.is_initialized():
+    if not dist.is_initialized():  # the save's thread outlives _single_process_quiet
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         return {"no_dist": True}
     if _background_group is None:
         _background_group = torch.distributed.new_group(

@@ -103,7 +103,7 @@ from train.preemption import (
     install_stop_signals,
     shut_down_keeping_exit_status,
 )
-from train.run_lock import RunLock
+from train.run_lock import RunLock, release_held
 from train.schedule import build_scheduler
 from train.schema import DataConfig, data_config, register_configs
 from train.seeding import seed_everything
@@ -676,6 +676,7 @@ def refuse(message: str) -> NoReturn:
     """A config error met once the run has its directory: rank 0 (the others have none) takes
     the directory back, then the one line and exit status 2."""
     if dist.env_dist_info().rank == 0:
+        release_held()  # its run.lock first, so that the directory it made can go
         hydra_cfg = HydraConfig.get()
         discard_refused_run_dir(Path(hydra_cfg.runtime.output_dir), f"{hydra_cfg.job.name}.log")
     exit_config_error(message)

@@ -54,14 +54,13 @@ def _holder_runs(holder: dict) -> bool:
 
 
 class RunLock:
-    """The held lock; :meth:`release` (also at interpreter exit) removes it."""
+    """The held lock; :meth:`release` (``release_held`` at interpreter exit) removes it."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="run-lock", daemon=True)
         self._thread.start()
-        atexit.register(self.release)
 
     @classmethod
     def acquire(cls, run_dir: Path) -> RunLock:
@@ -86,7 +85,9 @@ class RunLock:
                 continue
             with os.fdopen(fd, "w") as f:
                 json.dump(me, f)
-            return cls(path)
+            global _held
+            _held = cls(path)
+            return _held
         raise ConfigError(
             f"run dir {path.parent}: could not take {LOCK_FILE}; another launch races"
         )
@@ -104,6 +105,17 @@ class RunLock:
         if holder is not None and holder["pid"] == os.getpid():
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
+
+
+_held: RunLock | None = None
+
+
+@atexit.register
+def release_held() -> None:
+    """Release this process's lock, if it holds one: at exit, or before a refused run takes
+    back the directory it made (``train/cli_errors.py``)."""
+    if _held is not None:
+        _held.release()
 
 
 def _read(path: Path) -> dict | None:
