@@ -25,9 +25,10 @@ import torch
 from tests.test_train_checkpoint import live, save
 from tests.test_train_cli import ENV, REPO, command, train_losses, wait_for
 from train import checkpoint as ckpt
-from train import manifest, metrics_history, run_lock
+from train import manifest, run_lock
 from train.data_fingerprint import check_unchanged, fingerprint
 from train.errors import SAVE_FAILED_EXIT_STATUS, CheckpointSaveFailed, ConfigError
+from train.loggers import JsonlWriter
 from train.schema import DataConfig
 from train.state import TrainState
 
@@ -402,18 +403,17 @@ def test_a_second_launch_on_a_live_run_refuses_in_one_line(tmp_path):
 
 
 def test_a_torn_metrics_line_is_dropped_and_later_records_truncated(tmp_path, caplog):
+    """Before, the resumed run's metrics writer raised ``JSONDecodeError``."""
     path = tmp_path / "metrics.jsonl"
     lines = [json.dumps({"step": s, "loss": 1.0 / s}) for s in (1, 2, 3, 4)]
     path.write_text("\n".join(lines) + '\n{"step": 5, "lo')
-    metrics_history.keep_until(path, 3)
+    JsonlWriter(tmp_path, resume_step=3).close()
     assert path.read_text() == "".join(f"{line}\n" for line in lines[:3])
     assert "dropped 1 line(s) that do not parse (line 5" in caplog.text
 
 
 def test_a_fresh_start_keeps_the_earlier_history(tmp_path):
     """Before, a fresh start in a run dir deleted its metrics.jsonl."""
-    from train.loggers import JsonlWriter
-
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     (tmp_path / "metrics.jsonl.1").write_text('{"step": 7}\n')
     JsonlWriter(tmp_path, resume_step=None).close()
@@ -421,6 +421,7 @@ def test_a_fresh_start_keeps_the_earlier_history(tmp_path):
     assert (tmp_path / "metrics.jsonl").read_text() == ""
 
 
+@pytest.mark.slow
 def test_a_resume_after_a_torn_metrics_line_continues_the_history(whole, tmp_path):
     """Before: exit 1 with a JSONDecodeError on every requeue."""
     run_dir = copy_of(whole, tmp_path)
@@ -501,10 +502,10 @@ def test_a_resume_onto_changed_data_refuses_unless_told(tmp_path):
     run_dir = tmp_path / "run"
     data = ("data=local", f"data.path={corpus}")
     launch(run_dir, *data, "trainer.max_steps=2")
-    with open(corpus / "train.jsonl", "a") as f:
+    with open(corpus / "validation.jsonl", "a") as f:  # the tokenizer learns train.jsonl's
         f.write(json.dumps({"text": "a late addition"}) + "\n")
     (line,) = error_lines(launch(run_dir, *data, "trainer.max_steps=4", expect_rc=2))
-    assert "the data changed since the checkpoint" in line and "changed train.jsonl" in line
+    assert "the data changed since the checkpoint" in line and "changed validation.jsonl" in line
     assert names(run_dir) == ["step_00000002"]
     launch(run_dir, *data, "trainer.max_steps=4", "trainer.allow_data_change=true")
     assert names(run_dir) == ["step_00000002", "step_00000004"]

@@ -20,10 +20,16 @@ one entry per saved rank) is not known to the run that loads them. Beside the sh
 DCP's collectives run on the slow-I/O group (``train.distributed.slow_io_group``: gloo, a timeout
 of hours), so a save or load on slow shared storage is not ended by NCCL's 10-minute watchdog.
 
-Atomic: every rank writes into one hidden temporary directory; after a barrier rank 0 adds
-``meta.json``, flushes it and renames the directory to its final name (a directory rename is
-atomic on POSIX). A process killed mid-save leaves at most a stale ``.tmp_*`` directory, which
-is never mistaken for a checkpoint and is removed on the next save.
+Atomic and proven: every rank writes into one hidden temporary directory and checksums its own
+files; rank 0 then adds ``meta.json`` and ``manifest.json`` (every file's size and CRC-32,
+``train/manifest.py``), flushes them and renames the directory to its final name (a directory
+rename is atomic on POSIX). A process killed mid-save leaves at most a stale ``.tmp_*``
+directory, which is never mistaken for a checkpoint and is removed by the next run. Any rank's
+failure in any of these steps stops every rank with the same one line
+(``CheckpointSaveFailed``). Pruning (``keep_last``) and the re-save of a step rename before they
+delete, so no half-deleted ``step_N`` is ever listed. ``trainer.resume=auto`` goes on from the
+newest checkpoint that verifies and loads, setting aside (``step_N.bad-<reason>``) each one that
+does not (``restore_first_loadable``).
 
 Resuming on another world size: model and optimizer reshard; the data position is re-derived by
 ``train.data_position.rederive_position`` (or refused with the reason); each rank's RNG state is
@@ -40,7 +46,7 @@ import os
 import re
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -580,6 +586,7 @@ def restore_first_loadable(
     rank: int,
     verify: bool,
     set_aside_failures: bool,
+    before_load: Callable[[Path], None] = lambda path: None,
 ) -> Path | None:
     """Restore the first of ``candidates`` (newest first) that verifies and loads; returns it,
     or None when there are none (a fresh start). Every rank calls this.
@@ -588,10 +595,11 @@ def restore_first_loadable(
     ``step_N.bad-<reason>`` by rank 0, with one line naming it and the reason, and the next is
     tried; where none is left, a ``ConfigError`` (exit status 2) listing them. Otherwise (an
     explicit checkpoint) its failure is that error at once, and nothing is renamed.
+    ``before_load`` may refuse a checkpoint that verified (a ``ConfigError``: not damage).
     """
     failures = []
     for path in candidates:
-        failure = _attempt(path, live, state, rank=rank, verify=verify)
+        failure = _attempt(path, live, state, rank=rank, verify=verify, before_load=before_load)
         if failure is None:
             return path
         reason, detail = failure
@@ -611,7 +619,13 @@ def restore_first_loadable(
 
 
 def _attempt(
-    path: Path, live: Resumable, state: TrainState, *, rank: int, verify: bool
+    path: Path,
+    live: Resumable,
+    state: TrainState,
+    *,
+    rank: int,
+    verify: bool,
+    before_load: Callable[[Path], None],
 ) -> tuple[str, str] | None:
     """Verify, then load ``path`` on every rank; the first rank's (reason, detail) where any
     rank failed, the same on every rank."""
@@ -626,6 +640,7 @@ def _attempt(
     failures = [f for f in dist.all_gather_object(failure, slow_io=True) if f is not None]
     if failures:
         return failures[0]
+    before_load(path)
     try:
         restore_training_state(path, live, state, rank=rank)
     except ConfigError:

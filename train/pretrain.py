@@ -11,7 +11,9 @@ of ``train/`` with its own tests. What a run writes into its run directory: ``co
 ``checkpoints/step_*`` (contents in ``train/checkpoint.py``), the final model as a transformers
 checkpoint in ``hf/`` and, with ``logger=wandb``, ``wandb/``.
 
-Exit status: 0 finished, 1 crash, 2 config error, 3 divergence,
+Exit status: 0 finished, 1 crash, 2 config error (a second launch on a live run directory and a
+resume with no loadable checkpoint included), 3 divergence, ``train.errors.SAVE_FAILED_EXIT_STATUS``
+(74) when a checkpoint could not be written,
 ``train.preemption.PREEMPTED_EXIT_STATUS`` when SIGTERM / SIGUSR1 / SIGUSR2 / Ctrl-C stopped the
 run after a checkpoint (rerun the same command to resume), and ``ABORTED_EXIT_STATUS`` when a
 third Ctrl-C gave up on that checkpoint.
@@ -233,6 +235,12 @@ def resume(run: Run, state: TrainState) -> Path | None:
     next; a resume onto other data than the checkpoint's is refused
     (``trainer.allow_data_change``)."""
     t = run.cfg.trainer
+
+    def same_data(path: Path) -> None:
+        if not t.allow_data_change:
+            saved = read_meta(path).get("data")
+            check_unchanged(saved, run.data_fingerprint, f"the checkpoint {path}")
+
     path = restore_first_loadable(
         run.resume_from,
         run.resumable(),
@@ -240,12 +248,10 @@ def resume(run: Run, state: TrainState) -> Path | None:
         rank=run.info.rank,
         verify=t.verify_checkpoints,
         set_aside_failures=t.resume == "auto",
+        before_load=same_data,
     )
     if path is None:
         return None
-    if not t.allow_data_change:
-        saved = read_meta(path).get("data")
-        check_unchanged(saved, run.data_fingerprint, f"the checkpoint {path}")
     log.info("resumed from %s at step %d (%d tokens)", path, state.step, state.tokens)
     return path
 
