@@ -178,6 +178,14 @@ def test_resume_falls_back_past_a_checkpoint_that_fails(tmp_path):
     assert path == root / "step_00000002" and state.step == 2
     assert torch.equal(resumed.model.weight, torch.full((4, 4), 2.0))
     assert (root / "step_00000003.bad-size").is_dir()
+    (root / "step_00000002" / manifest.MANIFEST_FILE).unlink()  # as written before manifests
+    with pytest.raises(
+        ConfigError, match=r"no manifest\.json .* trainer\.verify_checkpoints=false"
+    ):
+        ckpt.restore_first_loadable(
+            [root / "step_00000002"], resumed, state, set_aside_failures=True, **kwargs
+        )
+    assert (root / "step_00000002").is_dir()
 
 
 # --- saves that fail cleanly -------------------------------------------------------------------

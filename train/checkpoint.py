@@ -603,6 +603,11 @@ def restore_first_loadable(
         if failure is None:
             return path
         reason, detail = failure
+        if reason == "no-manifest":  # not damage: written before checkpoints carried one
+            raise ConfigError(
+                f"trainer.resume: {path} has no {manifest.MANIFEST_FILE} (written before "
+                "checkpoints carried one); resume it with trainer.verify_checkpoints=false"
+            )
         if not set_aside_failures:
             raise ConfigError(f"trainer.resume={path}: {detail}")
         if rank == 0:
