@@ -549,3 +549,20 @@ def test_an_async_save_that_fails_stops_the_run_at_the_next_save(tmp_path):
     assert line.startswith("error: checkpoint of step 2 not saved: rank 0: EIO")
     assert names(run_dir) == [".tmp_step_00000002"]
     assert max(train_losses(run_dir)) == 4  # found at step 4's save, before it is written
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_async_saves_on_two_ranks_resume_the_same_run(tmp_path):
+    """The background writes' collectives run on a group of their own while the ranks train."""
+    run_dir = tmp_path / "run"
+    two_ranks = torchrun(run_dir, "trainer.global_batch_size=8", "trainer.async_save=true")
+    subprocess.run(two_ranks, cwd=REPO, env=ENV, capture_output=True, timeout=600, check=True)
+    assert names(run_dir) == ["step_00000002", "step_00000004", "step_00000006"]
+    for path in (run_dir / "checkpoints").iterdir():
+        ckpt.verify_checkpoint(path, rank=0, world_size=1)
+    whole = train_losses(run_dir)
+    shutil.rmtree(run_dir / "checkpoints" / "step_00000006")
+    (run_dir / "summary.json").unlink()
+    subprocess.run(two_ranks, cwd=REPO, env=ENV, capture_output=True, timeout=600, check=True)
+    assert train_losses(run_dir) == whole
