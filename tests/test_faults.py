@@ -359,7 +359,9 @@ def test_a_save_failure_is_one_line_naming_rank_errno_and_path(tmp_path, monkeyp
 # --- one writer per run, one history ----------------------------------------------------------
 
 
-def test_a_second_launch_on_a_live_run_refuses_and_a_dead_ones_lock_is_taken_over(tmp_path):
+def test_a_second_launch_on_a_live_run_refuses_and_a_dead_ones_lock_is_taken_over(
+    tmp_path, monkeypatch
+):
     """Before, two launches on one run dir both ran to exit 0, writing the same files."""
     held = run_lock.RunLock.acquire(tmp_path)
     try:
@@ -383,6 +385,10 @@ def test_a_second_launch_on_a_live_run_refuses_and_a_dead_ones_lock_is_taken_ove
     old = time.time() - run_lock.STALE_AFTER_S - 60
     os.utime(tmp_path / run_lock.LOCK_FILE, (old, old))
     run_lock.RunLock.acquire(tmp_path).release()  # that host stopped refreshing it
+    requeued = {"pid": 1, "host": "a-lost-node", "start": None, "job": "4242"}
+    (tmp_path / run_lock.LOCK_FILE).write_text(json.dumps(requeued))
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    run_lock.RunLock.acquire(tmp_path).release()  # this job's earlier attempt, on a lost node
 
 
 @pytest.mark.slow

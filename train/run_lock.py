@@ -2,11 +2,13 @@
 in it, so a second launch on a live run refuses in one line instead of writing the same
 checkpoints and metrics.
 
-A lock whose holder is gone is stale and taken over with a warning: on the same host, its pid no
-longer runs; on another host (where a pid says nothing), the holder stopped refreshing the
-file's time: a live holder touches it every ``HEARTBEAT_S`` from a background thread, so a lock
-untouched for ``STALE_AFTER_S`` is a dead node's. A process killed by SIGKILL or a lost node
-leaves its lock behind; the next launch sees that it is stale.
+A lock whose holder is gone is stale and taken over with a warning: on the same host, its pid
+(with its start time) no longer runs; on another host (where a pid says nothing), it is this
+very job's earlier attempt (a SLURM job requeued after a lost node keeps its id, a restarted
+torchrun its run id), or its holder stopped refreshing the file's time: a live holder touches
+it every ``HEARTBEAT_S`` from a background thread, so a lock untouched for ``STALE_AFTER_S`` is a
+dead node's. A process killed by SIGKILL or a lost node leaves its lock behind; the next launch
+sees that it is stale.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ HEARTBEAT_S = 60.0
 STALE_AFTER_S = 15 * 60.0
 """Fifteen heartbeats missed: a holder that slow is gone (a GIL held for minutes is not a live
 run's pattern), and a requeued job waits at most this long for a lost node's lock."""
+
+
+def _job_id() -> str | None:
+    """The scheduler's job this process belongs to: a requeued SLURM job keeps its id, a torchrun
+    restart its run id, so a lock of the same job is an earlier attempt's, whatever its host."""
+    return os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID")
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -67,7 +75,12 @@ class RunLock:
         """Take the run directory's lock, or raise ``ConfigError`` naming its live holder."""
         path = Path(run_dir) / LOCK_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "start": _start_ticks(os.getpid())}
+        me = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "start": _start_ticks(os.getpid()),
+            "job": _job_id(),
+        }
         for _ in range(3):  # a lost race with another launch is decided by O_EXCL
             try:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -137,4 +150,6 @@ def _is_stale(path: Path, holder: dict | None) -> bool:
         return age > 10.0
     if holder["host"] == socket.gethostname():
         return not _holder_runs(holder)
+    if holder.get("job") is not None and holder.get("job") == _job_id():
+        return True  # this job's earlier attempt on another node (a requeue after a lost node)
     return age > STALE_AFTER_S
