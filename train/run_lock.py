@@ -87,10 +87,14 @@ class RunLock:
             except FileExistsError:
                 holder = _read(path)
                 if not _is_stale(path, holder):
+                    who = (
+                        "another launch"
+                        if holder is None
+                        else (f"pid {holder['pid']} on {holder['host']}")
+                    )
                     raise ConfigError(
-                        f"run dir {path.parent} is in use by pid {holder['pid']} on "
-                        f"{holder['host']} (its {LOCK_FILE}); wait for that run to end or use "
-                        "another hydra.run.dir"
+                        f"run dir {path.parent} is in use by {who} (its {LOCK_FILE}); wait for "
+                        "that run to end or use another hydra.run.dir"
                     ) from None
                 log.warning("taking over a stale %s (%s)", path, holder or "unreadable")
                 with contextlib.suppress(FileNotFoundError):
@@ -134,7 +138,7 @@ def release_held() -> None:
 def _read(path: Path) -> dict | None:
     try:
         holder = json.loads(path.read_text())
-        return holder if {"pid", "host"} <= holder.keys() else None
+        return holder if isinstance(holder, dict) and {"pid", "host"} <= holder.keys() else None
     except (OSError, ValueError):
         return None
 
