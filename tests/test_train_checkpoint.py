@@ -41,6 +41,12 @@ def live(width: int = 4) -> ckpt.Resumable:
     return ckpt.Resumable(model, optimizer, scheduler, Position())
 
 
+def resume_from(resume: str | None, run_dir: Path) -> Path | None:
+    """The checkpoint ``trainer.resume`` goes on from when it loads (the newest candidate)."""
+    found = ckpt.resume_candidates(resume, run_dir, set_aside_newer=False)
+    return found[0] if found else None
+
+
 def save(run_dir: Path, run: ckpt.Resumable, step: int, keep_last: int = 2) -> Path:
     with torch.no_grad():
         run.model.weight.fill_(float(step))
@@ -71,9 +77,9 @@ def test_resume_picks_the_newest_of_several_checkpoints(tmp_path):
     for step in (2, 10, 4):
         save(tmp_path, run, step, keep_last=0)
     newest = ckpt.checkpoint_root(tmp_path) / "step_00000010"
-    assert ckpt.find_resume_checkpoint("auto", tmp_path) == newest
-    assert ckpt.find_resume_checkpoint(str(tmp_path), tmp_path / "other") == newest
-    assert ckpt.find_resume_checkpoint(str(newest.parent), tmp_path / "other") == newest
+    assert resume_from("auto", tmp_path) == newest
+    assert resume_from(str(tmp_path), tmp_path / "other") == newest
+    assert resume_from(str(newest.parent), tmp_path / "other") == newest
 
 
 def test_incomplete_or_foreign_directories_are_not_checkpoints(tmp_path):
@@ -121,7 +127,7 @@ def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         save(tmp_path, run, 2)
     monkeypatch.undo()
     assert list(ckpt.checkpoint_root(tmp_path).glob(".tmp_*"))
-    latest = ckpt.find_resume_checkpoint("auto", tmp_path)
+    latest = resume_from("auto", tmp_path)
     assert latest.name == "step_00000001"
     save(tmp_path, run, 2)  # the stale temp dir is cleared
     assert not list(ckpt.checkpoint_root(tmp_path).glob(".tmp_*"))
@@ -154,21 +160,21 @@ def test_sigkill_during_save_leaves_a_loadable_checkpoint(tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    latest = ckpt.find_resume_checkpoint("auto", tmp_path)
+    latest = resume_from("auto", tmp_path)
     step = int(latest.name.split("_")[1])
     model = ckpt.load_model_weights(latest, torch.nn.Linear(4000, 4000))
     assert torch.equal(model.weight[:2, :2], torch.full((2, 2), float(step)))
 
 
 def test_resume_modes(tmp_path):
-    assert ckpt.find_resume_checkpoint("auto", tmp_path) is None
-    assert ckpt.find_resume_checkpoint("none", tmp_path) is None
-    assert ckpt.find_resume_checkpoint(None, tmp_path) is None
+    assert resume_from("auto", tmp_path) is None
+    assert resume_from("none", tmp_path) is None
+    assert resume_from(None, tmp_path) is None
     with pytest.raises(ConfigError, match=r"trainer\.resume=.*nowhere: no complete checkpoint"):
-        ckpt.find_resume_checkpoint(str(tmp_path / "nowhere"), tmp_path)
+        resume_from(str(tmp_path / "nowhere"), tmp_path)
     path = save(tmp_path, live(), 5, keep_last=0)
-    assert ckpt.find_resume_checkpoint(str(tmp_path), tmp_path / "other") == path
-    assert ckpt.find_resume_checkpoint(str(path), tmp_path / "other") == path
+    assert resume_from(str(tmp_path), tmp_path / "other") == path
+    assert resume_from(str(path), tmp_path / "other") == path
 
 
 def test_rng_state_and_data_position_round_trip_through_the_dcp_checkpoint(tmp_path):
@@ -185,7 +191,8 @@ def test_rng_state_and_data_position_round_trip_through_the_dcp_checkpoint(tmp_p
     ckpt.restore_training_state(path, resumed, TrainState(), rank=0)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
     assert resumed.loader.records == 6
-    assert sorted(p.name for p in path.iterdir()) == [".metadata", "__0_0.distcp", "meta.json"]
+    names = sorted(p.name for p in path.iterdir())
+    assert names == [".metadata", "__0_0.distcp", "manifest.json", "meta.json"]
 
 
 def test_consolidated_weights_need_a_complete_checkpoint(tmp_path):

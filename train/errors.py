@@ -17,3 +17,13 @@ class DataSourceError(ConfigError):
 
 class TrainingDiverged(RuntimeError):
     """The loss or gradient norm stopped being finite: the run stops before anything is saved."""
+
+
+SAVE_FAILED_EXIT_STATUS = 74
+"""sysexits.h EX_IOERR: a checkpoint could not be written (``CheckpointSaveFailed``); the previous
+one is still the newest and loads, so rerunning once the storage is fixed resumes from it."""
+
+
+class CheckpointSaveFailed(RuntimeError):
+    """A checkpoint was not saved: any rank's write error, or rank 0's publishing step. Raised on
+    every rank with the same one line (the failing rank, the errno and the path)."""

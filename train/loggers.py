@@ -12,26 +12,24 @@ import os
 from pathlib import Path
 from typing import Any
 
+from train import metrics_history
+
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 
 
 class JsonlWriter:
-    """Appends one JSON object per logged step; a resume first drops lines past its step, so the
-    file reads as one uninterrupted run."""
+    """Appends one JSON object per logged step; a resume first drops lines past its step (and a
+    torn last line), so the file reads as one uninterrupted run; a fresh start keeps an earlier
+    file under another name (``train/metrics_history.py``)."""
 
     def __init__(self, run_dir: Path, resume_step: int | None) -> None:
         self.path = Path(run_dir) / METRICS_FILE
-        if resume_step is not None and self.path.exists():
-            kept = [
-                line
-                for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= resume_step
-            ]
-            self.path.write_text("".join(f"{line}\n" for line in kept))
-        elif resume_step is None and self.path.exists():
-            self.path.unlink()
+        if resume_step is None:
+            metrics_history.rotate(self.path)
+        else:
+            metrics_history.keep_until(self.path, resume_step)
         self._file = open(self.path, "a")  # noqa: SIM115 (kept open for the run)
 
     def log(self, record: dict[str, Any]) -> None:

@@ -13,7 +13,9 @@ checkpoint in ``hf/`` and, with ``logger=wandb``, ``wandb/``.
 
 Exit status: 0 finished, 1 crash (also, with one line, a collective that a hung or dead rank
 left waiting past ``trainer.collective_timeout_s``, and replicas that differ: README "Faults"),
-2 config error, 3 divergence,
+2 config error (a second launch on a live run directory and a resume with no loadable checkpoint
+included), 3 divergence, ``train.errors.SAVE_FAILED_EXIT_STATUS`` (74) when a checkpoint could
+not be written,
 ``train.preemption.PREEMPTED_EXIT_STATUS`` when SIGTERM / SIGUSR1 / SIGUSR2 / Ctrl-C stopped the
 run after a checkpoint (rerun the same command to resume), and ``ABORTED_EXIT_STATUS`` when a
 third Ctrl-C gave up on that checkpoint.
@@ -46,8 +48,10 @@ from train import distributed as dist
 from train import elastic, faults, step_guard
 from train.checkpoint import (
     Resumable,
-    find_resume_checkpoint,
-    restore_training_state,
+    finish_background_save,
+    read_meta,
+    restore_first_loadable,
+    resume_candidates,
     save_training_state,
 )
 from train.cli_errors import (
@@ -65,7 +69,13 @@ from train.config import (
 )
 from train.corpus import describe_source, open_sources_on_ranks
 from train.data import TrainLoader, build_train_loader, prove_data
-from train.errors import ConfigError, TrainingDiverged
+from train.data_fingerprint import check_unchanged, fingerprint
+from train.errors import (
+    SAVE_FAILED_EXIT_STATUS,
+    CheckpointSaveFailed,
+    ConfigError,
+    TrainingDiverged,
+)
 from train.estimate import StepSetup, StepTimeEstimate, estimate_step_time
 from train.evaluate import evaluate
 from train.export import HF_DIR, export_hf, unsharded_model
@@ -100,6 +110,7 @@ from train.preemption import (
     shut_down_keeping_exit_status,
 )
 from train.replicas import ReplicasDiffer, check_replicas_agree
+from train.run_lock import RunLock, release_held
 from train.schedule import build_scheduler
 from train.schema import DataConfig, data_config, register_configs
 from train.seeding import seed_everything
@@ -131,9 +142,10 @@ class Run:
     peaks: PhasePeaks
     """Peak memory per phase: setup, train, eval, checkpoint."""
     run_dir: Path
-    resume_from: Path | None
-    """The checkpoint the run goes on from, found before the model is built so that no weight is
-    drawn only to be overwritten by it."""
+    resume_from: list[Path]
+    """The checkpoints the run may go on from, newest first (the first that verifies and loads
+    wins; empty: a fresh start), found before the model is built so that no weight is drawn only
+    to be overwritten by one."""
     accumulation: int
     model: torch.nn.Module
     """The bare model (checkpoints, evaluation); ``replica`` is what trains (DDP or the model)."""
@@ -168,6 +180,11 @@ class Run:
         return contextlib.nullcontext()
 
     @functools.cached_property
+    def data_fingerprint(self) -> dict:
+        """The data this run trains on, kept in each checkpoint (``train/data_fingerprint.py``)."""
+        return fingerprint(data_config(self.cfg.data))
+
+    @functools.cached_property
     def loss_sum(self) -> LossSum:
         """The training loss, compiled where the decoder layers are (``trainer.compile``)."""
         return loss_sum_for(compiles_layers(self.cfg.trainer.compile, self.device))
@@ -180,23 +197,22 @@ def train(cfg: DictConfig) -> dict:
     check_config(cfg, info.world_size)
     faults.check_spec()  # a FOAM_FAULT that does not parse: one line before any step
     run = build_run(cfg, info)
-    if run.resume_from is not None:
-        restore_training_state(run.resume_from, run.resumable(), state, rank=info.rank)
-        log.info(
-            "resumed from %s at step %d (%d tokens)", run.resume_from, state.step, state.tokens
-        )
+    resumed = resume(run, state)
+    if info.is_main:  # after the resume: a refused one rewrites nothing
+        (run.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     config = OmegaConf.to_container(cfg, resolve=True)
     sink = MetricSink(
         cfg.logger,
         run.run_dir,
         state,
         is_main=info.is_main,
-        resumed=run.resume_from is not None,
+        resumed=resumed is not None,
         config=config,
     )
     track_update_cosine(run, state, sink)  # trainer.log_update_cosine: hooks on the optimizer
     try:
         step_time = train_loop(run, state, sink)
+        finish_background_save()  # trainer.async_save: the last one still in flight
     except TrainingDiverged as err:
         if info.is_main:
             err = step_guard.repeated(err, run.run_dir, state.step)
@@ -219,6 +235,33 @@ def train(cfg: DictConfig) -> dict:
         )
     sink.close(summary)
     return summary
+
+
+def resume(run: Run, state: TrainState) -> Path | None:
+    """Restore the newest of ``run.resume_from`` that verifies and loads (every rank); returns
+    it, or None for a fresh start. ``trainer.resume=auto`` sets a failing one aside and tries the
+    next; a resume onto other data than the checkpoint's is refused
+    (``trainer.allow_data_change``)."""
+    t = run.cfg.trainer
+
+    def same_data(path: Path) -> None:
+        if not t.allow_data_change:
+            saved = read_meta(path).get("data")
+            check_unchanged(saved, run.data_fingerprint, f"the checkpoint {path}")
+
+    path = restore_first_loadable(
+        run.resume_from,
+        run.resumable(),
+        state,
+        rank=run.info.rank,
+        verify=t.verify_checkpoints,
+        set_aside_failures=t.resume == "auto",
+        before_load=same_data,
+    )
+    if path is None:
+        return None
+    log.info("resumed from %s at step %d (%d tokens)", path, state.step, state.tokens)
+    return path
 
 
 def run_summary(
@@ -269,9 +312,14 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
     )
     peaks = PhasePeaks(device)
     run_dir = Path(dist.broadcast_object(HydraConfig.get().runtime.output_dir))
-    resume_from = dist.broadcast_object(find_resume_checkpoint(t.resume, run_dir))
-    if info.is_main:
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    resume_from: list[Path] = []
+    with dist.failure_stops_every_rank(ConfigError):  # one writer per run directory
+        if info.is_main:
+            RunLock.acquire(run_dir)  # released at exit
+            resume_from = resume_candidates(
+                t.resume, run_dir, set_aside_newer=t.resume_set_aside_newer
+            )
+    resume_from = dist.broadcast_object(resume_from)
     data = data_config(cfg.data)  # the data group, typed once for every reader below
     log.info("%s", describe_source(data))
     log.info(
@@ -285,7 +333,7 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
     # first: data that cannot train stops the run in seconds
     tokenizer, train_loader, val_batches, test_batches = build_data(cfg, data, info)
     model, replica, optimizer, scheduler = build_model_and_optimizer(
-        cfg, info, device, initialise=resume_from is None
+        cfg, info, device, initialise=not resume_from
     )
     return Run(
         cfg=cfg,
@@ -454,7 +502,7 @@ def train_loop(run: Run, state: TrainState, sink: MetricSink) -> StepTimeEstimat
             evaluate_and_log(run, state, sink)
         verdict = stopper.poll()  # collective: a stop signal on any rank, a wall-clock save
         if due.save or verdict.save:
-            save_checkpoint(run, state, stopper)
+            save_checkpoint(run, state, stopper, stopping=verdict.stop_signal is not None)
         stats.restart_clock()  # evaluation, saving and logging are not training time
         if verdict.stop_signal and state.step < t.max_steps:  # at the end, finishing is quicker
             stop_signal = verdict.stop_signal.name
@@ -521,20 +569,35 @@ def log_first_step_state(run: Run) -> None:
         )
 
 
-def save_checkpoint(run: Run, state: TrainState, stopper: StopAndSave) -> None:
-    """A checkpoint of the run at this step (every rank), its peak memory as its own phase."""
+def save_checkpoint(
+    run: Run, state: TrainState, stopper: StopAndSave, *, stopping: bool = False
+) -> None:
+    """A checkpoint of the run at this step (every rank), its peak memory as its own phase.
+
+    A save that fails stops the run (``CheckpointSaveFailed``), unless
+    ``trainer.continue_after_failed_save`` and the run goes on past it (not a stop's save, not
+    the final one): then a warning, and the next save tries again. With ``trainer.async_save``
+    the shards are written while training goes on (not a stop's or the final save: the run
+    ends after those), and published at the next save or the run's end."""
+    t = run.cfg.trainer
     run.peaks.enter("checkpoint")
     stopper.checkpoint_saved()
     check_replicas_agree(run.model, state.step)  # DDP: replicas still bit-identical?
-    path = save_training_state(
-        run.run_dir,
-        run.resumable(),
-        state,
-        rank=run.info.rank,
-        keep_last=run.cfg.trainer.keep_last,
-    )
-    if path:
-        log.info("saved %s", path)
+    last = stopping or state.step >= t.max_steps  # the run ends: no later save to retry
+    try:
+        save_training_state(
+            run.run_dir,
+            run.resumable(),
+            state,
+            rank=run.info.rank,
+            keep_last=t.keep_last,
+            data_fingerprint=run.data_fingerprint if run.info.is_main else None,
+            background=t.async_save and not last,
+        )
+    except CheckpointSaveFailed as err:
+        if last or not t.continue_after_failed_save:
+            raise
+        log.warning("%s; training goes on (trainer.continue_after_failed_save)", err)
 
 
 def stop_preempted(state: TrainState, sink: MetricSink, stop_signal: str) -> None:
@@ -640,6 +703,7 @@ def refuse(message: str) -> NoReturn:
     """A config error met once the run has its directory: rank 0 (the others have none) takes
     the directory back, then the one line and exit status 2."""
     if dist.env_dist_info().rank == 0:
+        release_held()  # its run.lock first, so that the directory it made can go
         hydra_cfg = HydraConfig.get()
         discard_refused_run_dir(Path(hydra_cfg.runtime.output_dir), f"{hydra_cfg.job.name}.log")
     exit_config_error(message)
@@ -661,6 +725,9 @@ def main(cfg: DictConfig) -> None:
     except TrainingDiverged as err:
         print(f"\nerror: {err}", file=sys.stderr)  # past the progress bar's line
         sys.exit(3)
+    except CheckpointSaveFailed as err:
+        print(f"\nerror: {err}", file=sys.stderr)  # past the progress bar's line
+        sys.exit(SAVE_FAILED_EXIT_STATUS)
     except RunPreempted as stop:
         print(f"stopped: {stop}", file=sys.stderr)
         sys.exit(PREEMPTED_EXIT_STATUS)

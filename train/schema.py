@@ -223,6 +223,24 @@ class TrainerConfig:
     spike_window: int = GuardPolicy.spike_window
     max_skips_in_row: int = GuardPolicy.max_skips_in_row
     """Skipped updates in a row after which the run stops as a divergence (exit 3)."""
+    # --- Checkpoint integrity, failed saves, one run per directory (issue #75; README "Faults",
+    # train/checkpoint.py) ---
+    verify_checkpoints: bool = True
+    """Check a checkpoint's files against its manifest (sizes, CRC-32) before loading it; false
+    loads one without (a checkpoint written before manifests)."""
+    continue_after_failed_save: bool = False
+    """false: a checkpoint that cannot be written stops the run (exit status 74; the previous one
+    stays the newest), since a run that goes on unsaved may burn days of compute that the next
+    crash loses. true: warn and try again at the next save, for runs where compute is dearer
+    than that risk. The stop's save and the final one stop the run either way."""
+    async_save: bool = False
+    """Write the shards in the background (``dcp.async_save``) while training goes on; the
+    checkpoint is checked and published at the next save or at the end of the run."""
+    resume_set_aside_newer: bool = False
+    """With trainer.resume=<an older checkpoint of this run>: rename the newer ones
+    ``step_N.aside`` and go on (refused otherwise: it would fork the run's history)."""
+    allow_data_change: bool = False
+    """Resume onto data whose fingerprint differs from the checkpoint's (refused otherwise)."""
 
 
 @dataclass
