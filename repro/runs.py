@@ -1,7 +1,7 @@
 """A sweep point's run: its directory (``ROOT/MODEL/METHOD/lr{lr}[_alpha{a}][_gap{g}]_seed{s}``),
 the name that directory's fields are read back from, and the torchrun command that trains it.
 
-``repro.sweep`` plans grids of points and launches them, ``repro.reproduce_cpu`` walks the CPU
+``repro.sweep`` plans grids of points and launches them, ``repro.cpu_study.study`` walks the CPU
 study's points, and the tables (``repro.study_points``) read the directories back: all through
 this module, so a point is named one way.
 """

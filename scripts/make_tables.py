@@ -8,7 +8,7 @@ The command line of ``repro.make_tables``, which holds the logic.
 
 import sys
 
-from repro.make_tables import main
+from repro.cpu_study.make_tables import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -26,8 +26,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
-from scipy.stats import kendalltau
 
+from repro.cpu_study.study import Setting
+from repro.cpu_study.tables.views import (
+    comparison_pairs,
+    kendall_tau,
+    paired_lines,
+    reversed_pairs,
+    tau_line,
+)
+from repro.cpu_study.v4 import FULL, Q1, Q2, Q3, SEEDS, SHARED_LR, Question, Row
 from repro.paired_stats import (
     FAMILY_WISE,
     ORDER_SEEDS,
@@ -41,16 +49,7 @@ from repro.paired_stats import (
     paired,
 )
 from repro.paper_perplexity import paper_ppl
-from repro.reproduce_cpu import Setting
 from repro.study_points import CONTROL, Key, Point, fmt_ppl, row_label, row_of
-from repro.study_v4 import FULL, Q1, Q2, Q3, SEEDS, SHARED_LR, Question, Row
-from repro.tables.views import (
-    comparison_pairs,
-    kendall_tau,
-    paired_lines,
-    reversed_pairs,
-    tau_line,
-)
 
 MODEL = "llama_2m"
 Best = dict[tuple[str, str], Point]
@@ -146,6 +145,8 @@ def order_carries_over(q1: Best, q3: Best) -> str:
     """Kendall's tau between the Q1 order (1,000 steps) and the Q3 order (10,000 steps), with its
     exact permutation p: over a handful of rows tau takes few values (over 3: -1, -1/3, 1/3, 1),
     and a seed bootstrap of rows that do not overlap only repeats the point estimate."""
+    from scipy.stats import kendalltau  # scipy only for the commands that write tables
+
     shared = [k for k in q3 if k in q1 and q3[k].n >= ORDER_SEEDS and math.isfinite(q3[k].mean_ppl)]
     if len(shared) < 3:
         return "Order at 1,000 against 10,000 steps: fewer than 3 rows with 3 seeds in both."

@@ -1,4 +1,5 @@
-"""The corpora ``repro.make_corpus`` builds, as data: each one's pinned Debian packages and split.
+"""The corpora ``repro.cpu_study.make_corpus`` builds: each one's pinned Debian packages and
+split.
 
 ``study`` is the CPU reproduction's mirror (``results/repro/PROTOCOL.md``, "Data"): the kernel's
 and Python's documentation, 5% of documents for validation by a hash of their URL, and a test
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 RST = ".rst.txt"  # Sphinx's copy of a page's reStructuredText source (html/_sources/)
-HTML = ".html"  # a rendered page (repro.html_paragraphs)
+HTML = ".html"  # a rendered page (repro.cpu_study.html_paragraphs)
 DEBIAN = "http://deb.debian.org/debian/pool/main/"
 DEBIAN_SECURITY = "http://deb.debian.org/debian-security/pool/updates/main/"
 
