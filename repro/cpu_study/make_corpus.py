@@ -438,7 +438,6 @@ def mirror_config(out: Path, vocab_size: int) -> DataConfig:
         tokenizer_cache_dir=None,
         spm_vocab_size=vocab_size,
         val_fraction=0.0,
-        seq_len=256,
     )
 
 
@@ -446,7 +445,7 @@ def count_tokens(out: Path, vocab_size: int, batch: int = 1000) -> dict[str, int
     """Tokens per split with the SentencePiece tokenizer training would build on this mirror
     (``batch`` documents encoded at a time: a large mirror's ids do not fit in memory at once)."""
     from train.corpus import open_source
-    from train.data import build_tokenizer
+    from train.tokenizer import build_tokenizer
 
     cfg = mirror_config(out, vocab_size)
     tokenizer = build_tokenizer(cfg, vocab_size)

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from repro.cpu_study.environment import VOCAB
 from repro.cpu_study.scheduler import PrioritySlots
-from repro.experiments import paper_lr
+from repro.experiments import PAPER_SEQ_LEN, paper_lr
 from repro.methods import ABLATIONS, PAPER_ALPHA_GRID, Ablation, paper_alpha_range
 from repro.paper_perplexity import STAND_INS
 from repro.runs import REPO, Point, hparam, run_dir_fields, train_command
@@ -75,7 +75,7 @@ def protocol(data: Path, steps: int, seed: int) -> list[str]:
         f"data.path={data}",
         f"data.spm_vocab_size={VOCAB}",
         "data.pack=true",
-        "data.seq_len=256",
+        f"data.seq_len={PAPER_SEQ_LEN}",
         "data.num_workers=1",
         f"data.shuffle_seed={seed}",
     ]

@@ -202,6 +202,7 @@ def test_a_run_the_trainer_records_as_diverged_is_infinitely_bad_and_not_run_aga
 def test_the_protocol_is_what_protocol_md_says():
     overrides = driver.protocol(Path("/data"), driver.FINAL_STEPS, seed=2)
     assert "trainer.max_steps=1000" in overrides and "data.shuffle_seed=2" in overrides
+    assert "data.seq_len=256" in overrides  # the paper's, from the trainer's schema
     tokens = 1000 * 16 * 256
     assert tokens == 4_096_000 and "trainer.global_batch_size=16" in overrides
     assert driver.GAPS == (200, 20) and driver.SEEDS == (0, 1, 2)
