@@ -85,10 +85,15 @@ class Shape:
     def of_overrides(cls, overrides: Sequence[str]) -> Shape:
         """What a user's Hydra overrides set of a run's shape, read by Hydra's own parser."""
         from hydra.core.override_parser.overrides_parser import OverridesParser
+        from hydra.errors import OverrideParseException
 
+        try:
+            parsed = OverridesParser.create().parse_overrides(list(overrides))
+        except OverrideParseException as e:
+            raise ValueError(f"not a Hydra override: {str(e).splitlines()[0]}") from None
         by_key = {key: name for name, key in SHAPE_KEYS.items()}
         values = {}
-        for override in OverridesParser.create().parse_overrides(list(overrides)):
+        for override in parsed:
             if (name := by_key.get(override.key_or_group)) is not None:
                 value = override.value()
                 if not isinstance(value, int) or isinstance(value, bool):

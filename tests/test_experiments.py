@@ -91,6 +91,9 @@ def test_the_users_overrides_and_the_experiments_shape_reach_the_token_count(cap
     with pytest.raises(SystemExit):
         sweep.main(["--dry-run", *argv, "--", "trainer.max_steps=many"])
     assert "trainer.max_steps takes an integer" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        sweep.main(["--dry-run", *argv, "--", "trainer.max_steps=[1"])
+    assert "not a Hydra override" in capsys.readouterr().err
 
 
 def test_table3_qwen_int8_residual_overtrain_combinations_cosine(capsys):
