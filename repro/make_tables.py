@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from repro.methods import TABLE2
-from repro.study_points import CONTROL, Point, best_points, load_points
+from repro.points import CONTROL, Point, best_points, load_points
 from repro.tables.ablations import ablation_table, plot_ablations
 from repro.tables.alpha import alpha_table, plot_alpha
 from repro.tables.curves import plot_curves

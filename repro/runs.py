@@ -2,7 +2,7 @@
 the name that directory's fields are read back from, and the torchrun command that trains it.
 
 ``repro.sweep`` plans grids of points and launches them, ``repro.cpu_study.study`` walks the CPU
-study's points, and the tables (``repro.study_points``) read the directories back: all through
+study's points, and the tables (``repro.points``) read the directories back: all through
 this module, so a point is named one way.
 """
 

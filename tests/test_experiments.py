@@ -15,7 +15,7 @@ import foam
 import models
 from repro import experiments, sweep
 from repro.memory_estimator import memory_matched, planned_numel
-from repro.study_points import load_points
+from repro.points import load_points
 from repro.tables.experiments import experiment_outputs
 from train.metrics import peak_flops_for_name
 

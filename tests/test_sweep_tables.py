@@ -11,7 +11,7 @@ from scipy import stats
 
 from repro import make_tables, paired_stats, sweep
 from repro.cpu_study import make_tables as study_tables
-from repro.study_points import CONTROL, Key, Point, load_points
+from repro.points import CONTROL, Key, Point, load_points
 from repro.tables.paired import agreement, comparisons
 from train.summary import write_diverged
 

@@ -19,7 +19,7 @@ from repro.cpu_study.tables.v4 import question_best, v4_table
 from repro.cpu_study.tables.views import views_table
 from repro.cpu_study.tables.walks import walks_table
 from repro.cpu_study.v4 import Q3
-from repro.study_points import Point, load_points
+from repro.points import Point, load_points
 from repro.tables.curves import plot_curves
 from repro.tables.provenance import provenance
 

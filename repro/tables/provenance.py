@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from repro.study_points import Point
+from repro.points import Point
 
 
 def provenance(points: list[Point]) -> str:

@@ -13,7 +13,7 @@ from repro.cpu_study.make_tables import main as make_tables
 from repro.cpu_study.tables.v4 import v4_table
 from repro.cpu_study.tables.walks import walks_table
 from repro.cpu_study.v4 import StudyV4
-from repro.study_points import load_points
+from repro.points import load_points
 from repro.tables import curves
 
 

@@ -15,7 +15,7 @@ from repro.cpu_study.tables.views import (
     view_best,
     views_table,
 )
-from repro.study_points import CONTROL, load_points
+from repro.points import CONTROL, load_points
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,7 @@ from repro.paired_stats import (
     paired,
 )
 from repro.paper_perplexity import paper_ppl
-from repro.study_points import CONTROL, Key, Point, fmt_ppl, row_label, row_of
+from repro.points import CONTROL, Key, Point, fmt_ppl, row_label, row_of
 
 MODEL = "llama_2m"
 Best = dict[tuple[str, str], Point]

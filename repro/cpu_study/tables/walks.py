@@ -16,7 +16,7 @@ from pathlib import Path
 from repro.cpu_study.study import Setting, walk_front
 from repro.cpu_study.tables.v4 import CUT, table_row
 from repro.cpu_study.v4 import Q1, Q2, Q3, Question, Row, StudyV4
-from repro.study_points import row_label
+from repro.points import row_label
 
 
 def where(s: Setting) -> str:

@@ -3,9 +3,10 @@ the order of the rows (Table 2's).
 
 A run's place is read from its path, ``ROOT[/STAGE]/MODEL/METHOD/lr{lr}[_alpha{a}][_gap{g}]_seed{s}``
 as ``scripts/sweep.py`` and ``scripts/reproduce_cpu.py`` lay them out (``STAGE`` is ``search`` or
-``final`` for the latter). Runs of one point (model, method, lr, alpha, refresh gap) are its seeds:
-mean, **sample** standard deviation and n. Every table (``repro/tables/``) reads runs through
-this module.
+``final`` for the latter), its lr from its summary where the summary records one
+(``recorded_lr``). Runs of one point (model, method, lr, alpha, refresh gap) are its seeds:
+mean, **sample** standard deviation and n. Every table (``repro/tables/``,
+``repro/cpu_study/tables/``) reads runs through this module.
 """
 
 from __future__ import annotations
