@@ -145,7 +145,7 @@ def order_carries_over(q1: Best, q3: Best) -> str:
     """Kendall's tau between the Q1 order (1,000 steps) and the Q3 order (10,000 steps), with its
     exact permutation p: over a handful of rows tau takes few values (over 3: -1, -1/3, 1/3, 1),
     and a seed bootstrap of rows that do not overlap only repeats the point estimate."""
-    from scipy.stats import kendalltau  # scipy only for the commands that write tables
+    from scipy.stats import kendalltau  # statistics only where a table needs them
 
     shared = [k for k in q3 if k in q1 and q3[k].n >= ORDER_SEEDS and math.isfinite(q3[k].mean_ppl)]
     if len(shared) < 3:
