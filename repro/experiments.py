@@ -45,13 +45,14 @@ from repro.methods import (
     label,
     sweeps_alpha,
 )
-from repro.runs import REPO, Point
+from repro.runs import AS_CONFIGURED, REPO, Point, Shape
 from train.metrics import peak_flops_for_name
-from train.schema import paper_size, register_configs
+from train.schema import DataConfig, TrainerConfig, paper_size, register_configs
 
 CONFIGS = REPO / "configs"
-PAPER_BATCH = 512  # sequences per step (the paper; TrainerConfig.global_batch_size)
-PAPER_SEQ_LEN = 256  # tokens per sequence (the paper; DataConfig.seq_len)
+PAPER_BATCH: int = TrainerConfig.global_batch_size  # sequences per step, the paper's
+PAPER_MICRO_BATCH: int = TrainerConfig.micro_batch_size
+PAPER_SEQ_LEN: int = DataConfig.seq_len  # tokens per sequence, the paper's
 MFU = 0.35
 """The model FLOPs utilisation the GPU-hour estimates assume (``--mfu``): what a well-fed
 DDP run of these sizes reaches in bf16; the smallest models reach less, the largest more."""
@@ -68,29 +69,30 @@ class Run:
     experiment: str
     variant: Variant
     point: Point
+    shape: Shape
+    """The run's length and batch where the variant or the experiment changes them."""
     overrides: tuple[str, ...]
-    """The variant's and the experiment's overrides (the sweep adds the user's after them)."""
+    """The variant's and the experiment's overrides, ``shape``'s among them (the sweep adds the
+    user's after them)."""
 
-    def setting(self, key: str, default: int, extra: Sequence[str] = ()) -> int:
-        """An integer the overrides set (the last one wins), else ``default``."""
-        value = default
-        for override in (*self.overrides, *extra):
-            name, _, given = override.partition("=")
-            if name == key:
-                value = int(given)
-        return value
+    def resolved(self, user: Shape = AS_CONFIGURED) -> tuple[int, int, int]:
+        """Steps, sequences per step and sequence length, with the user's ``Shape`` last."""
+        shape = self.shape.then(user)
+        return (
+            paper_steps(self.point.model) if shape.max_steps is None else shape.max_steps,
+            PAPER_BATCH if shape.global_batch_size is None else shape.global_batch_size,
+            PAPER_SEQ_LEN if shape.seq_len is None else shape.seq_len,
+        )
 
-    def tokens(self, extra: Sequence[str] = ()) -> int:
+    def tokens(self, user: Shape = AS_CONFIGURED) -> int:
         """Training tokens: steps x sequences per step x sequence length."""
-        steps = self.setting("trainer.max_steps", paper_steps(self.point.model), extra)
-        batch = self.setting("trainer.global_batch_size", PAPER_BATCH, extra)
-        return steps * batch * self.setting("data.seq_len", PAPER_SEQ_LEN, extra)
+        steps, batch, seq_len = self.resolved(user)
+        return steps * batch * seq_len
 
-    def gpu_hours(self, gpu: str, mfu: float, extra: Sequence[str] = ()) -> float:
+    def gpu_hours(self, gpu: str, mfu: float, user: Shape = AS_CONFIGURED) -> float:
         """Estimated GPU-hours on ``gpu`` at ``mfu`` (training FLOPs only)."""
-        seq_len = self.setting("data.seq_len", PAPER_SEQ_LEN, extra)
         cfg = models.load_model_config(self.point.model)
-        flops = models.flops_per_token(cfg, seq_len) * self.tokens(extra)
+        flops = models.flops_per_token(cfg, self.resolved(user)[2]) * self.tokens(user)
         return flops / (peak_flops_for_name(gpu) * mfu) / 3600
 
 
@@ -103,7 +105,9 @@ class Experiment:
     variants: Callable[[str], list[Variant]]
     """The rows or curves, per model (memory-matched ranks depend on it)."""
     seeds: Callable[[str], tuple[int, ...]] = lambda model: ONE_SEED
-    overrides: Callable[[str], tuple[str, ...]] = lambda model: ()
+    overrides: tuple[str, ...] = ()
+    shape: Shape = AS_CONFIGURED
+    """The length and batch of every run of it, over its variants'."""
 
     def runs(
         self, models: Sequence[str] | None = None, seeds: Sequence[int] | None = None
@@ -122,8 +126,9 @@ class Experiment:
                         seed,
                         variant.name,
                     )
-                    overrides = (*variant.overrides, *self.overrides(model))
-                    out.setdefault(point, Run(self.name, variant, point, overrides))
+                    shape = variant.shape.then(self.shape)
+                    overrides = (*variant.overrides, *self.overrides, *shape.overrides())
+                    out.setdefault(point, Run(self.name, variant, point, shape, overrides))
         return list(out.values())
 
 
@@ -221,12 +226,8 @@ def seq_len_variants(model: str) -> list[Variant]:
     out = []
     for seq_len in SEQ_LENS:
         factor = seq_len // PAPER_SEQ_LEN
-        overrides = (
-            f"data.seq_len={seq_len}",
-            f"trainer.global_batch_size={PAPER_BATCH // factor}",
-            f"trainer.micro_batch_size={32 // factor}",
-        )
-        out += [Variant(f"{m}_seq{seq_len}", m, label(m), overrides) for m in SEQ_LEN_METHODS]
+        shape = Shape(seq_len, PAPER_BATCH // factor, PAPER_MICRO_BATCH // factor)
+        out += [Variant(f"{m}_seq{seq_len}", m, label(m), shape=shape) for m in SEQ_LEN_METHODS]
     return out
 
 
@@ -359,7 +360,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             "Table 3: LLaMA-3B and 7B, PPL over steps, time, tokens/s, memory",
             ("llama_3b", "llama_7b"),
             methods(*TABLE3),
-            overrides=lambda model: ("trainer.grad_checkpointing=true",),
+            overrides=("trainer.grad_checkpointing=true",),
         ),
         Experiment(
             "qwen", "Table: final validation PPL of Qwen2.5 60M-350M", QWEN, methods(*QWEN_METHODS)
@@ -393,7 +394,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             "Figure: overtraining LLaMA-130M on 39B tokens (300 tokens per parameter)",
             ("llama_130m",),
             overtrain_variants,
-            overrides=lambda model: (f"trainer.max_steps={OVERTRAIN_STEPS}",),
+            shape=Shape(max_steps=OVERTRAIN_STEPS),
         ),
         Experiment(
             "combinations",
@@ -420,7 +421,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             "20k steps, lr grid",
             GPT2_DEBERTA,
             lr_grid_variants,
-            overrides=lambda model: (f"trainer.max_steps={GPT2_DEBERTA_STEPS}",),
+            shape=Shape(max_steps=GPT2_DEBERTA_STEPS),
         ),
         Experiment(
             "cosine",
@@ -452,6 +453,10 @@ def experiment_runs(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(f"{', '.join(unused)} do(es) not apply to --experiment")
     if args.mfu is not None and not 0 < args.mfu <= 1:
         parser.error(f"--mfu is a fraction of the peak in (0, 1], got {args.mfu}")
+    try:
+        Shape.of_overrides(args.overrides)
+    except ValueError as e:
+        parser.error(str(e))
     if args.experiment not in EXPERIMENTS:
         parser.error(f"unknown experiment {args.experiment!r}; known: {', '.join(EXPERIMENTS)}")
     runs = EXPERIMENTS[args.experiment].runs([args.model] if args.model else None, args.seeds)
@@ -479,17 +484,18 @@ def plan(runs: Sequence[Run], commands: dict[Path, list[str]], args: argparse.Na
     """``--dry-run``: each run's tokens, GPU-hours and command (or that it is finished, when
     ``commands`` has none for its directory), then the totals."""
     mfu = args.mfu or MFU
+    user = Shape.of_overrides(args.overrides)
     lines = []
     totals = dict.fromkeys(GPUS, 0.0)
     tokens = 0
     for run in runs:
-        hours = {gpu: run.gpu_hours(gpu, mfu, args.overrides) for gpu in GPUS}
+        hours = {gpu: run.gpu_hours(gpu, mfu, user) for gpu in GPUS}
         for gpu in GPUS:
             totals[gpu] += hours[gpu]
-        tokens += run.tokens(args.overrides)
+        tokens += run.tokens(user)
         cost = ", ".join(f"{hours[gpu]:,.1f} h {gpu}" for gpu in GPUS)
         where = f"{run.point.model}/{run.point.name}/{run.point.run_dir(Path()).name}"
-        lines.append(f"# {where}: {run.tokens(args.overrides) / 1e9:.2f}B tokens, {cost}")
+        lines.append(f"# {where}: {run.tokens(user) / 1e9:.2f}B tokens, {cost}")
         command = commands.get(run.point.run_dir(args.root))
         lines.append(shlex.join(command) if command else "#   finished")
     cost = ", ".join(f"{totals[gpu]:,.0f} GPU-hours on {gpu}" for gpu in GPUS)

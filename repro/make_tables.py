@@ -10,79 +10,49 @@ not both run at its length, or whose alpha lies on the edge of the alphas run th
 Also written: Table 3, every point (``sweep.md``), FOAM-2 against each method (and FOAM-Mini
 against APOLLO-Mini) paired over the same seeds, with its 95% interval, its Holm-adjusted p and
 the paper's difference (``paired.md``), the ablations
-(``ablations.md``, FOAM-2's variants in ``ablation_*`` directories), every lr run at full length
-at the best points' alpha and gap (``carry_over.md``), each method's perplexity against alpha at
-its best lr of each stage, and FOAM-2's alpha at the paper's lr paired over seeds (``alpha.md``;
-with ``--curves`` also ``alpha_MODEL.png``, and the ablation figures ``ablations_MODEL.png``) and
-the commits the runs came from (``provenance.md``).
-With ``--v4 V3_RUNS``, the v4 study's readings on the test split instead (``v4.md``,
-``repro/tables/v4.py``), where each of its walks stands (``walks.md``,
-``repro/tables/walks_v4.py``) and its ``provenance.md`` (with each run's machine and threads, from
-its summary and the study's ``machines.json`` beside the runs).
+(``ablations.md``, FOAM-2's variants in ``ablation_*`` directories), each method's perplexity
+against alpha at its best lr of each stage, and FOAM-2's alpha at the paper's lr paired over seeds
+(``alpha.md``; with ``--curves`` also ``alpha_MODEL.png``, and the ablation figures
+``ablations_MODEL.png``) and the commits the runs came from (``provenance.md``). A study adds
+tables of its own through ``writers`` (``repro/cpu_study/make_tables.py``: the CPU study's).
 Output is deterministic, so committed tables regenerate byte for byte.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from repro.methods import TABLE2
-from repro.study_points import CONTROL, best_points, load_points
-from repro.study_v4 import Q3
+from repro.points import CONTROL, Point, best_points, load_points
 from repro.tables.ablations import ablation_table, plot_ablations
 from repro.tables.alpha import alpha_table, plot_alpha
-from repro.tables.carry_over import carry_over_table
 from repro.tables.curves import plot_curves
 from repro.tables.experiments import experiment_outputs
 from repro.tables.paired import paired_table
-from repro.tables.provenance import machines, provenance
+from repro.tables.provenance import provenance
 from repro.tables.sweep_points import sweep_table
 from repro.tables.table2 import table2
 from repro.tables.table3 import table3
-from repro.tables.v4 import question_best, v4_table
-from repro.tables.views import views_table
-from repro.tables.walks_v4 import walks_table
+
+TableWriter = Callable[[dict[tuple[str, str], Point], list[Point]], dict[str, str]]
+"""More tables from a root's best points (Table 2's) and all its points: file name -> text."""
 
 
-def write_v4(root: Path, v3_root: Path, out: Path | None, curves: bool) -> int:
-    """v4's tables; with ``curves``, Q3's validation curves (the mean of each row's 3 seeds at
-    each evaluation, every 500 steps), once a row has its seeds."""
-    points = load_points(root, metric="final_test_ppl")
-    outputs = {
-        "v4.md": v4_table(points, load_points(v3_root)),
-        "walks.md": walks_table(root, v3_root),
-        "provenance.md": provenance(points) + "\n" + machines(root),
-    }
-    if out is None:
-        print(outputs["v4.md"])
-        return 0
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in outputs.items():
-        (out / name).write_text(text)
-    if curves and (q3 := question_best(points, Q3)):
-        plot_curves(q3, out, stem="curves_q3", what=", 10,000 steps on the long corpus (v4 Q3)")
-    print(f"wrote {', '.join(sorted(outputs))} to {out}")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line, which a study's entry point extends with its own options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path, help="directory searched for summary.json files")
     parser.add_argument("--out", type=Path, default=None, help="write tables (and curves) here")
     parser.add_argument("--table3-steps", nargs="+", type=int, default=None)
     parser.add_argument("--curves", action="store_true", help="also plot validation curves (PNG)")
-    parser.add_argument(
-        "--v4",
-        type=Path,
-        metavar="V3_RUNS",
-        help="read ROOT as the v4 study's runs (on the test split) and write v4.md, walks.md "
-        "and provenance.md; V3_RUNS are v3's (walk data, and the check that v4 repeats them)",
-    )
-    args = parser.parse_args(argv)
-    if args.v4:
-        return write_v4(args.root, args.v4, args.out, args.curves)
+    return parser
 
+
+def write_tables(args: argparse.Namespace, writers: Sequence[TableWriter] = ()) -> int:
+    """The tables of ``args.root``, the paper's and each of ``writers``', written under ``--out``
+    (without it, four of the paper's are printed)."""
     points = load_points(args.root)
     if not any(p.runs for p in points):
         raise SystemExit(f"no finished runs (summary.json) under {args.root}")
@@ -100,14 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         "table3.md": table3(best, steps, latex=False),
         "table3.tex": table3(best, steps, latex=True),
         "paired.md": paired_table(best),
-        "views.md": views_table(points),
         "ablations.md": ablation_table(best, points),
-        "carry_over.md": carry_over_table(best, points),
         "alpha.md": alpha_table(points),
         "sweep.md": sweep_table(points),
         "provenance.md": provenance(points),
     }
 
+    for writer in writers:
+        outputs.update(writer(best, points))
     outputs.update(experiment_outputs(points, args.root, args.out if args.curves else None))
     if args.out is None:
         for name in ("table2.md", "paired.md", "ablations.md", "sweep.md"):
@@ -122,3 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         plot_ablations(best, points, args.out)
     print(f"wrote {', '.join(sorted(outputs))} to {args.out}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return write_tables(parser().parse_args(argv))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from repro.runs import AS_CONFIGURED, Shape
+
 
 @dataclass(frozen=True)
 class Method:
@@ -100,6 +102,8 @@ class Variant:
     directory, so runs of one method at other alphas share the method directory."""
     lr: float | None = None
     """The run's lr where it is not the config's paper lr (an lr grid, Adam at FOAM's lr)."""
+    shape: Shape = AS_CONFIGURED
+    """The run's sequence length and batch where they are not the config's."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from repro.study_points import Point
+from repro.points import Point
 
 REFERENCE = "foam2"  # the method the paired and ablation tables compare against
 # Paired comparisons besides FOAM-2 against each row: Table 2's Mini tier, whose memory FOAM-Mini

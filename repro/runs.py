@@ -1,8 +1,8 @@
 """A sweep point's run: its directory (``ROOT/MODEL/METHOD/lr{lr}[_alpha{a}][_gap{g}]_seed{s}``),
 the name that directory's fields are read back from, and the torchrun command that trains it.
 
-``repro.sweep`` plans grids of points and launches them, ``repro.reproduce_cpu`` walks the CPU
-study's points, and the tables (``repro.study_points``) read the directories back: all through
+``repro.sweep`` plans grids of points and launches them, ``repro.cpu_study.study`` walks the CPU
+study's points, and the tables (``repro.points``) read the directories back: all through
 this module, so a point is named one way.
 """
 
@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 import shutil
 import sys
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from train.preemption import STOP_SIGNALS
@@ -46,6 +47,65 @@ def run_dir_fields(name: str) -> tuple[float, float | None, int | None, int] | N
     alpha = float(match["alpha"]) if match["alpha"] else None
     gap = int(match["gap"]) if match["gap"] else None
     return float(match["lr"]), alpha, gap, int(match["seed"])
+
+
+SHAPE_KEYS = {
+    "seq_len": "data.seq_len",
+    "global_batch_size": "trainer.global_batch_size",
+    "micro_batch_size": "trainer.micro_batch_size",
+    "max_steps": "trainer.max_steps",
+}
+"""Each field of ``Shape`` by the config key it sets."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A run's length and batch where it is not its config's (``None``: the config's): typed, so
+    that what a run trains on is read from here, never back from its command's strings, and
+    rendered to Hydra overrides in one place (``overrides``)."""
+
+    seq_len: int | None = None
+    global_batch_size: int | None = None
+    micro_batch_size: int | None = None
+    max_steps: int | None = None
+
+    def overrides(self) -> tuple[str, ...]:
+        return tuple(
+            f"{SHAPE_KEYS[f.name]}={value}"
+            for f in fields(self)
+            if (value := getattr(self, f.name)) is not None
+        )
+
+    def then(self, later: Shape) -> Shape:
+        """This shape with what ``later`` sets (a later override wins, as on Hydra's command
+        line)."""
+        return replace(self, **{k: v for k, v in vars(later).items() if v is not None})
+
+    @classmethod
+    def of_overrides(cls, overrides: Sequence[str]) -> Shape:
+        """What a user's Hydra overrides set of a run's shape, read by Hydra's own parser."""
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from hydra.errors import OverrideParseException
+
+        try:
+            parsed = OverridesParser.create().parse_overrides(list(overrides))
+        except OverrideParseException as e:
+            raise ValueError(f"not a Hydra override: {str(e).splitlines()[0]}") from None
+        by_key = {key: name for name, key in SHAPE_KEYS.items()}
+        values = {}
+        for override in parsed:
+            if (name := by_key.get(override.key_or_group)) is not None:
+                value = override.value()
+                if not isinstance(value, int) or isinstance(value, bool):
+                    raise ValueError(
+                        f"{override.input_line}: {override.key_or_group} takes an integer"
+                    )
+                values[name] = value
+        return cls(**values)
+
+
+AS_CONFIGURED = Shape()
+"""A run whose length and batch are its config's."""
 
 
 @dataclass(frozen=True)

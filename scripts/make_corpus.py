@@ -1,6 +1,6 @@
 """Build a local C4-format corpus from Debian's documentation packages (no Hugging Face hub needed).
 
-The command line of ``repro.make_corpus``, which holds the logic.
+The command line of ``repro.cpu_study.make_corpus``, which holds the logic.
 
     python scripts/make_corpus.py --out data/docs-c4                      # pinned .debs + dpkg -x
     python scripts/make_corpus.py --out data/x --source-root DIR          # packages unpacked in DIR
@@ -9,7 +9,7 @@ The command line of ``repro.make_corpus``, which holds the logic.
 
 import sys
 
-from repro.make_corpus import main
+from repro.cpu_study.make_corpus import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,5 +1,5 @@
 """The command line of the CPU study (results/repro/PROTOCOL.md): v3's driver
-(``repro.reproduce_cpu``) by default, v4's (``repro.study_v4``) with ``--v4``.
+(``repro.cpu_study.study``) by default, v4's (``repro.cpu_study.v4``) with ``--v4``.
 
     python scripts/reproduce_cpu.py --data DIR --root runs/repro           # everything, resumable
     python scripts/reproduce_cpu.py --data DIR --root runs/repro --plan    # what is done / to do
@@ -9,7 +9,7 @@
 
 import sys
 
-from repro.study_cli import main
+from repro.cpu_study.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,7 +15,7 @@ import foam
 import models
 from repro import experiments, sweep
 from repro.memory_estimator import memory_matched, planned_numel
-from repro.study_points import load_points
+from repro.points import load_points
 from repro.tables.experiments import experiment_outputs
 from train.metrics import peak_flops_for_name
 
@@ -77,6 +77,23 @@ def test_gpu_hours_are_the_flop_count_at_the_stated_mfu(capsys):
     line = next(c for c in comments if "llama_60m/adamw8bit" in c)
     assert f"{hours['H100']:,.1f} h H100" in line and f"{hours['A100']:,.1f} h A100" in line
     assert comments[-1].startswith("# int8: 9 runs") and "50% MFU" in comments[-1]
+
+
+def test_the_users_overrides_and_the_experiments_shape_reach_the_token_count(capsys):
+    """The plan's tokens come from typed shapes (the seq-len variant's, the user's last), not
+    from the command's strings read back: 1000 steps x 256 sequences x 512 tokens = 0.13B."""
+    argv = ["--experiment", "seq_len", "--model", "llama_60m", "--methods", "foam2_seq512"]
+    commands, comments = dry_run(capsys, *argv, "--", "trainer.max_steps=1000")
+    assert settings(commands[0])["data.seq_len"] == "512"
+    assert "0.13B tokens" in comments[0]  # 1000 x 256 x 512 = 131,072,000
+    _, comments = dry_run(capsys, *argv, "--", "data.seq_len=128", "trainer.max_steps=1000")
+    assert "0.03B tokens" in comments[0]  # the user's seq_len wins: 1000 x 256 x 128
+    with pytest.raises(SystemExit):
+        sweep.main(["--dry-run", *argv, "--", "trainer.max_steps=many"])
+    assert "trainer.max_steps takes an integer" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        sweep.main(["--dry-run", *argv, "--", "trainer.max_steps=[1"])
+    assert "not a Hydra override" in capsys.readouterr().err
 
 
 def test_table3_qwen_int8_residual_overtrain_combinations_cosine(capsys):

@@ -182,7 +182,7 @@ def test_the_glue_experiment_lays_out_the_papers_grid_and_its_table(glue, tmp_pa
     """``sweep.py --experiment glue``: the paper's grid (8 tasks x 5 methods x 8 lrs) with its
     GPU-hours; one of its runs on the tiny model, then the table with the paper's numbers."""
     from repro import sweep
-    from repro.study_points import load_points
+    from repro.points import load_points
     from repro.tables.experiments import experiment_outputs
 
     assert sweep.main(["--experiment", "glue", "--dry-run", "--root", str(tmp_path)]) == 0

@@ -1,6 +1,7 @@
 """Imports flow one way (DESIGN.md): scripts -> {repro, tools} -> train -> {foam, models} -> torch;
 nothing imports tools/ but scripts and tests; no script imports another; inside foam/ the
-baselines do not import each other; foam/, repro/ and tools/ have no import cycles."""
+baselines do not import each other; foam/, repro/ and tools/ have no import cycles; inside repro/
+the CPU study imports the paper's modules, never the reverse."""
 
 import ast
 import sys
@@ -191,6 +192,17 @@ def test_no_import_cycle_inside_a_package(package):
         if name not in done:
             visit(name, [name])
     assert not cycles, cycles
+
+
+def test_the_papers_reproduction_never_imports_the_cpu_study():
+    """repro/cpu_study/ builds on the paper's modules (methods, experiments, the tables); they
+    know nothing of it, lazy imports included, so the study can change or go without touching
+    the paper's reproduction (repro.make_tables takes the study's tables as ``writers``)."""
+    graph = module_graph("repro")
+    study = {m for m in graph if m == "repro.cpu_study" or m.startswith("repro.cpu_study.")}
+    assert "repro.cpu_study.study" in study and "repro.make_tables" in graph
+    back = sorted(f"{m} -> {t}" for m in graph.keys() - study for t in sorted(graph[m] & study))
+    assert not back, f"the paper's modules import the CPU study: {back}"
 
 
 def test_foams_update_reads_only_the_leaves_it_builds_on():

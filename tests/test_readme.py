@@ -85,7 +85,8 @@ def test_the_layout_section_names_every_module():
     layout = readme.split("## Layout", 1)[1].split("```")[1]
     named = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", layout))
     packages = ("foam", "foam/baselines", "foam/combinations", "models", "train", "repro")
-    packages += ("repro/tables", "tools", "train/finetune")
+    packages += ("repro/tables", "repro/cpu_study", "repro/cpu_study/tables", "tools")
+    packages += ("train/finetune",)
     modules = {
         f"{package}/{path.stem}"
         for package in packages

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from repro import make_tables
+from repro.cpu_study import make_tables
 from repro.tables import experiments
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"

@@ -10,8 +10,10 @@ import pytest
 from scipy import stats
 
 from repro import make_tables, paired_stats, sweep
-from repro.study_points import CONTROL, Key, Point
+from repro.cpu_study import make_tables as study_tables
+from repro.points import CONTROL, Key, Point, load_points
 from repro.tables.paired import agreement, comparisons
+from train.summary import write_diverged
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -244,8 +246,8 @@ def test_staged_study_layout(tmp_path):
     write_runs(final, "adamw", "llama_2m", [(4e-3, 0.5, s, 47.0) for s in range(3)])
     write_runs(final, "adamw", "llama_2m", [(4e-3, 1.0, s, 48.0) for s in range(3)])
     write_runs(final, "adamw", "llama_2m", [(8e-3, 0.5, 0, 49.0), (8e-3, 1.0, 0, 50.0)])
-    out = tmp_path / "tables"
-    assert make_tables.main([str(tmp_path), "--out", str(out), "--curves"]) == 0
+    out = tmp_path / "tables"  # the CPU study's command: the paper's tables and its carry-over
+    assert study_tables.main([str(tmp_path), "--out", str(out), "--curves"]) == 0
     assert (out / "ablations_llama_2m.png").stat().st_size > 10_000  # fold level and residual
     table2 = (out / "table2.md").read_text()
     # the 3-seed point wins over a 1-seed neighbour with a lower perplexity, which it flags
@@ -503,3 +505,16 @@ def test_an_order_is_read_only_where_the_interval_resolves_it():
     assert paired_stats.confidence_interval((-2.0, 1.0, 1)) is None
     low, high = paired_stats.confidence_interval((-2.0, 1.0, 3))
     assert (low, high) == pytest.approx((-2.0 - 2.4841, -2.0 + 2.4841), abs=1e-4)
+
+
+def test_a_run_sits_at_the_lr_it_records_and_at_its_names_only_where_it_records_none(tmp_path):
+    """The tables read a run's lr from its summary; the directory's name is the fallback for a
+    record without one (a diverged run's holds only where it stopped)."""
+    method = tmp_path / "llama_2m" / "foam2"
+    finished, diverged = method / "lr0.01_alpha0.25_seed0", method / "lr0.01_alpha0.25_seed1"
+    finished.mkdir(parents=True)
+    (finished / "summary.json").write_text(json.dumps(summary("llama_2m", 0.02, 0.25, 0, 50.0)))
+    diverged.mkdir()
+    write_diverged(diverged, 5, "non-finite loss")
+    placed = [(p.key.lr, p.key.alpha, p.ppl_by_seed) for p in load_points(tmp_path)]
+    assert placed == [(0.01, 0.25, {1: math.inf}), (0.02, 0.25, {0: 50.0})]

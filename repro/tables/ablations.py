@@ -7,7 +7,7 @@ from pathlib import Path
 
 from repro.methods import ABLATIONS, FOLD_LEVEL, RESIDUAL, Ablation, label
 from repro.paired_stats import REFERENCE, comparison_cells, holm_family, paired
-from repro.study_points import Point, fmt_ppl, model_order, table_stage
+from repro.points import Point, fmt_ppl, model_order, table_stage
 from repro.tables.curves import mean_curve, perplexity_axes
 from repro.tables.figures import save_figure
 

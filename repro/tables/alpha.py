@@ -12,7 +12,7 @@ from repro.experiments import config_alpha, paper_lr
 from repro.methods import PAPER_ALPHA_GRID
 from repro.paired_stats import REFERENCE, comparison_cells, holm_family, order_read, paired
 from repro.paper_perplexity import STAND_INS
-from repro.study_points import (
+from repro.points import (
     CONTROL,
     Point,
     best_points,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from repro.study_points import CONTROL, Point, ordered, row_label
+from repro.points import CONTROL, Point, ordered, row_label
 from repro.tables.figures import save_figure
 
 

@@ -39,8 +39,8 @@ from repro.memory_estimator import estimate, table2_gb
 from repro.methods import Variant, label
 from repro.paired_stats import confidence_interval, fmt_diff, fmt_interval, spread
 from repro.paper_perplexity import STAND_INS
+from repro.points import fmt_gb, fmt_ppl, load_points, model_order
 from repro.runs import run_dir_fields
-from repro.study_points import fmt_gb, fmt_ppl, load_points, model_order
 from repro.tables.figures import save_figure
 from repro.tables.finetune import finetune_outputs
 from train.update_cosine import PREFIX
@@ -95,7 +95,7 @@ def paper_index(model: str, sizes: Sequence[str]) -> int | None:
 
 
 class Found:
-    """The finished runs under a root, by (model, method directory), from study_points' points."""
+    """The finished runs under a root, by (model, method directory), from repro.points' points."""
 
     def __init__(self, points: Iterable[Any], root: Path) -> None:
         self.root = root

@@ -13,7 +13,7 @@ from repro.paired_stats import (
     paired,
 )
 from repro.paper_perplexity import STAND_INS, paper_ppl
-from repro.study_points import Point, method_rows, model_order, row_label
+from repro.points import Point, method_rows, model_order, row_label
 
 
 def agreement(interval: tuple[float, float] | None, paper_diff: float | None, n: int) -> str:

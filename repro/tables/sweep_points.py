@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from repro.study_points import Point, fmt_ppl, model_order
+from repro.points import Point, fmt_ppl, model_order
 
 
 def sweep_table(points: list[Point]) -> str:

@@ -7,7 +7,7 @@ import math
 
 from repro.memory_estimator import estimate, table2_gb
 from repro.paired_stats import fmt_diff, paired
-from repro.study_points import (
+from repro.points import (
     CONTROL,
     EDGE,
     NO_ALPHA,

@@ -3,7 +3,7 @@ throughput."""
 
 from __future__ import annotations
 
-from repro.study_points import Point, method_rows, model_order, row_label
+from repro.points import Point, method_rows, model_order, row_label
 
 
 def table3(best: dict[tuple[str, str], Point], steps: list[int], latex: bool) -> str:

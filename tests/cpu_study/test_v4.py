@@ -1,4 +1,4 @@
-"""repro/study_v4.py: v4's walks bracket each row in the directions the amendment names, read
+"""repro/cpu_study/v4.py: v4's walks bracket each row in the directions the amendment names, read
 v3's full-length runs as walk data, score the test split, and rank Q3's rows."""
 
 import json
@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from repro import study_cli, study_v4
-from repro.reproduce_cpu import Setting, Study
-from repro.study_v4 import (
+from repro.cpu_study import cli as study_cli
+from repro.cpu_study import v4 as study_v4
+from repro.cpu_study.study import Setting, Study
+from repro.cpu_study.v4 import (
     FULL,
     LONG,
     Q1_ROWS,

@@ -34,7 +34,7 @@ from repro.paired_stats import (
     paired,
 )
 from repro.paper_perplexity import paper_ppl
-from repro.study_points import CONTROL, Point, best_points, fmt_ppl, model_order, row_label
+from repro.points import CONTROL, Point, best_points, fmt_ppl, model_order, row_label
 
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0

@@ -1,5 +1,5 @@
 """The command line of the CPU study (results/repro/PROTOCOL.md): v3's driver
-(``repro.reproduce_cpu``) by default, v4's (``repro.study_v4``) with ``--v4``.
+(``repro.cpu_study.study``) by default, v4's (``repro.cpu_study.v4``) with ``--v4``.
 
 Every run starts only from a committed tree, in the study's exact packages, on the study's pinned
 corpus (and, for v4, its pinned test split and Q3 corpus); ``--plan`` lists what can start now,
@@ -12,9 +12,10 @@ import argparse
 import shlex
 from pathlib import Path
 
-from repro.reproduce_cpu import Study, data_mismatch, environment_mismatch
+from repro.cpu_study.environment import data_mismatch, environment_mismatch
+from repro.cpu_study.study import Study
+from repro.cpu_study.v4 import V4_RUNS, StudyV4, long_corpus_mismatch, test_split_mismatch
 from repro.runs import REPO, collect
-from repro.study_v4 import V4_RUNS, StudyV4, long_corpus_mismatch, test_split_mismatch
 from train.summary import uncommitted_changes
 
 V3_ROOT, V4_ROOT = REPO / "runs" / "repro", REPO / "runs" / "repro-v4"

@@ -1,4 +1,5 @@
-"""The paragraphs of an HTML manual page, as ``repro.make_corpus`` reads reStructuredText ones.
+"""The paragraphs of an HTML manual page, as ``repro.cpu_study.make_corpus`` reads
+reStructuredText ones.
 
 Most large manuals in Debian ship only their rendered HTML (Django's, PHP's, Java's, Qt's, ...).
 A paragraph here is the text between two block boundaries (the start or end of any block-level

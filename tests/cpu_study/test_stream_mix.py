@@ -3,7 +3,7 @@
 import gzip
 import json
 
-from repro import stream_mix
+from repro.cpu_study import stream_mix
 
 
 def write_mirror(root, docs):

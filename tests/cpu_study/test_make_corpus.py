@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from repro import corpora, make_corpus
-from repro.html_paragraphs import html_paragraphs
+from repro.cpu_study import corpora, make_corpus
+from repro.cpu_study.html_paragraphs import html_paragraphs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STUDY = corpora.CORPORA["study"]
 
 GUIDE = """\

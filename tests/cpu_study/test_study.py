@@ -1,18 +1,14 @@
-"""scripts/reproduce_cpu.py: the coordinate search brackets each method's optimum."""
+"""The CPU study's driver (repro/cpu_study/study.py): its search brackets each optimum."""
 
-import contextlib
-import gzip
 import json
 import math
 import subprocess
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from repro import reproduce_cpu, study_cli
-from repro.reproduce_cpu import METHODS, Method, Setting, Study
+from repro.cpu_study import study as driver
+from repro.cpu_study.study import METHODS, Method, Setting, Study
 from repro.runs import Point, collect, run_dir_fields
 from train.summary import write_diverged
 
@@ -91,7 +87,7 @@ def test_the_search_goes_on_from_the_best_run_so_far(tmp_path):
     """Finished search runs (here and committed) count: a neighbour the protocol adds later is
     run around the best point, not along the path that led to it; AdamW's directory holds the
     control's runs too, which AdamW's own search ignores."""
-    adamw, control = METHODS[0], reproduce_cpu.CONTROL
+    adamw, control = METHODS[0], driver.CONTROL
     study = Study(tmp_path / "data", tmp_path / "runs", jobs=2, finished=tmp_path / "committed")
     done = {
         (study.root, Setting(5e-3, 0.25, None)): 130.0,
@@ -161,7 +157,7 @@ def test_a_setting_is_the_value_its_run_gets(halvings):
     assert run_dir_fields(name)[:2] == (setting.lr, setting.alpha)
     up = Setting(setting.lr * 2, setting.alpha * 2, None)
     assert up == Setting(5e-3 / 2 ** (halvings - 1), 0.25 / 2 ** (halvings - 1), None)
-    command = reproduce_cpu.train_command(
+    command = driver.train_command(
         Point("m", "foam2", setting.lr, setting.alpha, 0, "foam2"), Path("."), 1, []
     )
     assert f"optim.alpha={0.25 / 2**halvings!r}" in command
@@ -192,7 +188,7 @@ def test_a_run_the_trainer_records_as_diverged_is_infinitely_bad_and_not_run_aga
             write_diverged(run_dir, 7, "step 7: loss nan, grad norm nan")
         return subprocess.CompletedProcess(cmd, returncode=1)
 
-    monkeypatch.setattr(reproduce_cpu.subprocess, "run", train)
+    monkeypatch.setattr(driver.subprocess, "run", train)
     setting = Setting(1e-1, 0.25, None)
     if not diverged:
         with pytest.raises(RuntimeError, match="exit status 1"):
@@ -204,12 +200,13 @@ def test_a_run_the_trainer_records_as_diverged_is_infinitely_bad_and_not_run_aga
 
 
 def test_the_protocol_is_what_protocol_md_says():
-    overrides = reproduce_cpu.protocol(Path("/data"), reproduce_cpu.FINAL_STEPS, seed=2)
+    overrides = driver.protocol(Path("/data"), driver.FINAL_STEPS, seed=2)
     assert "trainer.max_steps=1000" in overrides and "data.shuffle_seed=2" in overrides
+    assert "data.seq_len=256" in overrides  # the paper's, from the trainer's schema
     tokens = 1000 * 16 * 256
     assert tokens == 4_096_000 and "trainer.global_batch_size=16" in overrides
-    assert reproduce_cpu.GAPS == (200, 20) and reproduce_cpu.SEEDS == (0, 1, 2)
-    text = (Path(__file__).resolve().parents[1] / "results" / "repro" / "PROTOCOL.md").read_text()
+    assert driver.GAPS == (200, 20) and driver.SEEDS == (0, 1, 2)
+    text = (Path(__file__).resolve().parents[2] / "results" / "repro" / "PROTOCOL.md").read_text()
     assert "4,096,000 tokens" in text and "{200, 20}" in text
 
 
@@ -233,36 +230,6 @@ def test_the_search_starts_where_the_protocol_says():
     assert galore.start() == Setting(2e-2, 0.25, 200)  # the first of its gaps
 
 
-def test_a_corpus_that_is_not_the_studys_is_refused(tmp_path, monkeypatch, capsys):
-    data = tmp_path / "mirror"
-    (data / "en").mkdir(parents=True)
-    with gzip.open(data / "en" / "c4-train.00000-of-00001.json.gz", "wt") as f:
-        f.write(json.dumps({"text": "Other text.", "timestamp": "", "url": "u"}) + "\n")
-    assert "corpus digest" in reproduce_cpu.data_mismatch(data)
-    monkeypatch.setattr(study_cli, "environment_mismatch", lambda: None)
-    with pytest.raises(SystemExit):
-        study_cli.main(["--data", str(data), "--plan"])
-    assert "is not the study's" in capsys.readouterr().err
-    # the right text, but a tokenizer trained differently (another sentencepiece)
-    monkeypatch.setattr(reproduce_cpu, "corpus_digest", lambda _: reproduce_cpu.CORPUS_DIGEST)
-    monkeypatch.setattr(reproduce_cpu, "tokenizer_sha256", lambda *_: "0" * 64)
-    assert "sentencepiece" in reproduce_cpu.data_mismatch(data)
-    monkeypatch.setattr(
-        reproduce_cpu, "tokenizer_sha256", lambda *_: reproduce_cpu.TOKENIZER_SHA256
-    )
-    assert reproduce_cpu.data_mismatch(data) is None
-
-
-def test_packages_other_than_the_studys_are_refused(tmp_path):
-    pins = tmp_path / "environment.txt"
-    pins.write_text(f"pytest=={pytest.__version__}\nno-such-package==1.0\n# a comment\n")
-    message = reproduce_cpu.environment_mismatch(pins)
-    assert message is not None and "no-such-package missing (study: 1.0)" in message
-    assert "pytest" not in message.split(";")[0]  # the installed pytest is the pinned one
-    pins.write_text(f"pytest=={pytest.__version__}\n")
-    assert reproduce_cpu.environment_mismatch(pins) is None
-
-
 def test_an_ablation_that_is_a_table2_method_at_the_same_point_is_not_run_twice(tmp_path):
     """FOAM-3's finals serve as the FOAM-3 ablation when its walk ended at FOAM-2's point."""
     best = Setting(5e-3, 0.25, None)
@@ -281,13 +248,13 @@ def test_an_ablation_that_is_a_table2_method_at_the_same_point_is_not_run_twice(
     assert "ablation_foam3" not in names  # its twin, FOAM-3, chose the same point
     assert "ablation_foam_mini" in names and "ablation_foam1" in names
     assert {s for name, s in ran if name.startswith("ablation_")} == {best}
-    assert reproduce_cpu.twin_method("foam2", ("optim.residual=false",)) is None
+    assert driver.twin_method("foam2", ("optim.residual=false",)) is None
 
 
 def test_the_finals_lr_and_alpha_are_walked_to_their_optimum_at_full_length(tmp_path, monkeypatch):
     """Every method's finals and FOAM-2's ablations sit at the lr and alpha that are best at
     1,000 steps, bracketed there at seed 0, even where the 500-step search preferred others."""
-    monkeypatch.setattr(reproduce_cpu, "LOOKUP_SECONDS", 0)  # runs are instant here
+    monkeypatch.setattr(driver, "LOOKUP_SECONDS", 0)  # runs are instant here
     study = Study(tmp_path / "data", tmp_path / "runs", jobs=2)
     finals: set[tuple[str, float | None, int | None, float, int]] = set()
 
@@ -315,16 +282,16 @@ def test_the_finals_lr_and_alpha_are_walked_to_their_optimum_at_full_length(tmp_
             best_alpha = method.start_alpha
         finals_at.setdefault(method.name, set()).add((best_lr, best_alpha))
         runs = {(lr, alpha, seed) for name, alpha, _, lr, seed in finals if name == method.name}
-        assert {(best_lr, best_alpha, seed) for seed in reproduce_cpu.SEEDS} <= runs, method
+        assert {(best_lr, best_alpha, seed) for seed in driver.SEEDS} <= runs, method
         bracket = [(best_lr / 2, best_alpha), (best_lr * 2, best_alpha)]
         if method.searches_alpha:
             bracket += [(best_lr, best_alpha / 2), (best_lr, best_alpha * 2)]
         assert {(*point, 0) for point in bracket} <= runs, method  # bracketed at full length
     paper_lr = {
-        (1e-2, alpha) for alpha in reproduce_cpu.PAPER_ALPHA_GRID
+        (1e-2, alpha) for alpha in driver.PAPER_ALPHA_GRID
     }  # configs/paper_lr/foam.yaml, 60M
     assert {(lr, a, seed) for n, a, _, lr, seed in finals if n == "foam2"} >= {
-        (*point, seed) for point in paper_lr for seed in reproduce_cpu.SEEDS
+        (*point, seed) for point in paper_lr for seed in driver.SEEDS
     }  # the paper's alpha figure at the paper's lr
     finals_at["foam2"] |= paper_lr
     for name, points in finals_at.items():  # no wasted seeds
@@ -333,70 +300,19 @@ def test_the_finals_lr_and_alpha_are_walked_to_their_optimum_at_full_length(tmp_
     assert ablations == {(best_lr, 0.5)}  # FOAM-2's walked point
 
 
-@pytest.mark.parametrize("start", ["cores busy", "paused at the start"])
-def test_freed_slots_go_to_the_runs_later_runs_wait_on(start):
-    """A search run asking last starts before the seeds that asked first."""
-    slots = reproduce_cpu.PrioritySlots(2)
-    started: list[tuple[str, int]] = []
-    asked = [("final", 2), ("final", 1), ("final", 0), ("search", 0)]
-
-    def run(stage: str, seed: int) -> None:
-        with slots.hold(reproduce_cpu.run_priority(stage, seed)):
-            started.append((stage, seed))
-
-    with contextlib.ExitStack() as stack:
-        if start == "paused at the start":
-            stack.enter_context(slots.paused())
-        else:
-            stack.enter_context(slots.hold((0, 0)))
-            stack.enter_context(slots.hold((0, 0)))
-        threads = []
-        for stage, seed in asked:
-            threads.append(threading.Thread(target=run, args=(stage, seed)))
-            threads[-1].start()
-            while slots.waiting + len(started) < len(threads):  # each asks before the next
-                time.sleep(0.001)
-    for thread in threads:
-        thread.join(timeout=10)
-    assert started == [("search", 0), ("final", 0), ("final", 1), ("final", 2)]
-
-
-def test_every_slot_is_used_when_runs_wait():
-    slots = reproduce_cpu.PrioritySlots(2)
-    inside, most = 0, 0
-    guard = threading.Lock()
-
-    def run() -> None:
-        nonlocal inside, most
-        with slots.hold((1, 1)):
-            with guard:
-                inside += 1
-                most = max(most, inside)
-            time.sleep(0.02)
-            with guard:
-                inside -= 1
-
-    threads = [threading.Thread(target=run) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=10)
-    assert most == 2 and slots.waiting == 0
-
-
 def test_the_papers_view_keeps_alpha_on_the_papers_grid(tmp_path):
     """The "as the paper tunes" view searches and walks like the other, but never leaves the
     paper's alpha grid, even where a lower alpha is better; it reads only in-grid runs."""
-    foam2 = next(m for m in reproduce_cpu.PAPER_VIEW if m.name == "foam2")
+    foam2 = next(m for m in driver.PAPER_VIEW if m.name == "foam2")
     assert foam2.alpha_range == (0.25, 1.0)
     study, ran = fake_study(tmp_path, bowl(best_lr=5e-3, best_alpha=0.0625))
     best = study.best_at_full_length(foam2)
     assert best == Setting(5e-3, 0.25, None)  # on the grid's edge, as the paper's tuning allows
     assert min(s.alpha for s in ran) == 0.25 and max(s.alpha for s in ran) <= 1.0
     assert Setting(2.5e-3, 0.25, None) in ran and Setting(1e-2, 0.25, None) in ran  # lr bracketed
-    apollo_mini = next(m for m in reproduce_cpu.PAPER_VIEW if m.name == "apollo_mini")
+    apollo_mini = next(m for m in driver.PAPER_VIEW if m.name == "apollo_mini")
     assert apollo_mini.alpha_range == (64.0, 256.0)
-    assert {m.name for m in reproduce_cpu.PAPER_VIEW} == {
+    assert {m.name for m in driver.PAPER_VIEW} == {
         m.name for m in METHODS if m.searches_alpha and not m.name.endswith("_modulewise")
     }
 
@@ -406,7 +322,7 @@ def test_the_papers_view_keeps_alpha_on_the_papers_grid(tmp_path):
         run_dir.mkdir(parents=True)
         (run_dir / "summary.json").write_text(json.dumps({"final_val_ppl": ppl}))
     assert study.seed0_runs("search", foam2) == {Setting(5e-3, 0.25, None): 90.0}
-    assert len(study.seed0_runs("search", reproduce_cpu.FOAM2)) == 2
+    assert len(study.seed0_runs("search", driver.FOAM2)) == 2
 
 
 def test_muon_and_adam_mini_get_the_module_wise_lr(tmp_path):
@@ -418,76 +334,3 @@ def test_muon_and_adam_mini_get_the_module_wise_lr(tmp_path):
         study, ran = fake_study(tmp_path, bowl(best_lr=2e-2, best_alpha=0.125))
         assert study.search(method) == Setting(2e-2, 0.125, None)
         assert set(Setting(2e-2, 0.125, None).neighbours(method)) <= set(ran)
-
-
-def test_a_freed_slot_waits_for_the_runs_its_run_leads_to():
-    """A walk's seeds are asked for only after its last run ends: with a handover wait they
-    take its slot before a run of lower priority that has waited for hours; without it, not."""
-
-    def order(handover_s: float) -> list[str]:
-        slots = reproduce_cpu.PrioritySlots(1, handover_s=handover_s)
-        started: list[str] = []
-
-        def run(name: str, priority: tuple[int, ...]) -> None:
-            with slots.hold(priority):
-                started.append(name)
-
-        def walk() -> None:
-            with slots.hold((0,)):
-                while slots.waiting < 1:  # the next row's run waits
-                    time.sleep(0.001)
-            time.sleep(0.05)  # the walk reads its summaries
-            run("seed", (1,))  # what the walk's end leads to, asked for after its slot is free
-
-        threads = [threading.Thread(target=walk), threading.Thread(target=run, args=("next", (2,)))]
-        for thread in threads:
-            thread.start()
-            time.sleep(0.01)
-        for thread in threads:
-            thread.join(timeout=10)
-        return started
-
-    assert order(handover_s=0.5) == ["seed", "next"]
-    assert order(handover_s=0.0) == ["next", "seed"]
-
-
-def test_a_lane_at_its_limit_leaves_a_slot_to_the_other_lane_but_never_an_idle_one():
-    """v4's 10,000-step runs hold one slot of two while a 1,000-step run waits, whatever their
-    priority; with none waiting they take both."""
-    slots = reproduce_cpu.PrioritySlots(2, lane_limits={"long": 1})
-    started: list[str] = []
-    release = {name: threading.Event() for name in ("long0", "long1", "long2", "short0")}
-
-    def run(name: str, lane: str, priority: tuple[int, ...]) -> None:
-        with slots.hold(priority, lane=lane):
-            started.append(name)
-            release[name].wait(timeout=10)
-
-    with slots.paused():
-        threads = [
-            threading.Thread(target=run, args=args)
-            for args in (("long0", "long", (0,)), ("long1", "long", (0,)), ("short0", "", (1,)))
-        ]
-        for thread in threads:
-            thread.start()
-        while slots.waiting < 3:
-            time.sleep(0.001)
-    while len(started) < 2:
-        time.sleep(0.001)
-    assert sorted(started) == ["long0", "short0"]  # long1 is first by priority, yet waits
-    release["short0"].set()
-    while len(started) < 3:  # nothing else waits: the long lane takes the freed slot
-        time.sleep(0.001)
-    assert started[-1] == "long1"
-    threads.append(threading.Thread(target=run, args=("long2", "long", (0,))))
-    threads[-1].start()
-    while slots.waiting < 1:
-        time.sleep(0.001)
-    release["long0"].set()
-    while len(started) < 4:
-        time.sleep(0.001)
-    assert started[-1] == "long2"
-    for name in ("long1", "long2"):
-        release[name].set()
-    for thread in threads:
-        thread.join(timeout=10)

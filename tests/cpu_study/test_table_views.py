@@ -1,4 +1,4 @@
-"""repro/tables/views.py: the study's two views of Table 2 and Kendall's tau over them."""
+"""repro/cpu_study/tables/views.py: the study's two views of Table 2 and Kendall's tau over them."""
 
 import json
 from pathlib import Path
@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 from scipy.stats import kendalltau
 
-from repro.study_points import CONTROL, load_points
-from repro.tables.views import (
+from repro.cpu_study.tables.views import (
     VIEWS,
     bootstrap_tau,
     kendall_tau,
@@ -16,6 +15,7 @@ from repro.tables.views import (
     view_best,
     views_table,
 )
+from repro.points import CONTROL, load_points
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""repro/tables/v4.py: v4's questions read on the test split, points chosen on validation, the
-family-wise reading per question, and the check that v4 repeats v3's runs."""
+"""repro/cpu_study/tables/v4.py: v4's questions read on the test split, points chosen on
+validation, the family-wise reading per question, and the check that v4 repeats v3's runs."""
 
 import json
 import subprocess
@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from scipy.stats import ttest_rel
 
-from repro import study_v4
-from repro.make_tables import main as make_tables
-from repro.study_points import load_points
-from repro.study_v4 import StudyV4
+from repro.cpu_study import v4 as study_v4
+from repro.cpu_study.make_tables import main as make_tables
+from repro.cpu_study.tables.v4 import v4_table
+from repro.cpu_study.tables.walks import walks_table
+from repro.cpu_study.v4 import StudyV4
+from repro.points import load_points
 from repro.tables import curves
-from repro.tables.v4 import v4_table
-from repro.tables.walks_v4 import walks_table
 
 
 def write_run(root: Path, stage: str, method: str, point: str, seed: int, val: float, test: float):
@@ -327,7 +327,7 @@ def test_provenance_says_run_by_run_what_the_summary_and_the_notes_record(study,
     )
 
 
-V4_RUNS = Path(__file__).resolve().parents[1] / "results" / "repro" / "v4" / "runs"
+V4_RUNS = Path(__file__).resolve().parents[2] / "results" / "repro" / "v4" / "runs"
 
 
 def test_the_committed_machine_record_lists_every_run_in_the_order_git_committed_them():

@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from repro.reproduce_cpu import Setting, walk_front
-from repro.study_points import row_label
-from repro.study_v4 import Q1, Q2, Q3, Question, Row, StudyV4
-from repro.tables.v4 import CUT, table_row
+from repro.cpu_study.study import Setting, walk_front
+from repro.cpu_study.tables.v4 import CUT, table_row
+from repro.cpu_study.v4 import Q1, Q2, Q3, Question, Row, StudyV4
+from repro.points import row_label
 
 
 def where(s: Setting) -> str:

@@ -2,8 +2,8 @@
 
 The CPU reproduction (``results/repro/PROTOCOL.md``) needs millions of tokens of real English
 prose that no run sees twice. Debian's documentation packages ship the manuals of large projects;
-this script turns a pinned set of them (a corpus of ``repro.corpora``: ``--corpus study``, the
-default, or ``--corpus long``, v4's Q3 corpus) into the layout of ``allenai/c4``
+this script turns a pinned set of them (a corpus of ``repro.cpu_study.corpora``: ``--corpus
+study``, the default, or ``--corpus long``, v4's Q3 corpus) into the layout of ``allenai/c4``
 (``en/c4-{train,validation,test}.*.json.gz``, one JSON record per document with ``text``,
 ``timestamp`` and ``url``), so training reads them through ``data=local data.path=OUT`` exactly
 as it would read a C4 mirror.
@@ -16,7 +16,8 @@ the study's packages do not have (neither at their path nor moved), their paragr
 deduplicated against the whole mirror. So the test text is of the same kind as the rest and was
 never read by any run or any choice the study made, and the train and validation splits (and
 their digest) are exactly what they were without it. The long corpus, ten times larger, reads
-some forty manuals, most of them only as rendered HTML pages (``repro.html_paragraphs``), and
+some forty manuals, most of them only as rendered HTML pages
+(``repro.cpu_study.html_paragraphs``), and
 holds out 1% of its documents for validation and 1% for test by the hash of their URL.
 
 Cleaning follows the spirit of C4's filters on markup: paragraphs are re-joined from wrapped lines;
@@ -49,8 +50,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from repro.corpora import CORPORA, RST, Corpus, Package
-from repro.html_paragraphs import html_paragraphs
+from repro.cpu_study.corpora import CORPORA, RST, Corpus, Package
+from repro.cpu_study.html_paragraphs import html_paragraphs
 
 if TYPE_CHECKING:
     from train.schema import DataConfig
@@ -437,7 +438,6 @@ def mirror_config(out: Path, vocab_size: int) -> DataConfig:
         tokenizer_cache_dir=None,
         spm_vocab_size=vocab_size,
         val_fraction=0.0,
-        seq_len=256,
     )
 
 
@@ -445,7 +445,7 @@ def count_tokens(out: Path, vocab_size: int, batch: int = 1000) -> dict[str, int
     """Tokens per split with the SentencePiece tokenizer training would build on this mirror
     (``batch`` documents encoded at a time: a large mirror's ids do not fit in memory at once)."""
     from train.corpus import open_source
-    from train.data import build_tokenizer
+    from train.tokenizer import build_tokenizer
 
     cfg = mirror_config(out, vocab_size)
     tokenizer = build_tokenizer(cfg, vocab_size)
@@ -481,7 +481,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
         "--corpus",
         choices=sorted(CORPORA),
         default="study",
-        help="which pinned corpus (repro/corpora.py): the study's mirror or v4's Q3 corpus",
+        help="which pinned corpus (repro/cpu_study/corpora.py): the study's mirror or v4's Q3 "
+        "corpus",
     )
     parser.add_argument("--out", type=Path, required=True, help="mirror root (gets en/)")
     parser.add_argument(

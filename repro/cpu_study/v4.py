@@ -10,7 +10,7 @@ test split that no choice was made on.
   pinned here (``LONG_CORPUS``); stopped on the budget at its first three rows
   (``Q3.stopped_after``).
 
-The machinery is v3's (``repro.reproduce_cpu.Study``: resumable runs, the coordinate walk, the
+The machinery is v3's (``repro.cpu_study.study.Study``: resumable runs, the coordinate walk, the
 slots); v4 adds the test split to every run, its own directories (``--root``, committed under
 ``results/repro/v4/runs``), and reads v3's full-length seed-0 runs as walk data, which the
 amendment allows because the v4 trainer reproduces their validation numbers digit for digit.
@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro.make_corpus import corpus_digest
-from repro.reproduce_cpu import (
+from repro.cpu_study.make_corpus import corpus_digest
+from repro.cpu_study.study import (
     CONTROL,
     FINAL_STEPS,
     LOOKUP_SECONDS,
@@ -37,7 +37,7 @@ from repro.reproduce_cpu import (
     Setting,
     Study,
 )
-from repro.reproduce_cpu import protocol as v3_protocol
+from repro.cpu_study.study import protocol as v3_protocol
 from repro.runs import REPO, run_dir_fields
 
 V3_RUNS = REPO / "results" / "repro" / "runs"  # v3's committed runs: walk data for Q1 and Q2
@@ -45,8 +45,8 @@ V4_RUNS = REPO / "results" / "repro" / "v4" / "runs"
 V3_EVAL_TOKENS = 278_528  # the 1,088 validation rows the v3 trainer scored (PROTOCOL.md, v4)
 TEST_TOKENS = 400_000  # more than the mirror's 393,814 test tokens: the whole split
 HANDOVER_SECONDS = 10  # ample for a finished run's walk to ask for its next runs (~0.1 s)
-# make_corpus.py's test split of the study's mirror (repro/corpora.py STUDY_TEST_PACKAGES), pinned by
-# the amendment.
+# make_corpus.py's test split of the study's mirror (repro/cpu_study/corpora.py
+# STUDY_TEST_PACKAGES), pinned by the amendment.
 TEST_DIGEST = "24bca6d9f2a40b7b7bc896fa7160fb27a9bdf97b29867aea8274e3c6a416a8b6"
 Q1_SEEDS = tuple(range(8))
 SEEDS = (0, 1, 2)

@@ -29,22 +29,19 @@ runs wait on first (``run_priority``); a run that diverges (the trainer then wri
 
 from __future__ import annotations
 
-import importlib.metadata
-import itertools
 import json
 import math
 import subprocess
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from repro.experiments import paper_lr
-from repro.make_corpus import corpus_digest, tokenizer_sha256
+from repro.cpu_study.environment import VOCAB
+from repro.cpu_study.scheduler import PrioritySlots
+from repro.experiments import PAPER_SEQ_LEN, paper_lr
 from repro.methods import ABLATIONS, PAPER_ALPHA_GRID, Ablation, paper_alpha_range
 from repro.paper_perplexity import STAND_INS
 from repro.runs import REPO, Point, hparam, run_dir_fields, train_command
@@ -55,15 +52,8 @@ SEARCH_STEPS = 500
 FINAL_STEPS = 1000
 SEEDS = (0, 1, 2)
 GAPS = (200, FINAL_STEPS // 50)  # the paper's interval, and the paper's ~50 refreshes per run
-VOCAB = 4096
 LOOKUP_SECONDS = 5  # ample for Study.all to look up every finished run (~0.1 s for 122)
 EVAL_TOKENS = 300_000  # more than the mirror's 279,124 validation tokens: the whole split
-ENVIRONMENT = REPO / "results" / "repro" / "environment.txt"  # the packages the runs were made with
-# The data every run of the study trains on (PROTOCOL.md, "Data"): scripts/make_corpus.py's
-# digest of the mirror built from its pinned packages, and the sha256 of the SentencePiece model
-# trained on it (which also depends on the sentencepiece that ENVIRONMENT pins).
-CORPUS_DIGEST = "cf2f339b1254cf0a35568f43f80a2924f1b5f291b57ab6ffe52b0882965fd71d"
-TOKENIZER_SHA256 = "c336758497107e07531c7ab0695f422766cf26d17a838628bfbc881a5f9c0e75"
 
 
 def protocol(data: Path, steps: int, seed: int) -> list[str]:
@@ -85,7 +75,7 @@ def protocol(data: Path, steps: int, seed: int) -> list[str]:
         f"data.path={data}",
         f"data.spm_vocab_size={VOCAB}",
         "data.pack=true",
-        "data.seq_len=256",
+        f"data.seq_len={PAPER_SEQ_LEN}",
         "data.num_workers=1",
         f"data.shuffle_seed={seed}",
     ]
@@ -242,91 +232,6 @@ def walk_front(
     means the point is bracketed (every neighbour run, none better)."""
     best = min(seen, key=lambda s: (seen[s], s), default=start)
     return best, [s for s in (best, *neighbours(best, method)) if s not in seen]
-
-
-class PrioritySlots:
-    """``jobs`` slots, each freed one handed to the waiting run with the smallest priority (the
-    earliest to ask among equals), where a semaphore serves them in the order they asked.
-
-    A run may name a ``lane`` with a limit (``lane_limits``): while a run of another lane waits,
-    that lane holds no more slots than its limit, so long runs cannot take every slot from
-    short ones for hours; when only its own runs wait, it takes any free slot (none idles).
-
-    A freed slot may wait ``handover_s`` before it is handed out: the runs a finished run leads
-    to (a walk's next points, the seeds at its end) are asked for only after it ends, and without
-    the wait a run already waiting would take the slot before them, whatever their priority."""
-
-    def __init__(
-        self, jobs: int, lane_limits: Mapping[str, int] | None = None, handover_s: float = 0.0
-    ) -> None:
-        self._free = jobs
-        self._limits = dict(lane_limits or {})
-        self._handover_s = handover_s
-        self._handing_over_until = 0.0  # time.monotonic() before which no freed slot is handed out
-        self._held: Counter[str] = Counter()
-        self._paused = False
-        self._waiting: list[tuple[tuple[int, ...], int, str]] = []
-        self._arrivals = itertools.count()
-        self._changed = threading.Condition()
-
-    @property
-    def waiting(self) -> int:
-        with self._changed:
-            return len(self._waiting)
-
-    def _next(self) -> tuple[tuple[int, ...], int, str]:
-        """The waiting ticket a free slot goes to: the first by priority of the lanes under their
-        limit, or of all when none is."""
-        under = [t for t in self._waiting if self._held[t[2]] < self._limits.get(t[2], math.inf)]
-        return min(under or self._waiting)
-
-    @contextmanager
-    def hold(self, priority: tuple[int, ...], lane: str = "") -> Iterator[None]:
-        with self._changed:
-            ticket = (priority, next(self._arrivals), lane)
-            self._waiting.append(ticket)
-            self._changed.wait_for(
-                lambda: (
-                    not self._paused
-                    and self._free > 0
-                    and time.monotonic() >= self._handing_over_until
-                    and self._next() == ticket
-                )
-            )
-            self._waiting.remove(ticket)
-            self._free -= 1
-            self._held[lane] += 1
-            self._changed.notify_all()  # a slot may still be free for the next in line
-        try:
-            yield
-        finally:
-            with self._changed:
-                self._free += 1
-                self._held[lane] -= 1
-                if self._handover_s > 0:
-                    self._handing_over_until = time.monotonic() + self._handover_s
-                    # wakes the waiting runs once the wait is over (a little after, so that
-                    # the clock has passed it when they look)
-                    wake = threading.Timer(self._handover_s + 0.01, self._wake)
-                    wake.daemon = True
-                    wake.start()
-                self._changed.notify_all()
-
-    def _wake(self) -> None:
-        with self._changed:
-            self._changed.notify_all()
-
-    @contextmanager
-    def paused(self) -> Iterator[None]:
-        """No slot is handed out inside: the runs asking meanwhile queue, to start by priority."""
-        with self._changed:
-            self._paused = True
-        try:
-            yield
-        finally:
-            with self._changed:
-                self._paused = False
-                self._changed.notify_all()
 
 
 @dataclass
@@ -568,45 +473,3 @@ class Study:
                 time.sleep(0 if self.dry_run else LOOKUP_SECONDS)
             for future in futures:
                 future.result()
-
-
-def data_mismatch(data: Path) -> str | None:
-    """Why ``data`` is not the study's corpus (or its tokenizer not the study's), or None."""
-    digest = corpus_digest(data)
-    if digest != CORPUS_DIGEST:
-        return (
-            f"--data {data}: corpus digest {digest[:16]}... is not the study's "
-            f"{CORPUS_DIGEST[:16]}...; build it with scripts/make_corpus.py (pinned packages)"
-        )
-    tokenizer = tokenizer_sha256(data, VOCAB)
-    if tokenizer != TOKENIZER_SHA256:
-        return (
-            f"--data {data}: its SentencePiece model (sha256 {tokenizer[:16]}...) is not the "
-            f"study's ({TOKENIZER_SHA256[:16]}...): sentencepiece or the tokenizer code differs"
-        )
-    return None
-
-
-def environment_mismatch(pins: Path = ENVIRONMENT) -> str | None:
-    """Which installed packages are not at the versions the study's runs were made with, or None.
-
-    The model (transformers), the kernels (torch) and the reference optimizers all shape a run's
-    numbers; runs made in later sessions on fresh machines must use the same ones.
-    """
-    wrong = []
-    for line in pins.read_text().splitlines():
-        name, _, pinned = line.strip().partition("==")
-        if not pinned:
-            continue
-        try:
-            installed = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            installed = "missing"
-        if installed != pinned:
-            wrong.append(f"{name} {installed} (study: {pinned})")
-    if not wrong:
-        return None
-    return (
-        f"packages differ from the study's ({', '.join(wrong)}); "
-        f"install them with: make install PIP_CONSTRAINTS={pins}"
-    )

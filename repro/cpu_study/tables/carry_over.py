@@ -3,7 +3,7 @@ the search's optimum moved at the finals' length can be read."""
 
 from __future__ import annotations
 
-from repro.study_points import CONTROL, Point, model_order, row_label
+from repro.points import CONTROL, Point, model_order, row_label
 
 
 def carry_over_table(best: dict[tuple[str, str], Point], points: list[Point]) -> str:

@@ -3,9 +3,10 @@ the order of the rows (Table 2's).
 
 A run's place is read from its path, ``ROOT[/STAGE]/MODEL/METHOD/lr{lr}[_alpha{a}][_gap{g}]_seed{s}``
 as ``scripts/sweep.py`` and ``scripts/reproduce_cpu.py`` lay them out (``STAGE`` is ``search`` or
-``final`` for the latter). Runs of one point (model, method, lr, alpha, refresh gap) are its seeds:
-mean, **sample** standard deviation and n. Every table (``repro/tables/``) reads runs through
-this module.
+``final`` for the latter), its lr from its summary where the summary records one
+(``recorded_lr``). Runs of one point (model, method, lr, alpha, refresh gap) are its seeds:
+mean, **sample** standard deviation and n. Every table (``repro/tables/``,
+``repro/cpu_study/tables/``) reads runs through this module.
 """
 
 from __future__ import annotations
@@ -85,13 +86,22 @@ class Point:
         return statistics.fmean(e["val_ppl"] for e in records) if records else None
 
 
-def _key(root: Path, run_dir: Path) -> tuple[Key, int] | None:
+def recorded_lr(summary: dict | None, named: float) -> float:
+    """A run's lr as the run records it (its summary's ``lr``, the optimizer's); ``named``, the lr
+    its directory's name gives, only for a run that records none (a diverged run, whose record
+    holds only where it stopped, and summaries written before they held the lr)."""
+    lr = (summary or {}).get("lr")
+    return named if lr is None else float(lr)
+
+
+def _key(root: Path, run_dir: Path, summary: dict | None) -> tuple[Key, int] | None:
     fields = run_dir_fields(run_dir.name)
     parts = run_dir.relative_to(root).parts
     if fields is None or len(parts) < 3:
         return None
-    lr, alpha, gap, seed = fields
+    named_lr, alpha, gap, seed = fields
     stage = parts[0] if parts[0] in STAGES and len(parts) >= 4 else ""
+    lr = recorded_lr(summary, named_lr)
     key = Key(stage, parts[-3], parts[-2], lr, NO_ALPHA if alpha is None else alpha, gap or 0)
     return key, seed
 
@@ -102,14 +112,14 @@ def load_points(root: Path, metric: str = "final_val_ppl") -> list[Point]:
     ppls: dict[Key, dict[int, float]] = defaultdict(dict)
     runs: dict[Key, list[dict]] = defaultdict(list)
     for path in finished_records(root):
-        located = _key(root, path.parent)
+        summary = None if path.name == DIVERGED_FILE else json.loads(path.read_text())
+        located = _key(root, path.parent, summary)
         if located is None:
             continue
         key, seed = located
-        if path.name == DIVERGED_FILE:
+        if summary is None:
             ppls[key][seed] = math.inf
             continue
-        summary = json.loads(path.read_text())
         ppl = summary.get(metric)
         ppls[key][seed] = ppl if ppl is not None and math.isfinite(ppl) else math.inf
         runs[key].append(summary)

@@ -27,6 +27,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from repro.cpu_study.study import Setting
+from repro.cpu_study.tables.views import (
+    comparison_pairs,
+    kendall_tau,
+    paired_lines,
+    reversed_pairs,
+    tau_line,
+)
+from repro.cpu_study.v4 import FULL, Q1, Q2, Q3, SEEDS, SHARED_LR, Question, Row
 from repro.paired_stats import (
     FAMILY_WISE,
     ORDER_SEEDS,
@@ -40,16 +49,7 @@ from repro.paired_stats import (
     paired,
 )
 from repro.paper_perplexity import paper_ppl
-from repro.reproduce_cpu import Setting
-from repro.study_points import CONTROL, Key, Point, fmt_ppl, row_label, row_of
-from repro.study_v4 import FULL, Q1, Q2, Q3, SEEDS, SHARED_LR, Question, Row
-from repro.tables.views import (
-    comparison_pairs,
-    kendall_tau,
-    paired_lines,
-    reversed_pairs,
-    tau_line,
-)
+from repro.points import CONTROL, Key, Point, fmt_ppl, row_label, row_of
 
 MODEL = "llama_2m"
 Best = dict[tuple[str, str], Point]
