@@ -107,17 +107,36 @@ def block_state(
 ) -> torch.Tensor:
     """A zero ``(count, width)`` per-block state: a DTensor on ``p``'s mesh, sharded like the
     blocks when they are local and replicated when they span ranks, when ``p`` is a DTensor."""
+    sharded = is_sharded(p) and blocks.local and isinstance(p.placements[0], Shard)
+    return placed_zeros(p, (blocks.count, width), Shard(0) if sharded else Replicate(), dtype)
+
+
+def placed_zeros(
+    p: torch.Tensor, shape: tuple[int, ...], placement: Shard | Replicate, dtype: torch.dtype
+) -> torch.Tensor:
+    """A zero state of global ``shape``: a DTensor on ``p``'s mesh with ``placement`` (this
+    rank's ``torch.chunk`` share of a sharded dim, as FSDP2 and DCP lay it out) when ``p`` is a
+    DTensor, else a plain tensor."""
     device = local(p).device
     if not is_sharded(p):
-        return torch.zeros((blocks.count, width), dtype=dtype, device=device)
-    sharded = blocks.local and isinstance(p.placements[0], Shard)
-    rows = blocks.local_count if sharded else blocks.count
-    placement = Shard(0) if sharded else Replicate()
+        return torch.zeros(shape, dtype=dtype, device=device)
     return DTensor.from_local(
-        torch.zeros((rows, width), dtype=dtype, device=device),
+        torch.zeros(local_shape(p, shape, placement), dtype=dtype, device=device),
         p.device_mesh,
         (placement,),
         run_check=False,
-        shape=torch.Size((blocks.count, width)),
-        stride=(width, 1),
+        shape=torch.Size(shape),
+        stride=torch.empty(shape, device="meta").stride(),
     )
+
+
+def local_shape(
+    p: torch.Tensor, shape: tuple[int, ...], placement: Shard | Replicate
+) -> tuple[int, ...]:
+    """This rank's part of a state of global ``shape`` placed like ``placement`` on ``p``'s mesh
+    (all of it for a plain ``p``)."""
+    if not is_sharded(p) or not isinstance(placement, Shard):
+        return tuple(shape)
+    mesh = p.device_mesh
+    start, stop = chunk_range(shape[placement.dim], mesh.size(), mesh.get_local_rank())
+    return tuple(stop - start if d == placement.dim else n for d, n in enumerate(shape))

@@ -66,6 +66,9 @@ class Outcome:
     states: dict[str, dict[str, Any]] = field(default_factory=dict)
     dtensor_states: dict[str, set[str]] = field(default_factory=dict)
     """The state keys each sharded parameter holds as DTensors (what DCP reshards)."""
+    per_rank_state: list[tuple[int, int]] = field(default_factory=list)
+    """Each rank's ``(foam.planned_state_numel, state elements it holds)``, step counters
+    left out as the plan leaves them out (sharded runs)."""
     error: str | None = None
 
 
@@ -214,10 +217,20 @@ def _distribute(p: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
 
 
 def _sharded_outcome(case: Case, model: nn.Module, optimizer, steps: range) -> Outcome:
+    import foam
+
     run_steps(case, model, optimizer, steps, shard=_distribute)
+    held = sum(
+        value.to_local().numel() if hasattr(value, "to_local") else value.numel()
+        for state in optimizer.state.values()
+        for key, value in state.items()
+        if isinstance(value, torch.Tensor) and key != "step"
+    )
+    per_rank = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, (foam.planned_state_numel(optimizer), held))
     states, dtensors = optimizer_states(model, optimizer)
     params = {n: p.detach().full_tensor() for n, p in model.named_parameters()}
-    return Outcome(params, states, dtensors)
+    return Outcome(params, states, dtensors, per_rank)
 
 
 def _agreed_error(err: BaseException | None) -> str | None:

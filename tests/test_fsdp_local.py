@@ -12,6 +12,8 @@ up are sharded by columns, so each of their rows spans the ranks, as does a norm
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from sharded_parity import (
@@ -39,7 +41,20 @@ LOCAL_ROWS = ("v_proj", "o_proj", "down_proj", "embed_tokens")
 """Adam-mini blocks (rows) that never span ranks in the harness's model."""
 HEADS = ("q_proj", "k_proj")
 
-DEFAULT_CASES = ADAM_MINI[:1] + ADAM_MINI[2:3]
+APOLLO = [
+    Case("apollo", {"rank": 3, "update_proj_gap": 2, "weight_decay": 0.1}),
+    Case("apollo", {"rank": 3, "update_proj_gap": 2, "norm_growth_limit": None}),
+    Case("apollo_mini", {"update_proj_gap": 2}),
+    Case(
+        "apollo",
+        {"rank": 2, "update_proj_gap": 2, "others": "reference", "scale_front": True},
+        micro_batches=2,
+    ),
+]
+"""APOLLO's projections are matrix products, which BLAS blocks differently for a shard's rows
+than for the whole matrix's: within ``REORDERED``, not bitwise, even where they are local."""
+
+DEFAULT_CASES = [ADAM_MINI[0], ADAM_MINI[2], APOLLO[0], APOLLO[2]]
 
 
 _RUNS: dict[tuple, Outcome] = {}
@@ -65,30 +80,40 @@ def assert_matches(case: Case, outcome: Outcome, bitwise: tuple[str, ...]) -> No
     """Within ``REORDERED`` everywhere, bitwise on the parameters named by ``bitwise``."""
     reference = single(case)
     assert differences(outcome, reference, REORDERED) == [], case.name
+    planned, held = zip(*outcome.per_rank_state, strict=True)
+    assert planned == held, "foam.planned_state_numel per rank != the state each rank holds"
     exact = [line for line in differences(outcome, reference) if any(b in line for b in bitwise)]
     assert exact == [], case.name
     assert unsharded_states(outcome) == [], "a state DCP cannot reshard"
 
 
-def test_adam_mini_methods_are_sharded():
-    assert {"adam_mini", "foam_adam_mini"} <= set(SHARDED_METHODS)
+def test_local_methods_are_sharded():
+    assert {"adam_mini", "foam_adam_mini", "apollo", "apollo_mini"} <= set(SHARDED_METHODS)
+
+
+def bitwise_for(case: Case, world: int) -> tuple[str, ...]:
+    if case.method.startswith("apollo"):
+        return ()
+    return LOCAL_ROWS + (HEADS if world == 3 else ())
 
 
 @pytest.mark.distributed
-def test_adam_mini_on_two_ranks_is_the_single_process_step():
-    """Heads cut by the 5-row shards and column-sharded rows go through the partial sums; the
-    row blocks each rank holds whole are bitwise."""
+def test_two_ranks_take_the_single_process_step():
+    """Adam-mini: heads cut by the 5-row shards and column-sharded rows go through the partial
+    sums, the row blocks each rank holds whole are bitwise. APOLLO: attention and gate/up project
+    on the unsharded side, down (its basis along its sharded rows) and gate/up (sharded by
+    columns) by the partial sums, and the limiter's norms too."""
     for case, outcome in zip(DEFAULT_CASES, sharded(2, DEFAULT_CASES), strict=True):
-        assert_matches(case, outcome, LOCAL_ROWS)
+        assert_matches(case, outcome, bitwise_for(case, 2))
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_adam_mini_on_three_and_four_ranks_is_the_single_process_step(world):
-    bitwise = LOCAL_ROWS + (HEADS if world == 3 else ())
-    for case, outcome in zip(ADAM_MINI, sharded(world, ADAM_MINI), strict=True):
-        assert_matches(case, outcome, bitwise)
+def test_every_case_on_two_three_and_four_ranks_is_the_single_process_step(world):
+    cases = ADAM_MINI + APOLLO
+    for case, outcome in zip(cases, sharded(world, cases), strict=True):
+        assert_matches(case, outcome, bitwise_for(case, world))
 
 
 @pytest.mark.slow
@@ -108,8 +133,30 @@ def test_adam_mini_without_the_partial_sums_is_wrong(world):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("case", [Case("adam_mini", steps=4), Case("foam_adam_mini", steps=4)])
-def test_adam_mini_saved_on_two_ranks_resumes_on_three_and_on_one(case):
+@pytest.mark.parametrize("world", [2, 4])
+def test_apollo_without_the_partial_sums_is_wrong(world):
+    """Projections whose basis lies along the sharded dim (down's rows, gate's columns) and the
+    limiter's norm (every matrix) need the reduction."""
+    cases = [APOLLO[1], APOLLO[0]]
+    no_limit, limited = sharded(world, cases, skip_partial_sums=True)
+    wrong = differences(no_limit, single(cases[0]), REORDERED)
+    assert any("down_proj" in line for line in wrong)
+    assert any("gate_proj" in line for line in wrong)
+    assert not any("o_proj" in line for line in wrong)
+    assert any("o_proj" in line for line in differences(limited, single(cases[1]), REORDERED))
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case("adam_mini", steps=4),
+        Case("foam_adam_mini", steps=4),
+        Case("apollo", {"rank": 3, "update_proj_gap": 2}, steps=4),
+    ],
+)
+def test_saved_on_two_ranks_resumes_on_three_and_on_one(case):
     resumed = run_resumed(case, save_world=2, load_worlds=(3, 1), saved_after=2)
     for world, outcome in resumed.items():
         assert differences(outcome, single(case), REORDERED) == [], world
@@ -122,3 +169,31 @@ def test_harness_sees_a_difference():
     assert differences(a, a) == []
     start = ParityModel().layers[0].mlp.up_proj.weight.detach()
     assert not torch.allclose(a.params["layers.0.mlp.up_proj.weight"], start)
+
+
+# -- the trainer's sharding and step: a 2-rank llama_tiny run against the unsharded one ---------
+
+TRAINED = ["adam_mini", "foam_adam_mini", "apollo", "apollo_mini"]
+
+
+@pytest.fixture(scope="module")
+def trained() -> tuple[dict[str, dict], dict[str, dict]]:
+    """(2-rank FSDP2, 1 process) records of ``tests/fsdp_parity_worker.py`` for ``TRAINED``:
+    ``train/parallelism.py``'s sharding, ``train/step.py``'s accumulation and clipping."""
+    from test_fsdp import TORCHRUN, records
+
+    worker = ["tests/fsdp_parity_worker.py", *TRAINED]
+    sharded = records([TORCHRUN, "--standalone", "--nproc_per_node", "2", *worker])
+    single = records([sys.executable, *worker])
+    return sharded, single
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", TRAINED)
+def test_two_rank_fsdp_training_follows_the_one_rank_losses(trained, name):
+    sharded, single = trained
+    assert "refused" not in sharded[name], sharded[name]
+    assert len(single[name]["losses"]) == 5
+    assert sharded[name]["losses"] == pytest.approx(single[name]["losses"], rel=1e-5)
+    assert sharded[name]["sharded_grads_between_micro_batches"] == [True] * 5

@@ -47,7 +47,7 @@ from foam.shard_blocks import (
     shard_blocks,
 )
 from foam.shard_sums import PartialSums
-from foam.sharding import ShardFold, fold_shard, local, shard_fold, zeros_state
+from foam.sharding import ShardFold, fold_shard, is_sharded, local, shard_fold, zeros_state
 from foam.state import DtypeFaithfulOptimizer, count_step, new_step_counter, run_closure
 
 # adam-mini 1.1.1's name rules (case-insensitive substrings), in priority order.
@@ -152,13 +152,21 @@ class AdamMini(DtypeFaithfulOptimizer):
         """The first moment's fold plan (``None``: full) and the number of second-moment blocks."""
         return fold_plan(p, group), second_moment_blocks(name, p.shape, self.head_numel)
 
-    def planned_state_numel(self) -> int:
-        """Moment elements once every parameter has stepped, from the layouts that size them."""
+    def planned_state_numel(self, per_rank: bool = True) -> int:
+        """Moment elements once every parameter has stepped, from the layouts that size them: on
+        this rank (``per_rank``: its shards, and every block that spans ranks) or for the whole
+        model."""
         total = 0
         for group in self.param_groups:
             for name, p in zip(group["param_names"], group["params"], strict=True):
                 plan, blocks = self.layout(name, p, group)
-                total += folded_numel(plan, p.numel()) + blocks
+                if per_rank and is_sharded(p):
+                    on_shard = self._blocks(name, p)
+                    folded = plan is not None and plan.block > 1
+                    m = shard_fold(p, plan).local_state_numel() if folded else local(p).numel()
+                    total += m + (on_shard.local_count if on_shard.local else on_shard.count)
+                else:
+                    total += folded_numel(plan, p.numel()) + blocks
         return total
 
     @torch.no_grad()
