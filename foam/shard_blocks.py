@@ -64,7 +64,7 @@ def shard_blocks(p: torch.Tensor, size: int) -> ShardBlocks:
     dim, ranks, rank = placement.dim, mesh.size(), mesh.get_local_rank()
     rows = p.shape[0]
     cols = p.numel() // rows if rows else 0
-    if dim == 0 and _blocks_follow_rows(rows, cols, count, size, ranks):
+    if dim == 0 and blocks_follow_rows(rows, cols, count, size, ranks):
         first, stop = chunk_range(count, ranks, rank)
         return ShardBlocks(count, size, local=True, first=first, local_count=stop - first)
     if dim not in (0, 1) or (dim == 1 and p.dim() != 2):
@@ -81,7 +81,7 @@ def shard_blocks(p: torch.Tensor, size: int) -> ShardBlocks:
     return ShardBlocks(count, size, local=False, ids=(flat // size).view(shard.shape))
 
 
-def _blocks_follow_rows(rows: int, cols: int, count: int, size: int, ranks: int) -> bool:
+def blocks_follow_rows(rows: int, cols: int, count: int, size: int, ranks: int) -> bool:
     """Whether every rank's rows are exactly ``torch.chunk``'s share of the blocks."""
     return all(
         (start * cols, stop * cols) == tuple(size * b for b in chunk_range(count, ranks, rank))

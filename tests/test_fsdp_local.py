@@ -27,6 +27,7 @@ from sharded_parity import (
     unsharded_states,
 )
 
+from foam.shard_blocks import blocks_follow_rows, chunk_range
 from foam.sharding import SHARDED_METHODS
 
 REORDERED = 1e-12  # float64 sums of a few entries in another order
@@ -54,7 +55,17 @@ APOLLO = [
 """APOLLO's projections are matrix products, which BLAS blocks differently for a shard's rows
 than for the whole matrix's: within ``REORDERED``, not bitwise, even where they are local."""
 
-DEFAULT_CASES = [ADAM_MINI[0], ADAM_MINI[2], APOLLO[0], APOLLO[2]]
+GWT = [
+    Case("gwt", {"level": 1, "weight_decay": 0.1}),
+    Case("gwt", {"level": 1, "norm_growth_limit": None}, micro_batches=2),
+]
+"""Level 1 fits the column shards of gate/up (12 columns: 6 or 4 per rank) at 2 and 3 ranks;
+at 4 ranks (3 per rank) a wavelet pair would straddle two ranks, which is refused."""
+GWT_REFUSED = [Case("gwt", {"level": 2}), Case("gwt_mini")]
+"""Level 2 pairs cross gate/up's 6- and 4-column shards; GWT-Mini's one coefficient per row
+spans any column shard."""
+
+DEFAULT_CASES = [ADAM_MINI[0], ADAM_MINI[2], APOLLO[0], APOLLO[2], GWT[0]]
 
 
 _RUNS: dict[tuple, Outcome] = {}
@@ -88,12 +99,16 @@ def assert_matches(case: Case, outcome: Outcome, bitwise: tuple[str, ...]) -> No
 
 
 def test_local_methods_are_sharded():
-    assert {"adam_mini", "foam_adam_mini", "apollo", "apollo_mini"} <= set(SHARDED_METHODS)
+    local = {"adam_mini", "foam_adam_mini", "apollo", "apollo_mini", "gwt", "gwt_mini"}
+    assert local <= set(SHARDED_METHODS)
 
 
 def bitwise_for(case: Case, world: int) -> tuple[str, ...]:
+    """Parameters whose whole step is local on ``world`` ranks (in the model's docstring)."""
     if case.method.startswith("apollo"):
         return ()
+    if case.method == "gwt":  # the wavelet is local; only the limiter's norm is summed
+        return ("param",) if case.hparams.get("norm_growth_limit", 1) is None else ()
     return LOCAL_ROWS + (HEADS if world == 3 else ())
 
 
@@ -111,9 +126,21 @@ def test_two_ranks_take_the_single_process_step():
 @pytest.mark.distributed
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_every_case_on_two_three_and_four_ranks_is_the_single_process_step(world):
-    cases = ADAM_MINI + APOLLO
+    cases = ADAM_MINI + APOLLO + (GWT if world < 4 else [])
     for case, outcome in zip(cases, sharded(world, cases), strict=True):
         assert_matches(case, outcome, bitwise_for(case, world))
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("world", [2, 4])
+def test_wavelet_pairs_across_ranks_are_refused_in_one_line(world):
+    cases = GWT_REFUSED + (GWT if world == 4 else [])
+    for outcome in sharded(world, cases):
+        assert outcome.error.startswith("ShardingNotSupported: GWT under FSDP2: parameter 4 ")
+        assert "(shape (16, 12)) is sharded by the columns" in outcome.error
+        assert outcome.error.endswith("shard it by rows, or trainer.parallelism=ddp")
+        assert "\n" not in outcome.error
 
 
 @pytest.mark.slow
@@ -134,16 +161,18 @@ def test_adam_mini_without_the_partial_sums_is_wrong(world):
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("world", [2, 4])
-def test_apollo_without_the_partial_sums_is_wrong(world):
-    """Projections whose basis lies along the sharded dim (down's rows, gate's columns) and the
-    limiter's norm (every matrix) need the reduction."""
-    cases = [APOLLO[1], APOLLO[0]]
-    no_limit, limited = sharded(world, cases, skip_partial_sums=True)
+def test_apollo_and_gwt_without_the_partial_sums_are_wrong(world):
+    """APOLLO's projections whose basis lies along the sharded dim (down's rows, gate's columns)
+    and the limiter's norm (every matrix) need the reduction; so does GWT's limiter."""
+    cases = [APOLLO[1], APOLLO[0], GWT[0]]
+    no_limit, limited, wavelet = sharded(world, cases, skip_partial_sums=True)
     wrong = differences(no_limit, single(cases[0]), REORDERED)
     assert any("down_proj" in line for line in wrong)
     assert any("gate_proj" in line for line in wrong)
     assert not any("o_proj" in line for line in wrong)
     assert any("o_proj" in line for line in differences(limited, single(cases[1]), REORDERED))
+    if world == 2:  # GWT's limiter norm
+        assert any("grad_norm" in line for line in differences(wavelet, single(cases[2]), 1e-9))
 
 
 @pytest.mark.slow
@@ -154,12 +183,34 @@ def test_apollo_without_the_partial_sums_is_wrong(world):
         Case("adam_mini", steps=4),
         Case("foam_adam_mini", steps=4),
         Case("apollo", {"rank": 3, "update_proj_gap": 2}, steps=4),
+        Case("gwt", {"level": 1}, steps=4),
     ],
 )
 def test_saved_on_two_ranks_resumes_on_three_and_on_one(case):
     resumed = run_resumed(case, save_world=2, load_worlds=(3, 1), saved_after=2)
     for world, outcome in resumed.items():
         assert differences(outcome, single(case), REORDERED) == [], world
+
+
+def test_chunk_ranges_are_fsdp2s_uneven_shards():
+    assert [chunk_range(10, 4, r) for r in range(4)] == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert [chunk_range(5, 4, r) for r in range(4)] == [(0, 2), (2, 4), (4, 5), (5, 5)]
+
+
+@pytest.mark.parametrize(
+    ("rows", "cols", "size", "ranks", "local"),
+    [
+        (10, 10, 20, 3, True),  # heads of 2 rows on shards of 4, 4, 2 rows: 2, 2, 1 heads
+        (10, 10, 20, 2, False),  # 5 rows a rank cut the third head
+        (10, 10, 20, 4, False),  # 3, 3, 3, 1 rows
+        (11, 10, 10, 2, True),  # row blocks always follow row shards (6, 5)
+        (5, 2, 1, 2, False),  # 2 blocks a row: rows 3, 2 hold 6, 4 blocks, torch.chunk 5, 5
+    ],
+)
+def test_blocks_are_local_when_the_row_shards_hold_torch_chunks_share(
+    rows, cols, size, ranks, local
+):
+    assert blocks_follow_rows(rows, cols, rows * cols // size, size, ranks) is local
 
 
 def test_harness_sees_a_difference():
@@ -173,7 +224,11 @@ def test_harness_sees_a_difference():
 
 # -- the trainer's sharding and step: a 2-rank llama_tiny run against the unsharded one ---------
 
-TRAINED = ["adam_mini", "foam_adam_mini", "apollo", "apollo_mini"]
+TRAINED = ["adam_mini", "foam_adam_mini", "apollo", "apollo_mini", "gwt"]
+"""GWT's float32 run drifts from the unsharded one by up to 1.1e-4 of the loss by step 5
+(measured): its step divides by sqrt(v) + 1e-6 (sign-like at the first steps) and limits the norm,
+which amplifies the reduce-scatter's reordering; with the model in float64 (no clipping) the
+two runs agree to 1e-7 of the loss, as AdamW's do, so the tolerance is GWT's alone."""
 
 
 @pytest.fixture(scope="module")
@@ -195,5 +250,6 @@ def test_two_rank_fsdp_training_follows_the_one_rank_losses(trained, name):
     sharded, single = trained
     assert "refused" not in sharded[name], sharded[name]
     assert len(single[name]["losses"]) == 5
-    assert sharded[name]["losses"] == pytest.approx(single[name]["losses"], rel=1e-5)
+    rel = 3e-4 if name == "gwt" else 1e-5
+    assert sharded[name]["losses"] == pytest.approx(single[name]["losses"], rel=rel)
     assert sharded[name]["sharded_grads_between_micro_batches"] == [True] * 5

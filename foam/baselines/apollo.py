@@ -25,7 +25,7 @@ from foam.lowrank import (
     refresh_due,
     resolve_rank,
 )
-from foam.numerics import compute_dtype, ema_, resolve_dtype
+from foam.numerics import compute_dtype, resolve_dtype
 from foam.param_groups import ParamSplit
 from foam.registry import (
     COMMON_DEFAULTS,
@@ -37,6 +37,7 @@ from foam.registry import (
 )
 from foam.shard_blocks import chunk_range, local_shape, mesh_group, placed_zeros
 from foam.shard_sums import PartialSums
+from foam.sharded_steps import apply_update, normalized_moments
 from foam.sharding import is_sharded, local
 from foam.state import count_step, new_step_counter, run_closure
 
@@ -281,10 +282,7 @@ class APOLLO(ProjectedAdamW):
 
     @staticmethod
     def _moments(shard: _Shard) -> None:
-        beta1, beta2 = shard.group["betas"]
-        m = ema_(local(shard.state["exp_avg"]), shard.low, beta1, square=False)
-        v = ema_(local(shard.state["exp_avg_sq"]), shard.low, beta2, square=True)
-        shard.normalized = m / v.sqrt().add_(shard.group["eps"])
+        shard.normalized, _ = normalized_moments(shard.state, shard.low, shard.group)
 
     def _scale_shard(self, shard: _Shard, sums: PartialSums) -> None:
         if shard.plan is None:
@@ -304,11 +302,7 @@ class APOLLO(ProjectedAdamW):
         if shard.plan is not None:
             norm = None if shard.limit_norm is None else shard.limit_norm.sqrt()
             update = self.limited(update, shard.state, group, shard.t, norm)
-        beta1, beta2 = group["betas"]
-        p, lr = local(shard.p), group["lr"]
-        p.add_(update, alpha=-lr * math.sqrt(1 - beta2**shard.t) / (1 - beta1**shard.t))
-        if group["weight_decay"]:
-            p.add_(p, alpha=-lr * group["weight_decay"])
+        apply_update(shard.p, update, group, shard.t)
 
 
 @dataclass
