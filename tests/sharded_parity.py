@@ -69,6 +69,8 @@ class Outcome:
     per_rank_state: list[tuple[int, int]] = field(default_factory=list)
     """Each rank's ``(foam.planned_state_numel, state elements it holds)``, step counters
     left out as the plan leaves them out (sharded runs)."""
+    planned_whole: int | None = None
+    """``foam.planned_state_numel(per_rank=False)``: the whole model's state, on any world size."""
     error: str | None = None
 
 
@@ -185,8 +187,11 @@ def run_single(case: Case) -> Outcome:
         run_steps(case, model, optimizer, range(case.steps))
     except Exception as err:  # the harness reports refusals, the test judges them
         return Outcome(error=f"{type(err).__name__}: {err}")
+    import foam
+
     states, _ = optimizer_states(model, optimizer)
-    return Outcome({n: p.detach().clone() for n, p in model.named_parameters()}, states)
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return Outcome(params, states, planned_whole=foam.planned_state_numel(optimizer))
 
 
 def shard_model(model: nn.Module, world: int) -> Any:
@@ -228,9 +233,10 @@ def _sharded_outcome(case: Case, model: nn.Module, optimizer, steps: range) -> O
     )
     per_rank = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, (foam.planned_state_numel(optimizer), held))
+    whole = foam.planned_state_numel(optimizer, per_rank=False)
     states, dtensors = optimizer_states(model, optimizer)
     params = {n: p.detach().full_tensor() for n, p in model.named_parameters()}
-    return Outcome(params, states, dtensors, per_rank)
+    return Outcome(params, states, dtensors, per_rank, whole)
 
 
 def _agreed_error(err: BaseException | None) -> str | None:

@@ -93,6 +93,7 @@ def assert_matches(case: Case, outcome: Outcome, bitwise: tuple[str, ...]) -> No
     assert differences(outcome, reference, REORDERED) == [], case.name
     planned, held = zip(*outcome.per_rank_state, strict=True)
     assert planned == held, "foam.planned_state_numel per rank != the state each rank holds"
+    assert outcome.planned_whole == reference.planned_whole, "per_rank=False is not the whole"
     exact = [line for line in differences(outcome, reference) if any(b in line for b in bitwise)]
     assert exact == [], case.name
     assert unsharded_states(outcome) == [], "a state DCP cannot reshard"
