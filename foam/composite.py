@@ -59,9 +59,10 @@ class Composite(DtypeFaithfulOptimizer):
         for part in self.parts:
             part.zero_grad(set_to_none)
 
-    def planned_state_numel(self) -> int:
-        """The parts' planned state elements (each part's own accounting)."""
-        return sum(planned_state_numel(part) for part in self.parts)
+    def planned_state_numel(self, per_rank: bool = True) -> int:
+        """The parts' planned state elements (each part's own accounting), on this rank or for
+        the whole model (``per_rank``, as ``foam.planned_state_numel``)."""
+        return sum(planned_state_numel(part, per_rank) for part in self.parts)
 
     def grad_state_owners(self) -> list[tuple[DtypeFaithfulOptimizer, dict[str, Any]]]:
         """Each parameter's part decides whether its ``p.grad`` is state (LDAdamW's feedback)."""

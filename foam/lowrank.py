@@ -113,14 +113,19 @@ def resolve_rank(split: ParamSplit, rank: int | None, rank_fraction: float | Non
 
 
 def limit_norm_growth(
-    x: torch.Tensor, stored: torch.Tensor, first: bool, gamma: float
+    x: torch.Tensor,
+    stored: torch.Tensor,
+    first: bool,
+    gamma: float,
+    norm: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | float]:
     """Fira's norm-growth limiter as APOLLO and GWT apply it; returns ``(x, divisor)``.
 
     On the first step the norm of ``x`` is stored. Later, a norm above ``gamma`` times the stored
     one is scaled down to exactly that, and the stored norm becomes the (limited) new norm.
+    ``norm`` is the whole matrix's when ``x`` is one rank's shard of it (summed across ranks).
     """
-    norm = torch.linalg.vector_norm(x)
+    norm = torch.linalg.vector_norm(x) if norm is None else norm
     if first:
         stored.copy_(norm)
         return x, 1.0

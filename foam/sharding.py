@@ -40,21 +40,25 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from foam.folding import PAPER_FOLD_AXIS, FoldPlan, fold, fold_axis_index
 
-SHARDED_METHODS = ("adamw", "foam", "foam_mini")
+SHARDED_METHODS = (
+    "adamw",
+    "foam",
+    "foam_mini",
+    "adam_mini",
+    "foam_adam_mini",
+    "apollo",
+    "apollo_mini",
+    "gwt",
+    "gwt_mini",
+)
 """Registered methods that train DTensor (FSDP2) parameters; every other one is refused."""
 
 WHOLE_MATRIX_REASONS = {
     "galore": "the SVD of the whole gradient matrix",
     "galore8bit": "the SVD of the whole gradient matrix",
-    "apollo": "a random projection of the whole gradient matrix",
-    "apollo_mini": "a random projection of the whole gradient matrix",
     "muon": "Newton-Schulz on the whole momentum matrix",
     "foam_muon": "Newton-Schulz on the whole momentum matrix",
-    "adam_mini": "per-head blocks that need the whole matrix",
-    "foam_adam_mini": "per-head blocks that need the whole matrix",
     "ldadamw": "a low-rank projection of the whole gradient matrix",
-    "gwt": "a wavelet transform along the whole fold axis",
-    "gwt_mini": "a wavelet transform along the whole fold axis",
     "adamw8bit": "block-wise 8-bit quantisation of the whole flattened tensor",
     "foam8bit": "block-wise 8-bit quantisation of the whole flattened tensor",
 }

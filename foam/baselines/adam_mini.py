@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,7 +29,6 @@ from torch import nn
 from foam.errors import OptionError
 from foam.folding import (
     FoldPlan,
-    fold,
     fold_plan,
     folded_numel,
     unfold_with_residual,
@@ -38,7 +38,17 @@ from foam.hparams import group_defaults, signature_defaults, validate_adam_hpara
 from foam.numerics import compute_dtype, ema_
 from foam.param_groups import ParamSplit
 from foam.registry import kept_by_method, register, with_adamw_for_others
-from foam.state import DtypeFaithfulOptimizer, count_step, new_step_counter
+from foam.shard_blocks import (
+    ShardBlocks,
+    block_state,
+    block_sums,
+    mesh_group,
+    per_entry,
+    shard_blocks,
+)
+from foam.shard_sums import PartialSums
+from foam.sharding import ShardFold, fold_shard, is_sharded, local, shard_fold, zeros_state
+from foam.state import DtypeFaithfulOptimizer, count_step, new_step_counter, run_closure
 
 # adam-mini 1.1.1's name rules (case-insensitive substrings), in priority order.
 ELEMENT_NAMES = ("bias",)
@@ -117,6 +127,7 @@ class AdamMini(DtypeFaithfulOptimizer):
                 "pass both dim= and n_heads= (or neither, for a model without heads)",
             )
         self.head_numel = None if dim is None else dim * dim // n_heads
+        self._shard_blocks: dict[torch.Tensor, ShardBlocks] = {}
         super().__init__(params, {k: v for k, v in defaults.items() if k not in HEAD_KEYS})
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -130,8 +141,10 @@ class AdamMini(DtypeFaithfulOptimizer):
             )
         validate_adam_hparams(group)
         validate_fold_settings(group)
-        for name, p in zip(group["param_names"], group["params"], strict=True):
-            self.layout(name, p, group)
+        for index, (name, p) in enumerate(zip(group["param_names"], group["params"], strict=True)):
+            plan, _ = self.layout(name, p, group)
+            if plan is not None and plan.block > 1:  # a fold block may not straddle two ranks
+                shard_fold(p, plan, f"parameter {index} ({name}) of group {group.get('name')!r}")
 
     def layout(
         self, name: str, p: torch.Tensor, group: dict[str, Any]
@@ -139,61 +152,128 @@ class AdamMini(DtypeFaithfulOptimizer):
         """The first moment's fold plan (``None``: full) and the number of second-moment blocks."""
         return fold_plan(p, group), second_moment_blocks(name, p.shape, self.head_numel)
 
-    def planned_state_numel(self) -> int:
-        """Moment elements once every parameter has stepped, from the layouts that size them."""
+    def planned_state_numel(self, per_rank: bool = True) -> int:
+        """Moment elements once every parameter has stepped, from the layouts that size them: on
+        this rank (``per_rank``: its shards, and every block that spans ranks) or for the whole
+        model."""
         total = 0
         for group in self.param_groups:
             for name, p in zip(group["param_names"], group["params"], strict=True):
                 plan, blocks = self.layout(name, p, group)
-                total += folded_numel(plan, p.numel()) + blocks
+                if per_rank and is_sharded(p):
+                    on_shard = self._blocks(name, p)
+                    folded = plan is not None and plan.block > 1
+                    m = shard_fold(p, plan).local_state_numel() if folded else local(p).numel()
+                    total += m + (on_shard.local_count if on_shard.local else on_shard.count)
+                else:
+                    total += folded_numel(plan, p.numel()) + blocks
         return total
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for name, p in zip(group["param_names"], group["params"], strict=True):
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("AdamMini does not support sparse gradients")
-                self._update(name, p, group)
+        """Two passes over the parameters, so that the block sums that span ranks (sharded
+        parameters, see ``foam/shard_blocks.py``) travel in one all-reduce for the whole step."""
+        loss = run_closure(closure)
+        sums = PartialSums(mesh_group(p for g in self.param_groups for p in g["params"]))
+        started = [
+            self._begin(name, p, group, sums)
+            for group in self.param_groups
+            for name, p in zip(group["param_names"], group["params"], strict=True)
+            if p.grad is not None
+        ]
+        sums.reduce()
+        for begun in started:
+            self._finish(begun)
         return loss
 
-    def _update(self, name: str, p: torch.Tensor, group: dict[str, Any]) -> None:
-        plan, blocks = self.layout(name, p, group)
+    def _blocks(self, name: str, p: torch.Tensor) -> ShardBlocks:
+        """The second-moment blocks of ``p`` on this rank's shard (kept: they index the shard)."""
+        blocks = self._shard_blocks.get(p)
+        if blocks is None:
+            count = second_moment_blocks(name, p.shape, self.head_numel)
+            blocks = self._shard_blocks[p] = shard_blocks(p, p.numel() // count)
+        return blocks
+
+    def _begin(self, name: str, p: torch.Tensor, group: dict[str, Any], sums: PartialSums):
+        """Count the step and register this rank's part of each block's mean square."""
+        if p.grad.is_sparse:
+            raise RuntimeError("AdamMini does not support sparse gradients")
+        plan, _ = self.layout(name, p, group)
         folded = plan is not None and plan.block > 1  # level 0 folds nothing: plain Adam-mini
+        fold_of = shard_fold(p, plan) if folded else None
+        blocks = self._blocks(name, p)
         state = self.state[p]
         if not state:
             state["step"] = new_step_counter()
-            m_shape = plan.folded_shape if folded else p.shape
-            state["exp_avg"] = torch.zeros(m_shape, dtype=p.dtype, device=p.device)
-            state["exp_avg_sq"] = torch.zeros((blocks, 1), dtype=p.dtype, device=p.device)
-        t = count_step(state)
+            state["exp_avg"] = zeros_state(p, fold_of, p.dtype) if folded else torch.zeros_like(p)
+            state["exp_avg_sq"] = block_state(p, blocks, p.dtype)
+        g = local(p.grad).to(compute_dtype(p.dtype))
+        if not blocks.local:
+            square_sums = sums.add(block_sums(g.square(), blocks))
+        elif blocks.local_count:
+            square_sums = g.reshape(blocks.local_count, -1).square().mean(dim=1, keepdim=True)
+        else:  # an empty shard
+            square_sums = g.new_zeros((0, 1))
+        return _Begun(name, p, group, fold_of, blocks, g, square_sums, count_step(state))
+
+    def _finish(self, begun: _Begun) -> None:
+        p, group, blocks, g, state = (
+            begun.p,
+            begun.group,
+            begun.blocks,
+            begun.g,
+            self.state[begun.p],
+        )
         beta1, beta2 = group["betas"]
-        bc1, bc2 = 1 - beta1**t, 1 - beta2**t
+        bc1, bc2 = 1 - beta1**begun.t, 1 - beta2**begun.t
         lr = group["lr"]
-
-        g = p.grad.to(compute_dtype(p.dtype))
-        mean_square = g.reshape(blocks, -1).square().mean(dim=1, keepdim=True)
-        v = ema_(state["exp_avg_sq"], mean_square, beta2, square=False)
+        mean_square = begun.square_sums
+        if not blocks.local:
+            mean_square = mean_square.div(blocks.size).unsqueeze(1)
+        v = ema_(local(state["exp_avg_sq"]), mean_square, beta2, square=False)
         denom = (v.sqrt() / math.sqrt(bc2)).add_(group["eps"])
-        if folded:
-            g2d = g.reshape(plan.rows, plan.cols)
-            g_folded = fold(g2d, plan)
-            m = ema_(state["exp_avg"], g_folded, beta1, square=False)
-            numerator = unfold_with_residual(g2d, g_folded, m / bc1, plan, float(group["residual"]))
-            update = numerator.view(blocks, -1).div_(denom)
+        shard = local(p)
+        if begun.fold_of is not None:
+            fold_of = begun.fold_of
+            g2d = g.reshape(fold_of.local.rows, fold_of.local.cols)
+            g_folded = fold_shard(g2d, fold_of, p)  # an all-reduce when its block spans ranks
+            m = ema_(local(state["exp_avg"]), g_folded, beta1, square=False)
+            if not shard.numel():
+                return
+            rho = float(group["residual"])
+            numerator = unfold_with_residual(g2d, g_folded, m / bc1, fold_of.local, rho)
+            if blocks.local:
+                update = numerator.view(blocks.local_count, -1).div_(denom)
+            else:
+                update = numerator.view(shard.shape).div_(per_entry(denom, blocks))
         else:
-            m = ema_(state["exp_avg"], g, beta1, square=False)
-            update = m.reshape(blocks, -1) * ((1 / bc1) / denom)
+            m = ema_(local(state["exp_avg"]), g, beta1, square=False)
+            if not shard.numel():
+                return
+            if blocks.local:
+                update = m.reshape(blocks.local_count, -1) * ((1 / bc1) / denom)
+            else:
+                update = m * per_entry((1 / bc1) / denom, blocks)
 
-        if group["weight_decay"] and decays(name):
-            p.mul_(1 - lr * group["weight_decay"])
-        p.add_(update.view(p.shape), alpha=-lr)
+        if group["weight_decay"] and decays(begun.name):
+            shard.mul_(1 - lr * group["weight_decay"])
+        shard.add_(update.view(shard.shape), alpha=-lr)
+
+
+@dataclass
+class _Begun:
+    """A parameter's step between the two passes of ``AdamMini.step``."""
+
+    name: str
+    p: torch.Tensor
+    group: dict[str, Any]
+    fold_of: ShardFold | None
+    blocks: ShardBlocks
+    g: torch.Tensor
+    square_sums: torch.Tensor
+    """Local blocks: their mean squares; blocks spanning ranks: every block's sum of squares
+    (this rank's part until the reduction)."""
+    t: int
 
 
 def heads_from_config(model: nn.Module) -> dict[str, Any]:

@@ -7,10 +7,12 @@ reproduced step for step, including its random-number streams.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.distributed.tensor import Replicate, Shard
 
 from foam.errors import OptionError, require_choice
 from foam.hparams import group_defaults, signature_defaults
@@ -19,8 +21,11 @@ from foam.lowrank import (
     ProjectedAdamW,
     Projection,
     limit_norm_growth,
+    project,
+    refresh_due,
     resolve_rank,
 )
+from foam.numerics import compute_dtype, resolve_dtype
 from foam.param_groups import ParamSplit
 from foam.registry import (
     COMMON_DEFAULTS,
@@ -30,6 +35,11 @@ from foam.registry import (
     register,
     with_adamw_for_others,
 )
+from foam.shard_blocks import chunk_range, local_shape, mesh_group, placed_zeros
+from foam.shard_sums import PartialSums
+from foam.sharded_steps import apply_update, normalized_moments
+from foam.sharding import is_sharded, local
+from foam.state import count_step, new_step_counter, run_closure
 
 SCALE_TYPES = ("channel", "tensor")
 _SEED_ADVANCE = 15  # draws between consecutive seeds of one parameter's chain (the reference's)
@@ -123,25 +133,197 @@ class APOLLO(ProjectedAdamW):
         return basis
 
     def expand(self, step: CompressedStep) -> torch.Tensor:
-        g, low, normalized, group = step.g, step.low, step.normalized, step.group
+        scaled = self.scaled(step.g, step.low, step.normalized, step.group, step.context)
+        return self.limited(scaled, step.state, step.group, step.t)
+
+    @staticmethod
+    def scaled(
+        g: torch.Tensor,
+        low: torch.Tensor,
+        normalized: torch.Tensor,
+        group: dict[str, Any],
+        plan: Projection,
+        norms: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """``G * s`` (``sqrt(alpha)`` too with ``scale_front``); ``norms`` are the tensor-wise
+        ``(||N||, ||R||)`` when ``low`` is one rank's shard of the projection."""
         if group["scale_type"] == "channel":
-            axis = step.context.rank_axis
+            axis = plan.rank_axis
             scaling = torch.linalg.vector_norm(normalized, dim=axis, keepdim=True) / (
                 torch.linalg.vector_norm(low, dim=axis, keepdim=True) + 1e-8
             )
         else:
-            scaling = torch.linalg.vector_norm(normalized) / (torch.linalg.vector_norm(low) + 1e-8)
+            if norms is None:
+                norms = torch.linalg.vector_norm(normalized), torch.linalg.vector_norm(low)
+            scaling = norms[0] / (norms[1] + 1e-8)
         update = g * scaling
-        root_alpha = math.sqrt(group["alpha"])
         if group["scale_front"]:
-            update.mul_(root_alpha)
+            update.mul_(math.sqrt(group["alpha"]))
+        return update
+
+    @staticmethod
+    def limited(
+        update: torch.Tensor,
+        state: dict[str, Any],
+        group: dict[str, Any],
+        t: int,
+        norm: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The norm-growth limiter (``norm``: the whole matrix's, when ``update`` is a shard),
+        then ``sqrt(alpha)`` unless ``scale_front``."""
         if group["norm_growth_limit"] is not None:
             update, _ = limit_norm_growth(
-                update, step.state["grad_norm"], step.t == 1, group["norm_growth_limit"]
+                update, local(state["grad_norm"]), t == 1, group["norm_growth_limit"], norm
             )
         if not group["scale_front"]:
-            update.mul_(root_alpha)
+            update.mul_(math.sqrt(group["alpha"]))
         return update
+
+    def planned_state_numel(self, per_rank: bool = True) -> int:
+        """State elements once every parameter has stepped: on this rank (``per_rank``: its
+        shards of the moments, and the replicated basis, moments and norms) or for the whole
+        model (as ``CompressedAdamW`` counts them)."""
+        params = [(p, g) for g in self.param_groups for p in g["params"]]
+        if not per_rank or not any(is_sharded(p) for p, _ in params):
+            return super().planned_state_numel()
+        total = 0
+        for p, group in params:
+            plan = self.plan_for(p, group)
+            if plan is None:
+                total += 2 * local(p).numel()
+                continue
+            placement = Replicate() if self._spans(p, plan) else p.placements[0]
+            total += 2 * math.prod(local_shape(p, plan.low_shape, placement))
+            total += math.prod(plan.basis_shape) + (group["norm_growth_limit"] is not None)
+        return total
+
+    # -- the sharded (FSDP2) step: parts, one reduction, the rest, twice --------------------------
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """On DTensor parameters (FSDP2) each rank steps its shard: the basis is drawn whole on
+        every rank (the same seeds), a projection whose basis lies along the sharded dim is summed
+        across ranks, and so are the tensor-wise norms of a projection each rank holds its part
+        of, then the limiter's norms: two ``PartialSums`` reductions a step in all."""
+        group_of_ranks = mesh_group(p for g in self.param_groups for p in g["params"])
+        if group_of_ranks is None:
+            return super().step(closure)
+        loss = run_closure(closure)
+        sums, shards, index = PartialSums(group_of_ranks), [], 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                index += 1
+                if p.grad is not None:
+                    shards.append(self._project_shard(p, group, index, sums))
+        sums.reduce()  # projections along the sharded dim, tensor-wise norms of local ones
+        for shard in shards:
+            self._scale_shard(shard, sums)
+        sums.reduce()  # the limiter's norms
+        for shard in shards:
+            self._apply_shard(shard)
+        return loss
+
+    def _spans(self, p: torch.Tensor, plan: Projection | None) -> bool:
+        """Whether ``p``'s projection is summed across ranks: its basis lies along the dim the
+        ranks shard (``G P^T`` of a column shard, ``Q^T G`` of a row shard)."""
+        if not is_sharded(p) or not isinstance(p.placements[0], Shard):
+            return False
+        dim = p.placements[0].dim
+        return plan is not None and dim == (1 if plan.side == "right" else 0)
+
+    def _init_shard_state(self, p: torch.Tensor, group: dict[str, Any], index: int) -> None:
+        """States with ``p``'s placement (DCP reshards them): the moments sharded like the
+        projection's rows/columns the rank holds, or replicated when it is summed across ranks;
+        the basis replicated."""
+        state, plan = self.state[p], self.plan_for(p, group)
+        dtype = resolve_dtype(group["state_dtype"], p.dtype)
+        state["step"] = new_step_counter()
+        if plan is None:
+            state["exp_avg"] = torch.zeros_like(p, dtype=dtype)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype)
+            return
+        placement = Replicate() if self._spans(p, plan) else p.placements[0]
+        for key in ("exp_avg", "exp_avg_sq"):
+            state[key] = placed_zeros(p, plan.low_shape, placement, dtype)
+        state["basis"] = placed_zeros(p, plan.basis_shape, Replicate(), dtype)
+        if group["norm_growth_limit"] is not None:
+            state["grad_norm"] = torch.zeros((), dtype=dtype, device=local(p).device)
+        self.init_extra_state(p, state, index)
+
+    def _project_shard(
+        self, p: torch.Tensor, group: dict[str, Any], index: int, sums: PartialSums
+    ) -> _Shard:
+        if p.grad.is_sparse:
+            raise RuntimeError("APOLLO does not support sparse gradients")
+        if not self.state[p]:
+            self._init_shard_state(p, group, index)
+        state, plan = self.state[p], self.plan_for(p, group)
+        shard = _Shard(p, group, state, count_step(state), local(p.grad).to(compute_dtype(p.dtype)))
+        shard.plan, shard.spans = plan, self._spans(p, plan)
+        if plan is None:
+            shard.low = shard.g
+        else:
+            if refresh_due(state, group, shard.t):
+                local(state["basis"]).copy_(self.new_basis(shard.g, plan, state))
+            basis = local(state["basis"]).to(shard.g.dtype)
+            if shard.spans:  # the basis rows/columns of this rank's part of the sharded dim
+                mesh, dim = p.device_mesh, p.placements[0].dim
+                start, stop = chunk_range(p.shape[dim], mesh.size(), mesh.get_local_rank())
+                basis = basis[:, start:stop] if plan.side == "right" else basis[start:stop]
+                shard.low = sums.add(project(shard.g, basis, plan.side))
+                return shard
+            shard.low = project(shard.g, basis, plan.side)
+        self._moments(shard)
+        if plan is not None and group["scale_type"] == "tensor":
+            shard.norms = sums.add(
+                torch.stack([shard.normalized.square().sum(), shard.low.square().sum()])
+            )
+        return shard
+
+    @staticmethod
+    def _moments(shard: _Shard) -> None:
+        shard.normalized, _ = normalized_moments(shard.state, shard.low, shard.group)
+
+    def _scale_shard(self, shard: _Shard, sums: PartialSums) -> None:
+        if shard.plan is None:
+            shard.update = shard.normalized
+            return
+        if shard.spans:
+            self._moments(shard)
+        norms = None if shard.norms is None else tuple(shard.norms.sqrt())
+        shard.update = self.scaled(
+            shard.g, shard.low, shard.normalized, shard.group, shard.plan, norms
+        )
+        if shard.group["norm_growth_limit"] is not None:
+            shard.limit_norm = sums.add(shard.update.square().sum())
+
+    def _apply_shard(self, shard: _Shard) -> None:
+        update, group = shard.update, shard.group
+        if shard.plan is not None:
+            norm = None if shard.limit_norm is None else shard.limit_norm.sqrt()
+            update = self.limited(update, shard.state, group, shard.t, norm)
+        apply_update(shard.p, update, group, shard.t)
+
+
+@dataclass
+class _Shard:
+    """One parameter's sharded APOLLO step between its passes (local tensors)."""
+
+    p: torch.Tensor
+    group: dict[str, Any]
+    state: dict[str, Any]
+    t: int
+    g: torch.Tensor
+    plan: Projection | None = None
+    spans: bool = False
+    low: torch.Tensor | None = None
+    """The projection: this rank's rows/columns of it, or (``spans``) all of it once summed."""
+    normalized: torch.Tensor | None = None
+    norms: torch.Tensor | None = None
+    """Tensor-wise scaling of a projection held in parts: ``(||N||^2, ||R||^2)`` once summed."""
+    update: torch.Tensor | None = None
+    limit_norm: torch.Tensor | None = None
+    """The limiter's ``||update||^2`` of the whole matrix once summed."""
 
 
 OPTIONS = ("update_proj_gap", "proj_type", "scale_front", "norm_growth_limit", "state_dtype")

@@ -7,15 +7,17 @@ GitHub-only; tests compare against golden trajectories in ``tests/data/``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import Shard
 
 from foam.errors import OptionError
 from foam.hparams import group_defaults, signature_defaults
 from foam.lowrank import CompressedAdamW, CompressedStep, limit_norm_growth
+from foam.numerics import compute_dtype, resolve_dtype
 from foam.param_groups import ParamSplit
 from foam.registry import (
     COMMON_DEFAULTS,
@@ -25,6 +27,11 @@ from foam.registry import (
     register,
     with_adamw_for_others,
 )
+from foam.shard_blocks import local_shape, mesh_group, placed_zeros
+from foam.shard_sums import PartialSums
+from foam.sharded_steps import apply_update, normalized_moments
+from foam.sharding import ShardingNotSupported, is_sharded, local
+from foam.state import count_step, new_step_counter, run_closure
 
 _SQRT_HALF = math.sqrt(0.5)
 
@@ -128,6 +135,7 @@ class GWT(CompressedAdamW):
             )
         for p in group["params"]:
             self.level_for(p, group)  # raises for a level beyond the matrix
+        self.check_shards(group)
 
     @staticmethod
     def level_for(p: torch.Tensor, group: dict[str, Any]) -> int | None:
@@ -151,18 +159,126 @@ class GWT(CompressedAdamW):
         return haar_dwt(g, resolve_level(group["level"], g.shape[-1]))
 
     def expand(self, step: CompressedStep) -> torch.Tensor:
-        normalized, denom, group = step.normalized, step.denom, step.group
+        return self.expanded(
+            step.g, step.normalized, step.denom, step.context, step.state, step.group, step.t
+        )
+
+    @staticmethod
+    def expanded(
+        g: torch.Tensor,
+        normalized: torch.Tensor,
+        denom: torch.Tensor,
+        details: list[torch.Tensor],
+        state: dict[str, Any],
+        group: dict[str, Any],
+        t: int,
+        norm: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Steps 2-4 of the class docstring; ``norm`` is the whole matrix's ``||N||`` when
+        ``normalized`` is one rank's shard of it."""
         limiter: torch.Tensor | float = 1.0
         if group["norm_growth_limit"] is not None:
             normalized, limiter = limit_norm_growth(
-                normalized, step.state["grad_norm"], step.t == 1, group["norm_growth_limit"]
+                normalized, local(state["grad_norm"]), t == 1, group["norm_growth_limit"], norm
             )
-        details = []
-        for detail in step.context:
-            details.append(detail / (denom[..., : detail.shape[-1]] * limiter))
+        rows = []
+        for detail in details:
+            rows.append(detail / (denom[..., : detail.shape[-1]] * limiter))
             denom = denom.repeat_interleave(2, dim=-1)
-        update = haar_idwt(normalized, details)[..., : step.g.shape[-1]]
+        update = haar_idwt(normalized, rows)[..., : g.shape[-1]]
         return update.mul_(group["alpha"])
+
+    # -- the sharded (FSDP2) step ----------------------------------------------------------------
+
+    def check_shards(self, group: dict[str, Any]) -> None:
+        """A row shard transforms its rows alone; a column shard only when its width is a
+        multiple of ``2**level`` (the wavelet's pairs then never straddle two ranks, and no
+        level pads): otherwise one line says what fits."""
+        for index, p in enumerate(group["params"]):
+            level = self.level_for(p, group)
+            if level is None or not is_sharded(p) or p.placements[0] != Shard(1):
+                continue
+            width = p.shape[1] // p.device_mesh.size()
+            if width % 2**level:
+                raise ShardingNotSupported(
+                    f"GWT under FSDP2: parameter {index} of group {group.get('name', '')!r} "
+                    f"(shape {tuple(p.shape)}) is sharded by the columns its level-{level} "
+                    f"wavelet runs along, {width} per rank, which 2**{level} does not divide, so "
+                    "a wavelet pair would straddle two ranks; use a level whose 2**level divides "
+                    f"{width}, shard it by rows, or trainer.parallelism=ddp"
+                )
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """On DTensor parameters (FSDP2) each rank transforms its shard's rows (or its aligned
+        columns, ``check_shards``) and the limiter's norms are summed across ranks in one
+        ``PartialSums`` reduction a step."""
+        ranks = mesh_group(p for g in self.param_groups for p in g["params"])
+        if ranks is None:
+            return super().step(closure)
+        loss = run_closure(closure)
+        sums = PartialSums(ranks)
+        begun = [
+            self._begin_shard(p, group, sums)
+            for group in self.param_groups
+            for p in group["params"]
+            if p.grad is not None
+        ]
+        sums.reduce()
+        for p, group, state, t, g, details, normalized, denom, norm in begun:
+            update = normalized
+            if details is not None:
+                whole = None if norm is None else norm.sqrt()
+                update = self.expanded(g, normalized, denom, details, state, group, t, whole)
+            apply_update(p, update, group, t)
+        return loss
+
+    def _begin_shard(self, p: torch.Tensor, group: dict[str, Any], sums: PartialSums) -> tuple:
+        if p.grad.is_sparse:
+            raise RuntimeError("GWT does not support sparse gradients")
+        state = self.state[p]
+        if not state:
+            self._init_shard_state(p, group)
+        t = count_step(state)
+        g = local(p.grad).to(compute_dtype(p.dtype))
+        level = self.level_for(p, group)
+        low, details = (g, None) if level is None else haar_dwt(g, level)
+        normalized, denom = normalized_moments(state, low, group)
+        norm = None
+        if level is not None and group["norm_growth_limit"] is not None:
+            norm = sums.add(normalized.square().sum())
+        return p, group, state, t, g, details, normalized, denom, norm
+
+    def _init_shard_state(self, p: torch.Tensor, group: dict[str, Any]) -> None:
+        """Moments with ``p``'s placement (a row shard keeps its rows' coefficients, an aligned
+        column shard its columns'), so DCP reshards them."""
+        state, shape = self.state[p], self.compressed_shape(p, group)
+        dtype = resolve_dtype(group["state_dtype"], p.dtype)
+        state["step"] = new_step_counter()
+        for key in ("exp_avg", "exp_avg_sq"):
+            state[key] = (
+                torch.zeros_like(p, dtype=dtype)
+                if shape is None
+                else placed_zeros(p, shape, p.placements[0], dtype)
+            )
+        if shape is not None and group["norm_growth_limit"] is not None:
+            state["grad_norm"] = torch.zeros((), dtype=dtype, device=local(p).device)
+
+    def planned_state_numel(self, per_rank: bool = True) -> int:
+        """State elements once every parameter has stepped: on this rank (``per_rank``) or for
+        the whole model (as ``CompressedAdamW`` counts them)."""
+        params = [(p, g) for g in self.param_groups for p in g["params"]]
+        if not per_rank or not any(is_sharded(p) for p, _ in params):
+            return super().planned_state_numel()
+        total = 0
+        for p, group in params:
+            shape = self.compressed_shape(p, group)
+            if shape is None:
+                total += 2 * local(p).numel()
+                continue
+            total += 2 * math.prod(local_shape(p, shape, p.placements[0]))
+            total += group["norm_growth_limit"] is not None
+        return total
 
 
 OPTIONS = ("alpha", "norm_growth_limit", "state_dtype")
