@@ -226,6 +226,16 @@ UNALIGNED_MORE = [
 
 # A launch taken once and replayed with scalars written in place, under a changing lr.
 SCHEDULE = (1e-2, 2e-2, 5e-3, 1e-3)
+# LLaMA-1B's down-projection rows, 5461 entries (no whole vector of any width, a tail of 1 in
+# blocks of 4 and 5 in blocks of 8), and its transpose folded along the 5461 rows.
+LLAMA_1B_ROWS = [
+    ([(3, 5461), (5461, 3)], level, dtype, options)
+    for level, dtype, options in [
+        (2, torch.bfloat16, {}),
+        (3, torch.bfloat16, {"state_dtype": "float32", "weight_decay": 0.1}),
+        (2, torch.float32, {"second_moment": "mean_of_squares"}),
+    ]
+]
 REPLAYED = [
     ([(12, 300), (24, 20)], 2, torch.bfloat16, {"weight_decay": 0.1}),
     ([(10, 7)], "mini", torch.float32, {"second_moment": "mean_of_squares"}),
@@ -413,6 +423,14 @@ def test_triton_kernel_matches_eager_in_the_interpreter():
 def test_more_unaligned_rows_match_eager_in_the_interpreter():
     assert f"{len(UNALIGNED_MORE)} cases agree" in interpreted(
         "check_cases(test_fused.UNALIGNED_MORE)"
+    )
+
+
+@needs_triton
+@pytest.mark.slow
+def test_llama_1b_rows_match_eager_in_the_interpreter():
+    assert f"{len(LLAMA_1B_ROWS)} cases agree" in interpreted(
+        "check_cases(test_fused.LLAMA_1B_ROWS)"
     )
 
 
