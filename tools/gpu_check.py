@@ -11,7 +11,7 @@ it ends (``--sections`` picks some, to split the check across commands):
 2. the optimizer-step benchmark (FOAM-2, FOAM-3, FOAM-Mini and FOAM-2's eager step against
    fused AdamW, bf16, LLaMA-60M, 350M and 1B shapes), with the step each FOAM group took,
    then LLaMA-1B's matrices shape by shape (``--by-shape``: which tile kind a ratio comes from);
-3. the end-to-end comparison, FOAM-2 against AdamW at LLaMA-60M and 350M with compiled decoder
+3. the end-to-end comparison, FOAM-2 against AdamW at LLaMA-60M, 350M and 1B with compiled decoder
    layers (``scripts/bench_train.py --compiled-only``: 3 interleaved rounds, each starting with
    the next optimizer, after every optimizer's warm-up and compilation);
 4. throughput at a memory cap at LLaMA-350M (``scripts/bench_train.py --memory-cap``);
@@ -90,7 +90,7 @@ class Mode:
 GPU = Mode(
     "cuda",
     ("llama_60m", "llama_350m", "llama_1b"),
-    ("llama_60m", "llama_350m"),
+    ("llama_60m", "llama_350m", "llama_1b"),
     "llama_60m",
     "bf16",
     # The training runs' micro-batch and sequence, so their compiled layer is the one built here.
