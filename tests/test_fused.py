@@ -119,8 +119,8 @@ def vector_shape(kind: str, level: int | str, width: int) -> tuple[int, int]:
     meets whole vectors, leftovers and tails on whatever CPU runs the test. ``cols``: blocks of
     K = 2**level entries along the rows as two groups of ``width`` blocks, three blocks more and
     a one-entry tail; ``rows``: blocks of rows over columns that are not a whole number of
-    vectors; ``mini``: FOAM-Mini over 300 rows and 600 columns (more than one cache-sized slice
-    of columns, the last one short)."""
+    vectors; ``mini``: FOAM-Mini over 300 rows and 600 columns (more than one 512-column slice,
+    the last one short)."""
     if kind == "cols":
         k = 2**level
         return (3, 2 * k * width + 3 * k + 1)
