@@ -92,6 +92,16 @@ def kernel_available(device_type: str) -> bool:
     return kernel_runs(torch.device("cpu"), "cpp")
 
 
+def cpu_vector_width() -> int | None:
+    """How many float32 entries one vector of the CPU step holds as built here (16 with AVX-512,
+    8 with AVX2, 4 with ARM's NEON, 8 in ATen's portable vectors elsewhere: what ``-march=native``
+    let ATen's vectors use), or None where the CPU step does not run. Block sizes below it share a vector, so its value
+    says which of the kernel's paths a matrix takes."""
+    if not kernel_available("cpu"):
+        return None
+    return int(torch.ops.foam.vector_width())
+
+
 def triton_runs(device: torch.device) -> bool:
     """Whether the Triton kernel compiles, runs and agrees with the eager step on ``device``."""
     return kernel_runs(device, "triton")

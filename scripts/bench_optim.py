@@ -6,6 +6,7 @@ The command line of ``tools.bench_optim``, which holds the logic (``--help`` for
     python scripts/bench_optim.py --models llama_60m --dtypes bf16 --methods adamw_fused foam2
     python scripts/bench_optim.py --out results/bench/optim_cpu.md
     python scripts/bench_optim.py --host-cost --models llama_60m llama_1b llama_7b
+    python scripts/bench_optim.py --floor               # each step over its own byte floor
 """
 
 from tools.bench_optim import main

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 import foam
 from foam.optimizer import FOAM
 from models import build_model, load_model_config
-from tools import bench_methods
+from tools import bench_floor, bench_methods
 from tools.bench_host_cost import report as host_cost_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,3 +169,40 @@ def test_host_cost_runs_with_every_launch_stubbed():
     assert [cells[2] for cells in rows] == ["cpp", "triton"]
     matrices = len(foam.split_params(build_model(load_model_config("llama_tiny"))).matrices)
     assert {int(cells[1]) for cells in rows} == {matrices}
+
+
+def test_a_steps_byte_floor_counts_parameter_gradient_and_state_traffic():
+    """A 4 x 8 bf16 parameter and its gradient, and 40 bytes of state: 64 bytes read and
+    written, 64 read, 40 read and written."""
+    p = torch.zeros(4, 8, dtype=torch.bfloat16)
+    p.grad = torch.zeros(4, 8, dtype=torch.bfloat16)
+    frozen = torch.zeros(3)  # no gradient: no step, no bytes
+    assert bench_floor.step_bytes([p, frozen], state_bytes=40) == 2 * 64 + 64 + 2 * 40
+    floor = bench_floor.Floor("m", best_ms=3.0, bytes_moved=2_000_000, params=1, bandwidth=1e9)
+    assert floor.floor_ms == 2.0 and floor.ratio == 1.5
+
+
+def test_bench_optim_floor_reports_each_step_over_its_bytes(tmp_path):
+    """``--floor`` times the matrices alone, with each method's bytes a parameter as counted by
+    hand for llama_tiny's shapes (all divide by FOAM-2's blocks of 4): AdamW fp32 reads and
+    writes parameter, two moments and reads the gradient, 28 bytes; FOAM-2 12 bytes for
+    parameter and gradient and 2 x 2 x 4 / 4 for its folded moments."""
+    report = run_script(
+        "bench_optim.py",
+        *("--floor", "--models", "llama_tiny", "--dtypes", "fp32", "--rounds", "1"),
+        *("--steps", "1", "--bandwidth-mib", "16"),
+        out=tmp_path / "floor.md",
+    )
+    assert report.startswith("# Optimizer step against its byte floor\n\nCommand: `python ")
+    assert re.search(
+        r"Copy bandwidth \(`a.add_\(b\)`, 2 x 16 MiB, best of 5\): [0-9.]+ GB/s", report
+    )
+    rows = table_rows(report)
+    assert set(rows) == set(bench_floor.FLOOR_METHODS)
+    assert rows["adamw_fused"][2] == "28.0" and rows["foam2"][2] == "16.0"
+    assert 12.0 <= float(rows["foam_mini"][2]) < float(rows["foam3"][2]) < 16.0
+    for method, cells in rows.items():
+        best, floor, ratio = float(cells[1]), float(cells[3]), float(cells[4])
+        half = 0.005  # the table's rounding of both times
+        assert (best - half) / (floor + half) <= ratio <= (best + half) / max(floor - half, 1e-9)
+        assert f"* llama_tiny fp32: {method} step = {cells[4]}x its byte floor" in report

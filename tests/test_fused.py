@@ -9,6 +9,7 @@ import copy
 import importlib.util
 import itertools
 import os
+import platform
 import subprocess
 import sys
 import warnings
@@ -113,6 +114,53 @@ def test_cpu_kernel_matches_eager(shape, level, dtype, options):
         assert_agree(a, e, dtype)
 
 
+def vector_shape(kind: str, level: int | str, width: int) -> tuple[int, int]:
+    """A shape sized by the CPU step's vector width (8 with AVX2), so that each of its paths
+    meets whole vectors, leftovers and tails on whatever CPU runs the test. ``cols``: blocks of
+    K = 2**level entries along the rows as two groups of ``width`` blocks, three blocks more and
+    a one-entry tail; ``rows``: blocks of rows over columns that are not a whole number of
+    vectors; ``mini``: FOAM-Mini over 300 rows and 600 columns (more than one 512-column slice,
+    the last one short)."""
+    if kind == "cols":
+        k = 2**level
+        return (3, 2 * k * width + 3 * k + 1)
+    if kind == "rows":
+        return (4 * 2**level + 3, 6 * width + 5)
+    return {"llama_1b": (2, 5461), "mini": (300, 600)}[kind]
+
+
+VECTOR_CASES = [
+    *((kind, level, "larger") for kind in ("cols", "rows") for level in (1, 2, 3, 4)),
+    ("llama_1b", 2, "larger"),  # LLaMA-1B's rows: 5461 entries, no whole number of vectors
+    ("llama_1b", 3, "larger"),
+    ("mini", "mini", "larger"),  # folded along its 300 rows
+    ("mini", "mini", "last"),  # along its 600 columns
+]
+HEAVY = {"residual": 0.5, "second_moment": "mean_of_squares", "weight_decay": 0.1}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("options", [{}, HEAVY], ids=["paper", "heavy"])
+@pytest.mark.parametrize(("kind", "level", "fold_axis"), VECTOR_CASES)
+def test_cpu_kernel_matches_eager_at_vector_tails(kind, level, fold_axis, options, dtype):
+    needs_cpu_kernel()
+    shape = vector_shape(kind, level, fused.cpu_vector_width())
+    settings = {"level": level, "fold_axis": fold_axis, **options}
+    expected = run("eager", shape, dtype, **settings)
+    actual = run("fused", shape, dtype, **settings)
+    for a, e in zip(actual, expected, strict=True):
+        assert_agree(a, e, dtype)
+
+
+def test_vector_width_is_the_isa_the_build_targets():
+    """The width comes from the instruction set the compiler targeted (-march=native), which
+    torch's own CPU kernels report as their capability on the same CPU."""
+    needs_cpu_kernel()
+    capability = torch.backends.cpu.get_cpu_capability()
+    portable = 4 if platform.machine() in ("arm64", "aarch64") else 8  # NEON; ATen's 32 bytes
+    assert fused.cpu_vector_width() == {"AVX512": 16, "AVX2": 8}.get(capability, portable)
+
+
 def test_auto_uses_the_kernel_and_level_zero_stays_eager(monkeypatch):
     needs_cpu_kernel()
     calls = []
@@ -178,6 +226,16 @@ UNALIGNED_MORE = [
 
 # A launch taken once and replayed with scalars written in place, under a changing lr.
 SCHEDULE = (1e-2, 2e-2, 5e-3, 1e-3)
+# LLaMA-1B's down-projection rows, 5461 entries (no whole vector of any width, a tail of 1 in
+# blocks of 4 and 5 in blocks of 8), and its transpose folded along the 5461 rows.
+LLAMA_1B_ROWS = [
+    ([(3, 5461), (5461, 3)], level, dtype, options)
+    for level, dtype, options in [
+        (2, torch.bfloat16, {}),
+        (3, torch.bfloat16, {"state_dtype": "float32", "weight_decay": 0.1}),
+        (2, torch.float32, {"second_moment": "mean_of_squares"}),
+    ]
+]
 REPLAYED = [
     ([(12, 300), (24, 20)], 2, torch.bfloat16, {"weight_decay": 0.1}),
     ([(10, 7)], "mini", torch.float32, {"second_moment": "mean_of_squares"}),
@@ -365,6 +423,14 @@ def test_triton_kernel_matches_eager_in_the_interpreter():
 def test_more_unaligned_rows_match_eager_in_the_interpreter():
     assert f"{len(UNALIGNED_MORE)} cases agree" in interpreted(
         "check_cases(test_fused.UNALIGNED_MORE)"
+    )
+
+
+@needs_triton
+@pytest.mark.slow
+def test_llama_1b_rows_match_eager_in_the_interpreter():
+    assert f"{len(LLAMA_1B_ROWS)} cases agree" in interpreted(
+        "check_cases(test_fused.LLAMA_1B_ROWS)"
     )
 
 

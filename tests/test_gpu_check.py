@@ -13,6 +13,7 @@ import sys
 import tarfile
 from argparse import Namespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -118,6 +119,61 @@ def test_a_timed_out_step_keeps_its_whole_output_stderr_included(tmp_path):
     assert run_step("late", [sys.executable, "-c", ""], 0, tmp_path).status.startswith("not run")
 
 
+def check_args(**given) -> Namespace:
+    """``gpu_check.py run``'s arguments on the CPU, defaults but for ``given``."""
+    return Namespace(**{"cpu": True, "run_budget_s": None, "sections": None, **given})
+
+
+def test_each_training_run_has_its_own_budget_whatever_ran_before(tmp_path, monkeypatch):
+    """A section that takes all it is allowed and overruns it by 5 s, then six training runs
+    that each take all they are given: the section's allowance stops short of the runs'
+    reserve (6 x 100 s of 1000), and every run gets the same share of what is left, at the
+    reserve's 100 s but for the overrun."""
+    clock = [0.0]
+    monkeypatch.setattr(gpu_check, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    given: dict[str, float] = {}
+
+    def greedy(mode, budget, out_dir):
+        given["greedy"] = budget.left(10**6)
+        clock[0] += given["greedy"] + 5
+        return "## greedy\n"
+
+    def run_step(name, cmd, timeout, logs, cwd=None):
+        given[name] = timeout
+        clock[0] += timeout
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / f"{name}.log").write_text("")
+        return gpu_check.Step(f"timed out after {timeout:.0f} s", "", logs / f"{name}.log")
+
+    monkeypatch.setattr(gpu_check, "run_step", run_step)
+    monkeypatch.setattr(gpu_check, "SECTIONS", (greedy, gpu_check.training_runs))
+    monkeypatch.setattr(gpu_check, "header", lambda mode, name, python: "# header\n\n")
+    gpu_check.check(check_args(out=tmp_path / "out", budget_s=1000, bundle=False, run_budget_s=100))
+    assert given.pop("greedy") == 400
+    assert list(given) == [f"train_{method}" for method in gpu_check.TRAIN_METHODS]
+    assert list(given.values()) == pytest.approx([595 / 6] * len(gpu_check.TRAIN_METHODS))
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert report.count("timed out after 99 s") == len(gpu_check.TRAIN_METHODS)
+
+
+def test_sections_picks_the_sections_a_command_runs(tmp_path, monkeypatch):
+    ran = []
+
+    def section(name: str):
+        def run(mode, budget, out_dir):
+            ran.append((name, budget.left(10**6)))
+            return f"## {name}\n"
+
+        run.__name__ = name
+        return run
+
+    monkeypatch.setattr(gpu_check, "SECTIONS", (section("one"), section("two")))
+    monkeypatch.setattr(gpu_check, "header", lambda mode, name, python: "# header\n\n")
+    gpu_check.check(check_args(out=tmp_path / "out", budget_s=60, bundle=False, sections=["two"]))
+    assert [name for name, _ in ran] == ["two"]
+    assert ran[0][1] == pytest.approx(60, abs=1)  # no training runs chosen: nothing reserved
+
+
 def test_each_section_is_on_disk_before_the_next_starts(tmp_path, monkeypatch):
     """The report in OUT holds every finished section while the next runs (a check cut short
     by the device's limit loses only the section it was in)."""
@@ -134,7 +190,7 @@ def test_each_section_is_on_disk_before_the_next_starts(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gpu_check, "SECTIONS", (section("one"), section("two")))
     monkeypatch.setattr(gpu_check, "header", lambda mode, name, python: "# header\n\n")
-    out = gpu_check.check(Namespace(cpu=True, out=tmp_path / "out", budget_s=60, bundle=False))
+    out = gpu_check.check(check_args(out=tmp_path / "out", budget_s=60, bundle=False))
     assert out == tmp_path / "out"
     assert seen == ["# header\n\n", "# header\n\n## one\n\n"]
     text = report_file.read_text()
@@ -168,7 +224,7 @@ def test_a_bundled_check_leaves_the_report_and_one_archive_after_every_section(
 
     monkeypatch.setattr(gpu_check, "SECTIONS", (section("one"), section("two")))
     monkeypatch.setattr(gpu_check, "header", lambda mode, name, python: "# header\n\n")
-    gpu_check.check(Namespace(cpu=True, out=out, budget_s=60, bundle=True))
+    gpu_check.check(check_args(out=out, budget_s=60, bundle=True))
     assert sorted(p.name for p in out.iterdir()) == ["check.tar.gz", "report.md"]
     assert archived == [["logs/one.log", "runs/one/summary.json"]]
     with tarfile.open(out / gpu_check.BUNDLE) as tar:

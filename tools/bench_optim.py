@@ -15,7 +15,12 @@ their times are those of the steps between refreshes.
     python scripts/bench_optim.py --out results/bench/optim_cpu.md
     python scripts/bench_optim.py --by-shape --models llama_1b --dtypes bf16    # per matrix shape
     python scripts/bench_optim.py --host-cost --models llama_60m llama_1b llama_7b
+    python scripts/bench_optim.py --floor               # each step over its byte floor
 
+``--floor`` times the attention/MLP matrices alone (by default FOAM-2, FOAM-3, FOAM-Mini and
+fused AdamW at LLaMA-60M and 350M, fp32 and bf16) and reports each method's best step as a
+multiple of its own byte floor, the bytes it must move over the bandwidth measured in the same
+process (tools/bench_floor.py).
 ``--host-cost`` measures instead what FOAM's fused step costs the host, the kernels stubbed
 (tools/bench_host_cost.py): one kernel call per matrix against one per step.
 """
@@ -35,6 +40,7 @@ import torch
 import foam
 from foam.profiling import peak_transient_bytes
 from models import available_models, build_model, load_model_config
+from tools import bench_floor
 from tools.bench_host_cost import report as host_cost_report
 from tools.bench_methods import DEFAULT_LABELS, available_labels, builder
 from tools.bench_report import Machine, command_line, publish
@@ -50,6 +56,7 @@ HEADLINE = ("foam2", "foam3", "foam_mini")
 class Result:
     method: str
     step_ms: float
+    best_ms: float
     state_bytes: int
     transient_bytes: int
     foam_steps: str
@@ -118,7 +125,9 @@ def run(
                 gc.collect()
         print(f"  {model_name}: round {round_index + 1}/{args.rounds} done", file=sys.stderr)
     return [
-        Result(label, statistics.median(times[label]) * 1e3, *memory[label])
+        Result(
+            label, statistics.median(times[label]) * 1e3, min(times[label]) * 1e3, *memory[label]
+        )
         for label in methods
         if label in memory
     ]
@@ -168,20 +177,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--models",
         nargs="+",
-        default=["llama_60m", "llama_130m"],
+        default=None,
         choices=available_models(),
         metavar="MODEL",
-        help="configs/model names; default: llama_60m llama_130m",
+        help="configs/model names; default: llama_60m llama_130m (--floor: "
+        f"{' '.join(bench_floor.FLOOR_MODELS)})",
     )
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=sorted(DTYPES))
     parser.add_argument(
         "--methods",
         nargs="+",
-        default=list(DEFAULT_LABELS),
+        default=None,
         choices=available_labels(),
         metavar="LABEL",
         help="optim config names (configs/optim), NAME_eager for a FOAM one's eager step, "
-        "adamw_fused, adamw_foreach; default: every method of the paper's tables",
+        "adamw_fused, adamw_foreach; default: every method of the paper's tables (--floor: "
+        f"{' '.join(bench_floor.FLOOR_METHODS)})",
     )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of all methods")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per method and round")
@@ -197,6 +208,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also time the matrices of each distinct shape alone, a table per shape",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="each method's best step over its byte floor (bytes it must move / the copy "
+        "bandwidth measured in this process), on the matrices alone",
+    )
+    parser.add_argument(
+        "--bandwidth-mib",
+        type=int,
+        default=bench_floor.BANDWIDTH_MIB,
+        help="--floor: MiB of each of the two buffers the bandwidth is measured on (more than "
+        "the last-level cache)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None, help="also write the tables here")
     parser.add_argument(
@@ -208,14 +232,66 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """The models and methods not given: the floor's few, or the paper's tables."""
+    if args.models is None:
+        args.models = list(bench_floor.FLOOR_MODELS if args.floor else ("llama_60m", "llama_130m"))
+    if args.methods is None:
+        args.methods = list(bench_floor.FLOOR_METHODS if args.floor else DEFAULT_LABELS)
+    args.matrices_only = args.matrices_only or args.floor
+    return args
+
+
+def floor_report(args: argparse.Namespace, machine: Machine) -> str:
+    """``--floor``: every method's best step on each model's matrices over its byte floor."""
+    bandwidth_before = bench_floor.copy_bandwidth(machine.device, args.bandwidth_mib)
+    measured = []
+    for model_name in args.models:
+        for dtype in args.dtypes:
+            torch.manual_seed(0)
+            model = build_model(
+                load_model_config(model_name), device=args.device, dtype=DTYPES[dtype]
+            )
+            for title, stepped in stepped_sets(model, args):
+                results = run(model, model_name, stepped, args.methods, args)
+                numel = sum(p.numel() for p in stepped)
+                moved = {r.method: bench_floor.step_bytes(stepped, r.state_bytes) for r in results}
+                measured.append((f"{model_name} {dtype}{title}", results, moved, numel))
+            del model
+            gc.collect()
+    bandwidth_after = bench_floor.copy_bandwidth(machine.device, args.bandwidth_mib)
+    bandwidth = max(bandwidth_before, bandwidth_after)
+    sections, headline = [], []
+    for label, results, moved, numel in measured:
+        floors = [
+            bench_floor.Floor(r.method, r.best_ms, moved[r.method], numel, bandwidth)
+            for r in results
+        ]
+        sections.append(bench_floor.markdown(label, floors, BASELINE))
+        headline += bench_floor.headline(label, floors)
+    gbs = [f"{b / 1e9:.1f}" for b in (bandwidth_before, bandwidth_after)]
+    header = (
+        f"# Optimizer step against its byte floor\n\nCommand: `{command_line()}`\n\n"
+        f"{machine.describe()} Copy bandwidth (`a.add_(b)`, 2 x {args.bandwidth_mib} MiB, "
+        f"best of 5): {gbs[0]} GB/s before the steps, {gbs[1]} GB/s after; the floor takes "
+        f"{bandwidth / 1e9:.1f}. Step: best of {args.rounds} interleaved rounds x {args.steps} "
+        "steps, the matrices alone. Floor: (parameters read and written + gradients read + "
+        "states read and written) / bandwidth.\n\n" + "\n".join(headline) + "\n\n"
+    )
+    return header + "\n".join(sections)
+
+
 def main() -> None:
-    args = build_parser().parse_args()
+    args = resolve_defaults(build_parser().parse_args())
     if args.host_cost:
         header = f"# FOAM step: host cost\n\nCommand: `{command_line()}`\n\n"
         publish(header + host_cost_report(args.models, args.rounds, args.steps), args.out)
         return
 
     machine = Machine(args.device)
+    if args.floor:
+        publish(floor_report(args, machine), args.out)
+        return
     sections, headline = [], []
     for model_name in args.models:
         for dtype in args.dtypes:

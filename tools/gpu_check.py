@@ -2,14 +2,16 @@
 own torch; everything it makes lands in DIR as each section finishes.
 
 ``make gpu-deps`` (``tools/gpu_deps.py``) first installs offline what the machine lacks and proves
-it imports. ``run`` (at most ``--budget-s`` seconds, 8 minutes by default) then runs, in this
-order, each section written to DIR as soon as it ends:
+it imports. ``run`` (at most ``--budget-s`` seconds, 8 minutes by default, of which each training
+run's ``--run-budget-s`` is reserved for it before anything starts: no benchmark or compile
+before the runs starves them) then runs, in this order, each section written to DIR as soon as
+it ends (``--sections`` picks some, to split the check across commands):
 
 1. the ``gpu`` tests;
 2. the optimizer-step benchmark (FOAM-2, FOAM-3, FOAM-Mini and FOAM-2's eager step against
    fused AdamW, bf16, LLaMA-60M, 350M and 1B shapes), with the step each FOAM group took,
    then LLaMA-1B's matrices shape by shape (``--by-shape``: which tile kind a ratio comes from);
-3. the end-to-end comparison, FOAM-2 against AdamW at LLaMA-60M and 350M with compiled decoder
+3. the end-to-end comparison, FOAM-2 against AdamW at LLaMA-60M, 350M and 1B with compiled decoder
    layers (``scripts/bench_train.py --compiled-only``: 3 interleaved rounds, each starting with
    the next optimizer, after every optimizer's warm-up and compilation);
 4. throughput at a memory cap at LLaMA-350M (``scripts/bench_train.py --memory-cap``);
@@ -42,7 +44,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tools import gpu_deps
@@ -75,7 +77,8 @@ class Mode:
     end_to_end_args: tuple[str, ...]
     train_args: tuple[str, ...]
     run_limit_s: float
-    """Each training run's share of the budget at most."""
+    """Each training run's own allowance (``--run-budget-s`` by default), reserved out of the
+    check's budget before any section starts."""
     slack: float
     """Factor on the tests' and the benchmarks' time limits (a shared CPU is slow to start)."""
 
@@ -87,7 +90,7 @@ class Mode:
 GPU = Mode(
     "cuda",
     ("llama_60m", "llama_350m", "llama_1b"),
-    ("llama_60m", "llama_350m"),
+    ("llama_60m", "llama_350m", "llama_1b"),
     "llama_60m",
     "bf16",
     # The training runs' micro-batch and sequence, so their compiled layer is the one built here.
@@ -118,7 +121,7 @@ CPU = Mode(
         "trainer.eval_tokens=500",
         "data.seq_len=64",
     ),
-    400.0,
+    200.0,
     5.0,
 )
 MEMORY_CAP_ARGS = (
@@ -129,13 +132,22 @@ MEMORY_CAP_ARGS = (
 
 
 class Budget:
-    """The check's wall-clock allowance, shared out to its steps."""
+    """The check's wall-clock allowance, shared out to its steps. Its last ``reserved`` seconds
+    are the training runs' alone: no section before them (a benchmark's compile, a slow test)
+    eats into them, and each run gets an equal part of what is left when it starts, so a run
+    that takes all of its part leaves every later run as much."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, reserved: float = 0.0) -> None:
         self.deadline = time.monotonic() + seconds
+        self.reserved = reserved
 
     def left(self, cap: float) -> float:
-        return max(0.0, min(cap, self.deadline - time.monotonic()))
+        """A section's allowance: at most ``cap``, never out of the runs' reserve."""
+        return max(0.0, min(cap, self.deadline - self.reserved - time.monotonic()))
+
+    def run_share(self, runs_left: int) -> float:
+        """A training run's allowance: what is left of the whole budget over the runs to go."""
+        return max(0.0, (self.deadline - time.monotonic()) / runs_left)
 
 
 class Report:
@@ -292,13 +304,13 @@ def training_runs(mode: Mode, budget: Budget, out_dir: Path) -> str:
         "trainer.save_final=false", "data.num_workers=1", *mode.train_args,
     ]  # fmt: skip
     rows = []
-    for method in TRAIN_METHODS:
+    for index, method in enumerate(TRAIN_METHODS):
         run_dir = out_dir / "runs" / method
         cmd = [sys.executable, "train/pretrain.py", f"+optim={method}", *fixed]
         step = run_step(
             f"train_{method}",
             [*cmd, f"hydra.run.dir={run_dir}"],
-            budget.left(mode.run_limit_s),
+            budget.run_share(len(TRAIN_METHODS) - index),
             out_dir / "logs",
         )
         summary_file = run_dir / "summary.json"
@@ -427,12 +439,16 @@ def check(args: argparse.Namespace) -> Path:
     import torch
 
     mode = GPU if torch.cuda.is_available() and not args.cpu else CPU
+    if args.run_budget_s is not None:
+        mode = replace(mode, run_limit_s=args.run_budget_s)
     name = torch.cuda.get_device_name(0) if mode.on_gpu else "cpu"
     out_dir = (args.out or REPO / "results" / "bench" / f"gpu_{device_slug(name)}").resolve()
     work_dir = Path(tempfile.mkdtemp(prefix="gpu-check-")) if args.bundle else out_dir
-    budget = Budget(args.budget_s)
+    chosen = [s for s in SECTIONS if args.sections is None or s.__name__ in args.sections]
+    runs = len(TRAIN_METHODS) if training_runs in chosen else 0
+    budget = Budget(args.budget_s, reserved=runs * mode.run_limit_s)
     report = Report(out_dir / "report.md", header(mode, name, sys.executable))
-    for section in SECTIONS:
+    for section in chosen:
         report.add(section(mode, budget, work_dir))
         if args.bundle:
             bundle(work_dir, out_dir / BUNDLE)
@@ -455,6 +471,21 @@ def main() -> None:
     run.add_argument("--budget-s", type=float, default=470.0, help="the whole check's limit")
     run.add_argument("--out", type=Path, default=None, help="default results/bench/gpu_<device>")
     run.add_argument("--cpu", action="store_true", help="the CPU's tiny sizes even with a GPU")
+    run.add_argument(
+        "--run-budget-s",
+        type=float,
+        default=None,
+        help="each training run's own seconds, reserved out of --budget-s before the sections "
+        f"start (default {GPU.run_limit_s:.0f} on a GPU, {CPU.run_limit_s:.0f} on the CPU)",
+    )
+    run.add_argument(
+        "--sections",
+        nargs="+",
+        default=None,
+        choices=[s.__name__ for s in SECTIONS],
+        help="run these sections only (default all), e.g. to split the check across two "
+        "commands that each fit a device's limit",
+    )
     run.add_argument(
         "--bundle",
         action="store_true",
