@@ -12,11 +12,13 @@ device fault is caught here) and agree with the eager step. A kernel that fails 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
 import itertools
 import logging
+import platform
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
@@ -46,11 +48,29 @@ def cpu_extension_name() -> str:
     differ from the cached build, so two checkouts (a study's and a development tree) under one
     name would rebuild it for each other on every load (about 30 s, and a process that loads it
     meanwhile waits). Hashing the path and content gives each checkout its own build, made once.
+    The CPU's instruction sets are hashed too: ``-march=native`` builds for this CPU alone, and a
+    cache on a home directory that machines of several kinds share would otherwise hand an
+    AVX-512 build to a CPU without it (an illegal instruction, not an error).
     """
     digest = hashlib.sha256(str(CPU_SOURCE.resolve()).encode())
     digest.update(CPU_SOURCE.read_bytes())
     digest.update(" ".join(CPU_CFLAGS).encode())
+    digest.update(cpu_features().encode())
     return f"foam_step_cpu_{digest.hexdigest()[:16]}"
+
+
+@functools.cache
+def cpu_features() -> str:
+    """The machine's architecture and its CPU's feature flags (Linux's ``/proc/cpuinfo``: x86's
+    ``flags``, ARM's ``Features``), or the architecture alone where they cannot be read."""
+    features = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("flags", "Features"):
+                features = value.strip()
+                break
+    return f"{platform.machine()} {features}"
 
 
 def _describe(error: Exception) -> str:

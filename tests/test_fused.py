@@ -457,6 +457,17 @@ def test_each_source_file_has_its_own_extension_build(tmp_path, monkeypatch):
     assert fused.cpu_extension_name() != other
 
 
+def test_each_cpu_kind_has_its_own_extension_build(monkeypatch):
+    """``-march=native`` builds for one CPU: a cache shared by machines of several kinds (a
+    cluster's home directory) must not hand one's build to another."""
+    assert fused.cpu_features().startswith(platform.machine())
+    name = fused.cpu_extension_name()
+    monkeypatch.setattr(fused, "cpu_features", lambda: "x86_64 fpu sse2 avx2")
+    without_avx512 = fused.cpu_extension_name()
+    monkeypatch.setattr(fused, "cpu_features", lambda: "x86_64 fpu sse2 avx2 avx512f")
+    assert len({name, without_avx512, fused.cpu_extension_name()}) == 3
+
+
 def test_the_probe_compares_the_kernel_with_the_eager_step(monkeypatch, caplog):
     """A kernel that runs but computes nothing (here: leaves every tensor as it was) is caught
     by its probe, which says what differs; the real CPU kernel passes it."""
