@@ -19,11 +19,13 @@ import pytest
 import torch
 from omegaconf.errors import ConfigKeyError
 
-from train import corpus, data, tokenizer
-from train.data import build_tokenizer, build_train_loader, rank_stream
+from train.data import corpus, tokenizer
+from train.data import loader as data
+from train.data.loader import build_train_loader, rank_stream
+from train.data.tokenizer import build_tokenizer
+from train.data.val_batches import build_val_batches
 from train.errors import ConfigError, DataSourceError
 from train.schema import DataConfig, data_config, register_configs
-from train.val_batches import build_val_batches
 
 REPO = Path(__file__).resolve().parents[1]
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
@@ -707,10 +709,9 @@ def test_a_paper_size_model_with_the_fallback_tokenizer_is_refused_before_it_is_
 
 def test_module_exports():
     """The train loader's module and the evaluation sets' module each name what they export."""
-    from train import val_batches
+    from train.data import val_batches
 
     assert set(data.__all__) == {
-        "build_tokenizer",
         "build_train_loader",
         "TrainLoader",
         "prove_data",
@@ -725,7 +726,7 @@ def _position(rank: int, world_size: int, records: int, carry: list | None = Non
 
 
 def test_rederive_position_two_ranks_to_one_and_back():
-    from train.data_position import rederive_position
+    from train.data.position import rederive_position
 
     two = [{**_position(r, 2, 6), "stats": {"records": 6, "tokens": 18}} for r in (0, 1)]
     one = rederive_position(two, {"seq_len": 8, "rank": 0, "world_size": 1, "split": "records"})
@@ -744,7 +745,7 @@ def test_rederive_position_two_ranks_to_one_and_back():
     ],
 )
 def test_rederive_position_refuses_what_it_cannot_make_exact(saved, reason):
-    from train.data_position import rederive_position
+    from train.data.position import rederive_position
 
     mine = {"seq_len": 8, "rank": 0, "world_size": 4, "split": "records"}
     if "evenly" not in reason:
@@ -828,7 +829,7 @@ def _sets_up_the_data(rank: int, store: str, over: list[dict], out: dict) -> Non
         ("rank 1 lacks a validation file", "its rows", "its rows"),  # rank 0 reads the set
         ("rank 1 has no data", r"rank 1 failed: .*node_1", r"DataSourceError: .*node_1"),
         ("rank 1 has no tokenizer", "rank 1 failed: cannot load tokenizer", "cannot load token"),
-        # the source's proof on opening it (train/corpus.py) finds the unreadable shards first
+        # the source's proof on opening it (train/data/corpus.py) finds the unreadable shards first
         (
             "rank 0 has no usable validation text",
             "0 of the first .* hold usable",

@@ -10,9 +10,9 @@ import yaml
 
 import models
 from repro.demo import OVERRIDES, RUN_DIR, run_dir_of
-from train.corpus import open_source
+from train.data.corpus import open_source
+from train.data.tokenizer import build_tokenizer
 from train.schema import data_config
-from train.tokenizer import build_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = [sys.executable, str(REPO / "scripts" / "demo.py")]

@@ -13,10 +13,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import models
 from train.checkpoint import load_model_weights
+from train.data.tokenizer import HFTokenizer
+from train.data.val_batches import build_val_batches
 from train.evaluate import evaluate
 from train.schema import data_config
-from train.tokenizer import HFTokenizer
-from train.val_batches import build_val_batches
 
 export_hf_main = runpy.run_path(str(REPO / "scripts" / "export_hf.py"))["main"]
 
@@ -99,8 +99,8 @@ def test_a_tokenizer_that_cannot_convert_leaves_the_model_with_a_warning(tmp_pat
 
     import sentencepiece as spm
 
-    from train.export import export_hf
-    from train.tokenizer import SentencePieceTokenizer
+    from train.data.tokenizer import SentencePieceTokenizer
+    from train.export.hf import export_hf
 
     proto = io.BytesIO()  # SentencePiece's default layout: unk 0, bos 1, eos 2, no pad
     lines = [f"line {i} of a small corpus with some words" for i in range(200)]

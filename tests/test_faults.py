@@ -26,7 +26,7 @@ from tests.test_train_checkpoint import live, save
 from tests.test_train_cli import ENV, REPO, command, train_losses, wait_for
 from train import checkpoint as ckpt
 from train import manifest, run_lock
-from train.data_fingerprint import check_unchanged, fingerprint
+from train.data.fingerprint import check_unchanged, fingerprint
 from train.errors import SAVE_FAILED_EXIT_STATUS, CheckpointSaveFailed, ConfigError
 from train.loggers import JsonlWriter
 from train.schema import DataConfig

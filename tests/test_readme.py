@@ -86,7 +86,7 @@ def test_the_layout_section_names_every_module():
     named = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", layout))
     packages = ("foam", "foam/baselines", "foam/combinations", "models", "train", "repro")
     packages += ("repro/tables", "repro/cpu_study", "repro/cpu_study/tables", "tools")
-    packages += ("train/finetune",)
+    packages += ("train/finetune", "train/data", "train/export")
     modules = {
         f"{package}/{path.stem}"
         for package in packages

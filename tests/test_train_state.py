@@ -13,7 +13,8 @@ import torch
 import foam
 import models
 from train.checkpoint import Resumable, restore_training_state, save_training_state
-from train.data import build_tokenizer, build_train_loader
+from train.data.loader import build_train_loader
+from train.data.tokenizer import build_tokenizer
 from train.errors import ConfigError
 from train.schedule import build_scheduler
 from train.schema import DataConfig

@@ -19,8 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from train.corpus import embedded_documents
-from train.data import build_tokenizer, build_train_loader
+from train.data.corpus import embedded_documents
+from train.data.loader import build_train_loader
+from train.data.tokenizer import build_tokenizer
 from train.schema import DataConfig
 
 
@@ -84,7 +85,7 @@ def main() -> None:
     p.add_argument("--cache-dir", default=None, help="tokenizer cache (default ~/.cache/foam)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("train.data").setLevel(logging.WARNING)  # no per-epoch lines
+    logging.getLogger("train.data.loader").setLevel(logging.WARNING)  # no per-epoch lines
 
     common = dict(
         seq_len=args.seq_len,

@@ -32,7 +32,7 @@ newest checkpoint that verifies and loads, setting aside (``step_N.bad-<reason>`
 does not (``restore_first_loadable``).
 
 Resuming on another world size: model and optimizer reshard; the data position is re-derived by
-``train.data_position.rederive_position`` (or refused with the reason); each rank's RNG state is
+``train.data.position.rederive_position`` (or refused with the reason); each rank's RNG state is
 that of the saved rank with its number, rank 0's for ranks the saved run did not have.
 """
 

@@ -67,9 +67,11 @@ from train.config import (
     check_config,
     optimizer_hparams,
 )
-from train.corpus import describe_source, open_sources_on_ranks
-from train.data import TrainLoader, build_train_loader, prove_data
-from train.data_fingerprint import check_unchanged, fingerprint
+from train.data.corpus import describe_source, open_sources_on_ranks
+from train.data.fingerprint import check_unchanged, fingerprint
+from train.data.loader import TrainLoader, build_train_loader, prove_data
+from train.data.tokenizer import Tokenizer, build_tokenizer_on_ranks
+from train.data.val_batches import ValBatches, build_val_batches
 from train.errors import (
     SAVE_FAILED_EXIT_STATUS,
     CheckpointSaveFailed,
@@ -78,7 +80,7 @@ from train.errors import (
 )
 from train.estimate import StepSetup, StepTimeEstimate, estimate_step_time
 from train.evaluate import evaluate
-from train.export import HF_DIR, export_hf, unsharded_model
+from train.export.hf import HF_DIR, export_hf, unsharded_model
 from train.loggers import MetricSink
 from train.metrics import (
     PhasePeaks,
@@ -125,9 +127,7 @@ from train.summary import (
     write_diverged,
     write_summary,
 )
-from train.tokenizer import Tokenizer, build_tokenizer_on_ranks
 from train.update_cosine import track_update_cosine
-from train.val_batches import ValBatches, build_val_batches
 
 log = logging.getLogger("train.pretrain")
 
@@ -181,7 +181,7 @@ class Run:
 
     @functools.cached_property
     def data_fingerprint(self) -> dict:
-        """The data this run trains on, kept in each checkpoint (``train/data_fingerprint.py``)."""
+        """The data this run trains on, kept in each checkpoint (``train/data/fingerprint.py``)."""
         return fingerprint(data_config(self.cfg.data))
 
     @functools.cached_property
@@ -416,7 +416,7 @@ def build_data(
     """Each rank reads its own shard of the stream; validation (and test, where asked) is a
     fixed token budget. The source is opened once, here, for the tokenizer and the loaders (the
     hub by rank 0 alone), and proven: usable records before the tokenizer, a full batch and a
-    scoreable validation document after it (``train/corpus.py``, ``train/data.py``)."""
+    scoreable validation document after it (``train/data/corpus.py``, ``train/data/loader.py``)."""
     t = cfg.trainer
     source = open_sources_on_ranks(data, info.is_main)
     tokenizer = build_tokenizer_on_ranks(

@@ -109,8 +109,8 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    """Where documents come from and how they become batches (``train/corpus.py``, ``train/data.py``,
-    ``train/tokenizer.py``). The defaults are the benchmark protocol's."""
+    """Where documents come from and how they become batches (``train/data/corpus.py``, ``train/data/loader.py``,
+    ``train/data/tokenizer.py``). The defaults are the benchmark protocol's."""
 
     name: str = MISSING
     """c4 (the hub stream), local (files under ``path``) or embedded (offline corpus)."""
@@ -130,7 +130,7 @@ class DataConfig:
     spm_vocab_size: int = 8192
     """Pieces of the project's SentencePiece model (capped by the model's vocabulary)."""
     allow_small_tokenizer: bool = False
-    """Train with a tokenizer of less than half the model's vocabulary (``train/tokenizer.py``)."""
+    """Train with a tokenizer of less than half the model's vocabulary (``train/data/tokenizer.py``)."""
     val_fraction: float | None = None
     """Records held out for validation when the source has no validation split."""
     shuffle_seed: int | None = PROTOCOL_SEED

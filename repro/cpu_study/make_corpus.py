@@ -444,8 +444,8 @@ def mirror_config(out: Path, vocab_size: int) -> DataConfig:
 def count_tokens(out: Path, vocab_size: int, batch: int = 1000) -> dict[str, int]:
     """Tokens per split with the SentencePiece tokenizer training would build on this mirror
     (``batch`` documents encoded at a time: a large mirror's ids do not fit in memory at once)."""
-    from train.corpus import open_source
-    from train.tokenizer import build_tokenizer
+    from train.data.corpus import open_source
+    from train.data.tokenizer import build_tokenizer
 
     cfg = mirror_config(out, vocab_size)
     tokenizer = build_tokenizer(cfg, vocab_size)
@@ -466,8 +466,8 @@ def count_tokens(out: Path, vocab_size: int, batch: int = 1000) -> dict[str, int
 def tokenizer_sha256(out: Path, vocab_size: int) -> str:
     """sha256 of the SentencePiece model training builds on this mirror (from its cache when it
     was built before). It depends on the text and on the installed ``sentencepiece``."""
-    from train.corpus import open_sources
-    from train.tokenizer import project_sentencepiece
+    from train.data.corpus import open_sources
+    from train.data.tokenizer import project_sentencepiece
 
     cfg = mirror_config(out, vocab_size)
     proto, _, _ = project_sentencepiece(cfg, vocab_size, open_sources(cfg))

@@ -17,8 +17,8 @@ from collections import Counter
 from pathlib import Path
 from urllib.parse import urlparse
 
-from train.corpus import list_local_files, open_sources
-from train.data import rank_stream
+from train.data.corpus import list_local_files, open_sources
+from train.data.loader import rank_stream
 from train.schema import DataConfig
 
 

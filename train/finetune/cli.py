@@ -28,7 +28,7 @@ import json
 import sys
 from pathlib import Path
 
-from train.corpus import hub_reachable
+from train.data.corpus import hub_reachable
 from train.finetune.args import FinetuneArgs
 from train.finetune.methods import DEFAULT_LEVEL, DEFAULT_RANK, METHODS, MethodSetting
 from train.finetune.recipes import run_glue, run_mmlu

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from train.corpus import hub_reachable
+from train.data.corpus import hub_reachable
 
 
 class FinetuneError(ValueError):

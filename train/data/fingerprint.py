@@ -14,7 +14,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from train.corpus import embedded_documents, list_local_files
+from train.data.corpus import embedded_documents, list_local_files
 from train.errors import ConfigError
 from train.schema import DataConfig
 

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from train.corpus import (
+from train.data.corpus import (
     Source,
     count_skip,
     describe_skips,

@@ -4,7 +4,7 @@ tokenizer that trained it, loadable with ``AutoModelForCausalLM.from_pretrained`
 
 A run exports its final model into ``<run_dir>/hf/`` (``train/pretrain.py``);
 ``scripts/export_hf.py`` exports any checkpoint of ``train/checkpoint.py``. The project's
-SentencePiece tokenizer (``train/tokenizer.py``) has T5's layout (pad 0, EOS 1, unk 2, EOS
+SentencePiece tokenizer (``train/data/tokenizer.py``) has T5's layout (pad 0, EOS 1, unk 2, EOS
 appended, no BOS), so it is saved as a ``T5Tokenizer`` converted from its model file; a
 Hugging Face tokenizer is saved as it is.
 """
@@ -27,9 +27,9 @@ from train.checkpoint import (
     load_model_weights,
     saved_model_dtype,
 )
+from train.data.tokenizer import HFTokenizer, SentencePieceTokenizer, Tokenizer, build_tokenizer
 from train.parallelism import is_sharded
 from train.schema import data_config
-from train.tokenizer import HFTokenizer, SentencePieceTokenizer, Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""Records to fixed-shape rows, shared by the train loader (``train/data.py``) and the validation
-set (``train/val_batches.py``): records are tokenized in chunks, each document truncated to
+"""Records to fixed-shape rows, shared by the train loader (``train/data/loader.py``) and the validation
+set (``train/data/val_batches.py``): records are tokenized in chunks, each document truncated to
 ``seq_len`` and right-padded (``data.pack=false``, the protocol) or concatenated into full rows
 (``data.pack=true``), and unusable records counted by reason. The position attached to each batch
 counts only the records up to it, so a restore at any batch boundary is exact.
@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import torch
 
-from train.corpus import SKIP_REASONS, count_skip
+from train.data.corpus import SKIP_REASONS, count_skip
+from train.data.tokenizer import Tokenizer
 from train.objective import IGNORE_INDEX
-from train.tokenizer import Tokenizer
 
 READ_CHUNK = 256  # raw records tokenized together (batch encoding is much faster per document)
 

@@ -1,7 +1,7 @@
 """Training and validation batches: the benchmark protocol's C4 pipeline, resumable and robust.
 
 Pipeline (the same code for `data=c4`, `data=local` and `data=embedded`; only the source differs,
-see `train/corpus.py`):
+see `train/data/corpus.py`):
 
     source -> .shuffle(seed=data.shuffle_seed (42; validation: always 42),
                        buffer_size=data.shuffle_buffer (1000))
@@ -23,15 +23,15 @@ LM no real token sees the padding after it.
 Ranks see disjoint training data: `split_dataset_by_node` gives whole shards (files) to ranks
 when the shard count divides the world size, otherwise every rank keeps one record in
 `world_size`. The validation set is the same rows for every world size: rank 0 reads the whole
-validation stream and each rank scores rows `rank::world_size` (`train/val_batches.py`).
+validation stream and each rank scores rows `rank::world_size` (`train/data/val_batches.py`).
 
 Proven before step 1 (``prove_data``): the training split fills one micro-batch in a single pass
 (the loader reads its first batch at start-up and hands it out first), and some validation
 document has a token to predict; otherwise the run stops with one line (a config error).
 
-Records become rows in `train/batcher.py`. Resume: the train loader's position is (epoch, raw
+Records become rows in `train/data/batcher.py`. Resume: the train loader's position is (epoch, raw
 records consumed from this rank's stream, tokens carried into the next batch; carried to another
-world size by `train/data_position.py`). `load_state_dict` rebuilds the stream of that epoch and
+world size by `train/data/position.py`). `load_state_dict` rebuilds the stream of that epoch and
 skips the consumed records without tokenizing them, so the following batches are exactly those
 of an uninterrupted run. Finite data restarts a new epoch via `IterableDataset.set_epoch`, which
 reshuffles deterministically.
@@ -49,20 +49,15 @@ from typing import Any
 
 import torch
 
-from train.batcher import Batcher, new_stats, produce, snapshot
-from train.corpus import Source, describe_skips, open_sources
-from train.data_position import DERIVED_FINGERPRINT_KEYS, STATE_VERSION, rederive_position
+from train.data.batcher import Batcher, new_stats, produce, snapshot
+from train.data.corpus import Source, describe_skips, open_sources
+from train.data.position import DERIVED_FINGERPRINT_KEYS, STATE_VERSION, rederive_position
+from train.data.tokenizer import Tokenizer
 from train.distributed import failure_stops_every_rank
 from train.errors import ConfigError, DataSourceError
 from train.schema import DataConfig
-from train.tokenizer import Tokenizer, build_tokenizer
 
-__all__ = [
-    "TrainLoader",
-    "build_tokenizer",  # where repro/make_corpus.py imports it from
-    "build_train_loader",
-    "prove_data",
-]
+__all__ = ["TrainLoader", "build_train_loader", "prove_data"]
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ rank continues from its own position (``TrainLoader.load_state_dict``); on anoth
 
 from __future__ import annotations
 
-from train.batcher import new_stats
+from train.data.batcher import new_stats
 
 STATE_VERSION = 1
 # Fingerprint keys that follow from the others (the split mode from the source and the world

@@ -3,7 +3,7 @@
     python scripts/export_hf.py runs/my_run/checkpoints/step_00010000 exported/ --dtype bf16
 
 The run's own final model is already exported to ``<run_dir>/hf/``; this is for the others.
-The work is done by ``train/export.py``.
+The work is done by ``train/export/hf.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 import sys
 from pathlib import Path
 
-from train.export import EXPORT_DTYPES, export_checkpoint
+from train.export.hf import EXPORT_DTYPES, export_checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from train.export import checkpoint_model
+from train.export.hf import checkpoint_model
 
 
 def consolidate(checkpoint: Path, out: Path) -> Path:

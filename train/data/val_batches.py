@@ -9,14 +9,14 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
-from train.batcher import Batcher, new_stats, produce
-from train.corpus import Source, describe_skips, open_source, open_sources
-from train.data import rank_stream
+from train.data.batcher import Batcher, new_stats, produce
+from train.data.corpus import Source, describe_skips, open_source, open_sources
+from train.data.loader import rank_stream
+from train.data.tokenizer import Tokenizer
 from train.distributed import failure_stops_every_rank, is_initialized, scatter_from_rank0
 from train.errors import DataSourceError
 from train.objective import IGNORE_INDEX
 from train.schema import PROTOCOL_SEED, DataConfig
-from train.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
