@@ -5,6 +5,7 @@ import functools
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ from train.config import (
     options,
 )
 from train.errors import ConfigError
+from train.plan import plan_run
 from train.schema import DESCRIPTIVE_OPTIM_KEYS, paper_value, register_configs
 
 OPTIMS = options("optim")
@@ -568,8 +570,13 @@ def test_under_fsdp_only_rank_0_builds_the_whole_model(monkeypatch, rank, resumi
 
     monkeypatch.setattr(pretrain, "fill_from_rank0", fill)
     cfg = cfg_for("+model=llama_tiny", "+optim=foam2", "trainer.parallelism=fsdp")
+    cpu = torch.device("cpu")
     model, *_ = pretrain.build_model_and_optimizer(
-        cfg, DistInfo(rank=rank, world_size=2), torch.device("cpu"), initialise=not resuming
+        cfg,
+        DistInfo(rank=rank, world_size=2),
+        cpu,
+        plan_run(cfg.trainer, 2, cpu),
+        initialise=not resuming,
     )
     whole = rank == 0 and not resuming
     assert built_on == (["meta", "cpu"] if whole else ["meta"])
@@ -613,3 +620,47 @@ def test_the_working_directory_is_never_taken_back(tmp_path, monkeypatch):
     monkeypatch.chdir(run_dir)
     discard_refused_run_dir(Path("."), "pretrain.log")
     assert (run_dir / "config.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    ("parallelism", "precision", "world", "sharded", "autocast", "dtype"),
+    [
+        ("ddp", "bf16_mixed", 2, False, True, torch.float32),
+        ("fsdp", "bf16_mixed", 2, True, False, torch.float32),  # FSDP2 casts by itself
+        ("fsdp", "bf16_mixed", 1, False, True, torch.float32),  # one rank: never wrapped
+        ("fsdp", "bf16", 4, True, False, torch.bfloat16),
+        ("ddp", "fp32", 1, False, False, torch.float32),
+    ],
+)
+def test_the_run_plan_decides_parallelism_once(
+    parallelism, precision, world, sharded, autocast, dtype
+):
+    trainer = SimpleNamespace(
+        parallelism=parallelism,
+        precision=precision,
+        compile=None,
+        global_batch_size=8,
+        micro_batch_size=2,
+    )
+    plan = plan_run(trainer, world, torch.device("cpu"))
+    assert (plan.sharded, plan.autocast, plan.param_dtype) == (sharded, autocast, dtype)
+    assert plan.accumulation == 8 // (2 * world) and plan.compiled is False
+
+
+TRAIN = Path(__file__).resolve().parents[1] / "train"
+
+
+def test_the_run_plan_is_the_only_reader_of_the_parallelism_rules():
+    """The rules (train/parallelism.py, train/config.py) are applied once, in train/plan.py: no
+    other module of the trainer re-derives sharding, autocast, compilation or the weights' dtype
+    from the config, so a changed parallelism reaches every reader through the plan."""
+    rules = {"shards_parameters", "uses_autocast", "compiles_layers", "PARAM_DTYPES"}
+    homes = {"plan.py", "parallelism.py", "config.py"}
+    readers = {
+        path.relative_to(TRAIN).as_posix(): sorted(
+            rules & set(re.findall(r"\w+", path.read_text()))
+        )
+        for path in TRAIN.rglob("*.py")
+        if path.name not in homes
+    }
+    assert {path: names for path, names in readers.items() if names} == {}

@@ -111,7 +111,7 @@ class StepSetup:
     world_size: int
     autocast: Callable[[], contextlib.AbstractContextManager]
     compiled: bool
-    """Whether the run compiles each decoder layer (``train.parallelism.compiles_layers``)."""
+    """Whether the run compiles each decoder layer (the run plan's ``compiled``, ``train/plan.py``)."""
 
 
 def trial_step_seconds(setup: StepSetup) -> float:

@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from train.distributed import all_reduce_max, all_reduce_sum, world_size
-from train.parallelism import is_sharded
 from train.step import Batch, count_targets, forward_loss_sum, to_device
 
 
@@ -34,19 +33,20 @@ def evaluate(
     *,
     device: torch.device,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    sharded: bool = False,
     split: str = "val",
 ) -> dict[str, float]:
     """``{"<split>_loss", "<split>_ppl", "<split>_tokens", "<split>_loss_paper",
     "<split>_ppl_paper"}``; the model is put back in train mode after.
 
-    Under FSDP2 every forward is a collective, so a rank with fewer batches repeats its last one,
-    uncounted, until all ranks have run as many forwards."""
+    Under FSDP2 (``sharded``, the run plan's) every forward is a collective, so a rank with fewer
+    batches repeats its last one, uncounted, until all ranks have run as many forwards."""
     was_training = model.training
     model.eval()
     # token loss sum, tokens, and the harness's sum of per-batch means and batch count
     totals = torch.zeros(4, dtype=torch.float64, device=device)
     forwards = len(batches)
-    if is_sharded(model):
+    if sharded:
         forwards = int(all_reduce_max(torch.tensor(forwards, device=device)).item())
     batch = None
     for batch in batches:

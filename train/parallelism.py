@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard
 
 import foam
@@ -176,8 +176,3 @@ def no_gradient_sync(model: nn.Module) -> Iterator[None]:
             yield
     else:
         yield
-
-
-def is_sharded(model: nn.Module) -> bool:
-    """Whether every forward of ``model`` is a collective (all ranks must run the same number)."""
-    return isinstance(model, FSDPModule)

@@ -61,8 +61,6 @@ from train.cli_errors import (
     value_error_message,
 )
 from train.config import (
-    PARAM_DTYPES,
-    accumulation_steps,
     build_optimizer,
     check_config,
     optimizer_hparams,
@@ -95,13 +93,10 @@ from train.metrics import (
 )
 from train.objective import MaskedTrainLoader, MaskedValBatches, Masking
 from train.parallelism import (
-    compiles_layers,
     fill_from_rank0,
-    is_sharded,
     parallelize,
-    shards_parameters,
-    uses_autocast,
 )
+from train.plan import RunPlan, plan_run
 from train.preemption import (
     ABORTED_EXIT_STATUS,
     PREEMPTED_EXIT_STATUS,
@@ -146,7 +141,9 @@ class Run:
     """The checkpoints the run may go on from, newest first (the first that verifies and loads
     wins; empty: a fresh start), found before the model is built so that no weight is drawn only
     to be overwritten by one."""
-    accumulation: int
+    plan: RunPlan
+    """Sharded or not, autocast, compiled, the weights' dtype, micro-batches per step: decided
+    once, read by everything below."""
     model: torch.nn.Module
     """The bare model (checkpoints, evaluation); ``replica`` is what trains (DDP or the model)."""
     replica: torch.nn.Module
@@ -174,8 +171,7 @@ class Run:
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16_mixed under DDP or on one rank: fp32 weights under a bf16 autocast (FSDP2 casts
         by itself); pure bf16 and fp32 need none."""
-        t = self.cfg.trainer
-        if uses_autocast(t.parallelism, t.precision, self.info.world_size):
+        if self.plan.autocast:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -187,7 +183,7 @@ class Run:
     @functools.cached_property
     def loss_sum(self) -> LossSum:
         """The training loss, compiled where the decoder layers are (``trainer.compile``)."""
-        return loss_sum_for(compiles_layers(self.cfg.trainer.compile, self.device))
+        return loss_sum_for(self.plan.compiled)
 
 
 def train(cfg: DictConfig) -> dict:
@@ -221,7 +217,7 @@ def train(cfg: DictConfig) -> dict:
     final = state.last_eval() or evaluate_and_log(run, state, sink)
     final_test = test_and_log(run, state, sink) if run.test_batches is not None else None
     summary = run_summary(run, state, final, final_test, step_time)
-    exported = unsharded_model(run.model, cfg.model)  # all ranks: a collective under FSDP2
+    exported = unsharded_model(run.model, cfg.model, sharded=run.plan.sharded)  # a collective
     if info.is_main:
         write_summary(run.run_dir, summary)
         export_hf(exported, run.tokenizer, run.run_dir / HF_DIR)
@@ -302,8 +298,8 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
     """Join the other ranks, then build model, optimizer, schedule and data. Rank 0's Hydra run
     directory is everyone's (the others were told not to create one, see distributed.py)."""
     t = cfg.trainer
-    accumulation = accumulation_steps(t.global_batch_size, t.micro_batch_size, info.world_size)
     device = dist.resolve_device(t.device, info)
+    plan = plan_run(t, info.world_size, device)
     dist.init_distributed(
         info,
         device,
@@ -327,13 +323,13 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
         run_dir,
         info.world_size,
         t.micro_batch_size,
-        accumulation,
+        plan.accumulation,
         t.global_batch_size,
     )
     # first: data that cannot train stops the run in seconds
     tokenizer, train_loader, val_batches, test_batches = build_data(cfg, data, info)
     model, replica, optimizer, scheduler = build_model_and_optimizer(
-        cfg, info, device, initialise=not resume_from
+        cfg, info, device, plan, initialise=not resume_from
     )
     return Run(
         cfg=cfg,
@@ -342,7 +338,7 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
         peaks=peaks,
         run_dir=run_dir,
         resume_from=resume_from,
-        accumulation=accumulation,
+        plan=plan,
         model=model,
         replica=replica,
         optimizer=optimizer,
@@ -355,7 +351,12 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
 
 
 def build_model_and_optimizer(
-    cfg: DictConfig, info: dist.DistInfo, device: torch.device, *, initialise: bool = True
+    cfg: DictConfig,
+    info: dist.DistInfo,
+    device: torch.device,
+    plan: RunPlan,
+    *,
+    initialise: bool = True,
 ) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer, LambdaLR]:
     """Identical seeds give identical replicas or shards of the same model (initialised on the
     CPU, so the same on any device). Pure bf16 (the paper) keeps weights, grads and states in
@@ -366,13 +367,13 @@ def build_model_and_optimizer(
     an unsharded model is built whole either way."""
     t = cfg.trainer
     seed_everything(t.seed)
-    dtype, sharded = PARAM_DTYPES[t.precision], shards_parameters(t.parallelism, info.world_size)
+    dtype, sharded = plan.param_dtype, plan.sharded
     model = models.build_model(cfg.model, device="meta" if sharded else device, dtype=dtype)
     model.train()
     if t.grad_checkpointing:
         models.enable_gradient_checkpointing(model)
     model.config.use_cache = False
-    compiled = compiles_layers(t.compile, device)
+    compiled = plan.compiled
     if compiled:
         log.info(
             "torch.compile of each decoder layer (trainer.compile=%s): the first steps build it",
@@ -405,7 +406,7 @@ def build_model_and_optimizer(
         "memory per rank (%d rank(s), %s): %s",
         info.world_size,
         t.parallelism,
-        per_rank_memory_line(model, optimizer, info.world_size, is_sharded(replica)),
+        per_rank_memory_line(model, optimizer, info.world_size, sharded),
     )
     return model, replica, optimizer, scheduler
 
@@ -466,11 +467,11 @@ def train_loop(run: Run, state: TrainState, sink: MetricSink) -> StepTimeEstimat
         StepSetup(
             run.cfg,
             run.device,
-            PARAM_DTYPES[t.precision],
-            run.accumulation,
+            run.plan.param_dtype,
+            run.plan.accumulation,
             run.info.world_size,
             run.autocast,
-            compiles_layers(t.compile, run.device),
+            run.plan.compiled,
         ),
         steps=t.max_steps - state.step,
         is_main=run.info.is_main,
@@ -545,7 +546,7 @@ def step_once(run: Run, state: TrainState, stats: StepStats, guard: StepGuard) -
         run.optimizer,
         run.scheduler,
         run.train_loader,
-        accumulation=run.accumulation,
+        accumulation=run.plan.accumulation,
         device=run.device,
         world_size=run.info.world_size,
         autocast=run.autocast,
@@ -637,7 +638,13 @@ def evaluate_and_log(run: Run, state: TrainState, sink: MetricSink) -> dict:
     """Validation loss and perplexity at this step, recorded in the history and the metrics."""
     run.peaks.enter("eval")
     faults.hit("eval", step=state.step)
-    result = evaluate(run.model, run.val_batches, device=run.device, autocast=run.autocast)
+    result = evaluate(
+        run.model,
+        run.val_batches,
+        device=run.device,
+        autocast=run.autocast,
+        sharded=run.plan.sharded,
+    )
     entry = state.record_eval(result)
     sink.log(entry)
     log_evaluation(state.step, "val", result)
@@ -648,7 +655,12 @@ def test_and_log(run: Run, state: TrainState, sink: MetricSink) -> dict:
     """The test split, once, at the end: numbers no choice was made on (``trainer.test_tokens``)."""
     run.peaks.enter("eval")
     result = evaluate(
-        run.model, run.test_batches, device=run.device, autocast=run.autocast, split="test"
+        run.model,
+        run.test_batches,
+        device=run.device,
+        autocast=run.autocast,
+        sharded=run.plan.sharded,
+        split="test",
     )
     sink.log({"step": state.step, "tokens": state.tokens, **result})
     log_evaluation(state.step, "test", result)

@@ -28,7 +28,6 @@ from train.checkpoint import (
     saved_model_dtype,
 )
 from train.data.tokenizer import HFTokenizer, SentencePieceTokenizer, Tokenizer, build_tokenizer
-from train.parallelism import is_sharded
 from train.schema import data_config
 
 log = logging.getLogger(__name__)
@@ -86,10 +85,13 @@ def export_hf(model: PreTrainedModel, tokenizer: Tokenizer, out_dir: Path) -> Pa
     return out_dir
 
 
-def unsharded_model(model: PreTrainedModel, model_cfg: Any) -> PreTrainedModel | None:
-    """The model to export at the end of a run: ``model`` itself, or under FSDP2 a whole copy on
-    rank 0 (every rank calls this: the weights are all-gathered) and None on the other ranks."""
-    if not is_sharded(model):
+def unsharded_model(
+    model: PreTrainedModel, model_cfg: Any, *, sharded: bool
+) -> PreTrainedModel | None:
+    """The model to export at the end of a run: ``model`` itself, or under FSDP2 (``sharded``,
+    the run plan's) a whole copy on rank 0 (every rank calls this: the weights are all-gathered)
+    and None on the other ranks."""
+    if not sharded:
         return model
     weights = full_model_state(model)
     if not weights:
