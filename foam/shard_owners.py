@@ -57,8 +57,9 @@ class Layout:
         """``rank``'s piece of ``whole`` (a view)."""
         if self.dim is None:
             return whole
-        chunk = math.ceil(self.shape[self.dim] / self.ranks)
-        return whole.narrow(self.dim, rank * chunk, self.piece_shape(rank)[self.dim])
+        n = self.shape[self.dim]
+        start = min(rank * math.ceil(n / self.ranks), n)  # past the end: an empty piece
+        return whole.narrow(self.dim, start, self.piece_shape(rank)[self.dim])
 
     @property
     def cost(self) -> int:
