@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 
 @dataclass(frozen=True)
@@ -178,3 +178,22 @@ class Owners:
         inp = torch.cat(flat) if flat else torch.empty(0, dtype=dtype, device=device)
         dist.all_to_all_single(out, inp, sizes_from, sizes_to, group=self.group)
         return list(out.split(sizes_from))
+
+
+def zeros_like_layout(
+    p: DTensor, shape: tuple[int, ...], dim: int | None, dtype: torch.dtype
+) -> DTensor:
+    """A zero state of global ``shape`` on ``p``'s mesh: ``Shard(dim)`` in FSDP2's pieces, or
+    replicated (``dim=None``), so DCP saves it with its global shape and reshards it."""
+    layout = Layout((shape[0], shape[1]), dim, p.device_mesh.size())
+    rank = p.device_mesh.get_local_rank()
+    piece = torch.zeros(layout.piece_shape(rank), dtype=dtype, device=p.to_local().device)
+    placement = Replicate() if dim is None else Shard(dim)
+    return DTensor.from_local(
+        piece,
+        p.device_mesh,
+        (placement,),
+        run_check=False,
+        shape=torch.Size(shape),
+        stride=(shape[1], 1),
+    )
