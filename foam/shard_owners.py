@@ -69,10 +69,10 @@ class Layout:
 
 
 def layout_of(p: torch.Tensor) -> Layout | None:
-    """The layout of a 2-d DTensor sharded over several ranks; ``None`` when this rank holds the
-    whole of ``p`` (a plain tensor, a replicated one, or a mesh of one rank), so its whole-matrix
-    work is local."""
-    if not isinstance(p, DTensor) or p.device_mesh.size() == 1:
+    """The layout of a 2-d DTensor (on a mesh of one rank too, whose states are DTensors as
+    well, so that DCP reshards a one-rank checkpoint); ``None`` for a plain tensor, whose
+    whole-matrix work is local."""
+    if not isinstance(p, DTensor):
         return None
     if p.device_mesh.ndim != 1 or p.dim() != 2:
         raise ValueError(
@@ -174,8 +174,10 @@ class Owners:
         here (``sizes_from[src]`` elements). Every rank calls it, whatever it has to send."""
         sizes_to = [sum(t.numel() for t in parts) for parts in send]
         flat = [t for parts in send for t in parts]
-        out = torch.empty(sum(sizes_from), dtype=dtype, device=device)
         inp = torch.cat(flat) if flat else torch.empty(0, dtype=dtype, device=device)
+        if self.ranks == 1:
+            return [inp]
+        out = torch.empty(sum(sizes_from), dtype=dtype, device=device)
         dist.all_to_all_single(out, inp, sizes_from, sizes_to, group=self.group)
         return list(out.split(sizes_from))
 

@@ -42,7 +42,7 @@ def records(cmd: list[str]) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def runs() -> tuple[dict[str, dict], dict[str, dict]]:
     """(2-rank FSDP2, 1 process unsharded) records of ``tests/fsdp_parity_worker.py``."""
-    worker = ["tests/fsdp_parity_worker.py", *PARITY, "galore"]
+    worker = ["tests/fsdp_parity_worker.py", *PARITY, "galore8bit"]
     sharded = records([TORCHRUN, "--standalone", "--nproc_per_node", "2", *worker])
     single = records([sys.executable, *worker])
     return sharded, single
@@ -90,9 +90,9 @@ def test_each_rank_holds_half_of_the_moments(runs, name):
 @pytest.mark.distributed
 def test_whole_matrix_method_is_refused_under_fsdp(runs):
     sharded, single = runs
-    assert "losses" in single["galore"]
-    message = sharded["galore"]["refused"]
-    assert "'galore' does not support FSDP2" in message and "SVD" in message
+    assert "losses" in single["galore8bit"]
+    message = sharded["galore8bit"]["refused"]
+    assert "'galore8bit' does not support FSDP2" in message and "SVD" in message
     assert "trainer.parallelism=ddp" in message
 
 
