@@ -39,6 +39,7 @@ import torch.multiprocessing as mp
 
 import foam
 from models import build_model, load_model_config
+from tools.bench_report import Machine, command_line, publish
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 COUNTED = (
@@ -249,14 +250,13 @@ def main(argv: list[str] | None = None) -> None:
     methods = options.methods or sorted(foam.available_optimizers())
     args = (methods, options.model, options.layers, DTYPES[options.dtype], options.steps)
     torch.set_num_threads(1)
+    machine = Machine("cpu")
     single = _run_methods(*args)
     by_world = {world: run_sharded(world, args) for world in options.worlds}
-    lines = report_rows(methods, single, by_world)
     header = (
+        f"# Sharded optimizer step: communication and time\n\nCommand: `{command_line()}`\n\n"
         f"{options.model}{f' ({options.layers} layers)' if options.layers else ''}, "
-        f"{options.dtype}, {options.steps} steps, gloo on the CPU, one thread per rank"
+        f"{options.dtype}, {options.steps} steps, gloo, one thread per rank. "
+        f"{machine.describe()}\n\n"
     )
-    text = "\n".join([header, "", *lines])
-    print(text)
-    if options.out:
-        options.out.write_text(text + "\n")
+    publish(header + "\n".join(report_rows(methods, single, by_world)) + "\n", options.out)
