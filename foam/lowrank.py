@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from foam.errors import OptionError, require_choice
 from foam.hparams import validate_adam_hparams
@@ -273,9 +274,11 @@ class CompressedAdamW(DtypeFaithfulOptimizer):
         shape = self.compressed_shape(p, group)
         dtype = resolve_dtype(group["state_dtype"], p.dtype)
         state["step"] = new_step_counter()
-        for key in ("exp_avg", "exp_avg_sq"):
-            state[key] = torch.zeros(
-                p.shape if shape is None else shape, dtype=dtype, device=p.device
+        for key in ("exp_avg", "exp_avg_sq"):  # an uncompressed DTensor's: DTensors like it
+            state[key] = (
+                torch.zeros_like(p, dtype=dtype)
+                if shape is None
+                else torch.zeros(shape, dtype=dtype, device=p.device)
             )
         if shape is not None:
             for key, extra in self.extra_state_shapes(p, group).items():
@@ -296,10 +299,13 @@ class CompressedAdamW(DtypeFaithfulOptimizer):
     ) -> Callable[[], None] | None:
         """One parameter's step, or (sharded) its first part, returning the rest."""
         state, t = self._next_step(p, group, index)
-        compressed = self.compressed_shape(p, group) is not None
+        if self.compressed_shape(p, group) is None:  # elementwise: a DTensor's shard is local
+            g = local(p.grad).to(compute_dtype(p.dtype))
+            self._finish(p, group, local_parts(state), t, g, g, None)
+            return None
         g = p.grad.to(compute_dtype(p.dtype))
-        low, context = self.compress(g, state, group, t) if compressed else (g, None)
-        self._finish(p, group, state, t, g, low, context if compressed else None)
+        low, context = self.compress(g, state, group, t)
+        self._finish(p, group, state, t, g, low, context)
         return None
 
     def _finish(
@@ -334,10 +340,15 @@ class CompressedAdamW(DtypeFaithfulOptimizer):
             weight.add_(weight, alpha=-lr * group["weight_decay"])
 
 
+def local_parts(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with each DTensor replaced by this rank's part of it (a view)."""
+    return {k: local(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
 def shard_group(params: Any) -> Any:
     """The process group of the first sharded parameter (all share FSDP2's mesh), or ``None``."""
     for p in params:
-        if layout_of(p) is not None:
+        if isinstance(p, DTensor):
             return p.device_mesh.get_group()
     return None
 
@@ -366,7 +377,8 @@ class ProjectedAdamW(CompressedAdamW):
         """As the base's; a sharded matrix's moments and basis are DTensors on its mesh, each
         sharded along the weight's sharded dim or replicated (see the module's docstring)."""
         super()._init_state(p, group, index)
-        plan, layout = self.plan_for(p, group), layout_of(p)
+        plan = self.plan_for(p, group)
+        layout = None if plan is None else layout_of(p)
         if plan is None or layout is None or not self.refreshes_on_owners:
             return
         state = self.state[p]
@@ -384,7 +396,8 @@ class ProjectedAdamW(CompressedAdamW):
             return
         due = []
         for p, group, index in todo:
-            plan, layout = self.plan_for(p, group), layout_of(p)
+            plan = self.plan_for(p, group)
+            layout = None if plan is None else layout_of(p)
             if plan is None or layout is None:
                 continue
             if not self.state[p]:
@@ -425,12 +438,13 @@ class ProjectedAdamW(CompressedAdamW):
     ) -> Callable[[], None] | None:
         """A sharded matrix's projection (summed across ranks where the basis lies along the
         sharded dim), returning the rest of its step; otherwise the base's step."""
-        plan, layout = self.plan_for(p, group), layout_of(p)
+        plan = self.plan_for(p, group)
+        layout = None if plan is None else layout_of(p)
         if plan is None or layout is None or not self.refreshes_on_owners:
             return super()._update(p, group, index, sums)
         state, t = self._next_step(p, group, index)  # the basis is this step's (before_updates)
         g = local(p.grad).to(compute_dtype(p.dtype))
-        parts = {k: local(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+        parts = local_parts(state)
         low = project(g, parts["basis"].to(g.dtype), plan.side)
         if basis_along_sharded_dim(plan, layout):
             sums.add(low)

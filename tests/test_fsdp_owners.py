@@ -33,6 +33,7 @@ CASES = (
     Case("muon", micro_batches=3),
     Case("foam_muon", micro_batches=2),
     Case("galore", GALORE, micro_batches=2),
+    Case("galore", {**GALORE, "others": "reference"}),  # GaLore's own AdamW on the rest
 )
 
 
