@@ -261,10 +261,10 @@ def test_fsdp_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_path, curv
 @pytest.mark.distributed
 def test_refused_method_stops_the_run_before_any_step(tmp_path, corpus):
     cmd = torchrun(
-        command(tmp_path / "run", *corpus, "trainer.parallelism=fsdp", optim="galore_1_4")
+        command(tmp_path / "run", *corpus, "trainer.parallelism=fsdp", optim="galore8bit")
     )
     proc = run(cmd, expect_rc=1)  # torchrun reports the ranks' exit status 2 as 1
-    assert "trainer.parallelism=fsdp: optimizer 'galore' does not support FSDP2" in proc.stderr
+    assert "trainer.parallelism=fsdp: optimizer 'galore8bit' does not support FSDP2" in proc.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
