@@ -1,5 +1,5 @@
-"""Sharded (FSDP2) optimizer steps: collectives, bytes and time per step of every method, against
-FSDP2's gradient reduce-scatter and the unsharded step, measured in the same run.
+"""What a sharded (FSDP2) optimizer step costs in communication and time, for every registered
+method, against the gradient reduce-scatter FSDP2 runs every step anyway.
 
 The command line of ``tools.bench_shard_comm``, which holds the logic (``--help`` for options).
 
