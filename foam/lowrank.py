@@ -6,6 +6,18 @@ expand the normalised direction back to the parameter's shape. ``CompressedAdamW
 skeleton once; each method supplies the compression, the expansion and the extra state they need.
 ``ProjectedAdamW`` adds what the projection methods (GaLore, APOLLO, LDAdamW) share: a stored
 basis per matrix, its plan, and the rules of ``rank``, ``update_proj_gap`` and ``proj_type``.
+
+Under FSDP2 (a matrix a DTensor sharded by dim ``d``) a projection method whose basis comes from
+the whole gradient (``refreshes_on_owners``: GaLore's SVD) steps each rank's shard exactly:
+
+* the refresh runs on the matrix's owner (``foam.shard_owners``: the gradients of every matrix due
+  for a refresh go to their owners in one ``all_to_all``, the bases come back in one more);
+* where the basis lies on the unsharded side (it spans the dim the shard keeps whole), the
+  basis is replicated and the projection, the moments (``Shard(d)``) and the update are the
+  shard's own rows or columns: no communication;
+* where it lies along the sharded dim, the basis is sharded with the weight, each rank projects
+  its part, and the parts are summed in the step's one all-reduce (``foam.shard_sums``); the
+  low-rank moments are then replicated (every rank needs all of them to expand its part).
 """
 
 from __future__ import annotations
@@ -16,11 +28,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from foam.errors import OptionError, require_choice
 from foam.hparams import validate_adam_hparams
 from foam.numerics import compute_dtype, ema_, resolve_dtype
 from foam.param_groups import ParamSplit
+from foam.shard_owners import Layout, Owners, layout_of, zeros_like_layout
+from foam.shard_sums import PartialSums
+from foam.sharding import local
 from foam.state import DtypeFaithfulOptimizer, count_step, new_step_counter, run_closure
 
 PROJ_TYPES = ("std", "reverse_std", "left", "right")
@@ -234,8 +250,10 @@ class CompressedAdamW(DtypeFaithfulOptimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """Every parameter's step; a sharded one may finish only after the one sum across ranks
+        of its projection (``_update`` then returns the rest of its step)."""
         loss = run_closure(closure)
-        index = 0
+        todo, index = [], 0
         for group in self.param_groups:
             for p in group["params"]:
                 index += 1
@@ -243,17 +261,29 @@ class CompressedAdamW(DtypeFaithfulOptimizer):
                     continue
                 if p.grad.is_sparse:
                     raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
-                self._update(p, group, index)
+                todo.append((p, group, index))
+        self.before_updates(todo)
+        sums = PartialSums(shard_group(p for p, _, _ in todo))
+        rests = [self._update(p, group, index, sums) for p, group, index in todo]
+        sums.reduce()
+        for rest in rests:
+            if rest is not None:
+                rest()
         return loss
+
+    def before_updates(self, todo: list[tuple[torch.Tensor, dict[str, Any], int]]) -> None:
+        """Work on whole matrices that a step's parameters share (bases refreshed on owners)."""
 
     def _init_state(self, p: torch.Tensor, group: dict[str, Any], index: int) -> None:
         state = self.state[p]
         shape = self.compressed_shape(p, group)
         dtype = resolve_dtype(group["state_dtype"], p.dtype)
         state["step"] = new_step_counter()
-        for key in ("exp_avg", "exp_avg_sq"):
-            state[key] = torch.zeros(
-                p.shape if shape is None else shape, dtype=dtype, device=p.device
+        for key in ("exp_avg", "exp_avg_sq"):  # an uncompressed DTensor's: DTensors like it
+            state[key] = (
+                torch.zeros_like(p, dtype=dtype)
+                if shape is None
+                else torch.zeros(shape, dtype=dtype, device=p.device)
             )
         if shape is not None:
             for key, extra in self.extra_state_shapes(p, group).items():
@@ -269,18 +299,39 @@ class CompressedAdamW(DtypeFaithfulOptimizer):
             self._init_state(p, group, index)
         return state, count_step(state)
 
-    def _update(self, p: torch.Tensor, group: dict[str, Any], index: int) -> None:
+    def _update(
+        self, p: torch.Tensor, group: dict[str, Any], index: int, sums: PartialSums
+    ) -> Callable[[], None] | None:
+        """One parameter's step, or (sharded) its first part, returning the rest."""
         state, t = self._next_step(p, group, index)
-        compressed = self.compressed_shape(p, group) is not None
-        beta1, beta2 = group["betas"]
-
+        if self.compressed_shape(p, group) is None:  # elementwise: a DTensor's shard is local
+            g = local(p.grad).to(compute_dtype(p.dtype))
+            self._finish(p, group, local_parts(state), t, g, g, None)
+            return None
         g = p.grad.to(compute_dtype(p.dtype))
-        low, context = self.compress(g, state, group, t) if compressed else (g, None)
+        low, context = self.compress(g, state, group, t)
+        self._finish(p, group, state, t, g, low, context)
+        return None
+
+    def _finish(
+        self,
+        p: torch.Tensor,
+        group: dict[str, Any],
+        state: dict[str, Any],
+        t: int,
+        g: torch.Tensor,
+        low: torch.Tensor,
+        context: Any,
+    ) -> None:
+        """Adam on the compressed gradient ``low`` (``context`` ``None``: uncompressed), the
+        step expanded and applied to ``p`` (this rank's part of it: ``state``'s tensors and
+        ``g`` are then local too)."""
+        beta1, beta2 = group["betas"]
         m = ema_(state["exp_avg"], low, beta1, square=False)
         v = ema_(state["exp_avg_sq"], low, beta2, square=True)
         denom = v.sqrt().add_(group["eps"])
         normalized = m / denom
-        if compressed:
+        if context is not None:
             update = self.expand(
                 CompressedStep(g, low, normalized, denom, context, state, group, t)
             )
@@ -288,9 +339,28 @@ class CompressedAdamW(DtypeFaithfulOptimizer):
             update = normalized
 
         lr = group["lr"]
-        p.add_(update, alpha=-lr * math.sqrt(1 - beta2**t) / (1 - beta1**t))
+        weight = local(p)
+        weight.add_(update, alpha=-lr * math.sqrt(1 - beta2**t) / (1 - beta1**t))
         if group["weight_decay"]:
-            p.add_(p, alpha=-lr * group["weight_decay"])
+            weight.add_(weight, alpha=-lr * group["weight_decay"])
+
+
+def local_parts(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with each DTensor replaced by this rank's part of it (a view)."""
+    return {k: local(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
+def shard_group(params: Any) -> Any:
+    """The process group of the first sharded parameter (all share FSDP2's mesh), or ``None``."""
+    for p in params:
+        if isinstance(p, DTensor):
+            return p.device_mesh.get_group()
+    return None
+
+
+def basis_along_sharded_dim(plan: Projection, layout: Layout) -> bool:
+    """Whether the basis spans the sharded dim (so projections are sums over ranks)."""
+    return layout.dim == (1 if plan.side == "right" else 0)
 
 
 class ProjectedAdamW(CompressedAdamW):
@@ -300,8 +370,90 @@ class ProjectedAdamW(CompressedAdamW):
     ``plan.basis_shape`` and the moments ``plan.low_shape``.
     """
 
+    refreshes_on_owners = False
+    """Whether ``new_basis`` needs the whole gradient, so a sharded matrix's refresh runs on its
+    owner (GaLore's SVD); methods whose basis needs none of it (APOLLO's seeded random one)
+    leave it off."""
+
     def validate_group(self, group: dict[str, Any]) -> None:
         validate_projection_group(group)
+
+    def _init_state(self, p: torch.Tensor, group: dict[str, Any], index: int) -> None:
+        """As the base's; a sharded matrix's moments and basis are DTensors on its mesh, each
+        sharded along the weight's sharded dim or replicated (see the module's docstring)."""
+        super()._init_state(p, group, index)
+        plan = self.plan_for(p, group)
+        layout = None if plan is None else layout_of(p)
+        if plan is None or layout is None or not self.refreshes_on_owners:
+            return
+        state = self.state[p]
+        along = basis_along_sharded_dim(plan, layout)
+        for key, shape, dim in (
+            ("exp_avg", plan.low_shape, None if along else layout.dim),
+            ("exp_avg_sq", plan.low_shape, None if along else layout.dim),
+            ("basis", plan.basis_shape, layout.dim if along else None),
+        ):
+            state[key] = zeros_like_layout(p, shape, dim, state[key].dtype)
+
+    def before_updates(self, todo: list[tuple[torch.Tensor, dict[str, Any], int]]) -> None:
+        """The bases of the sharded matrices due for a refresh, computed on their owners."""
+        if not self.refreshes_on_owners:
+            return
+        due = []
+        for p, group, index in todo:
+            plan = self.plan_for(p, group)
+            layout = None if plan is None else layout_of(p)
+            if plan is None or layout is None:
+                continue
+            if not self.state[p]:
+                self._init_state(p, group, index)
+            state = self.state[p]
+            if refresh_due(state, group, int(state["step"].item()) + 1):
+                due.append((p, plan, layout, state))
+        if not due:
+            return
+        grads = [local(p.grad) for p, _, _, _ in due]
+        basis_dtype = due[0][3]["basis"].dtype
+        if any(g.dtype != grads[0].dtype for g in grads) or any(
+            s["basis"].dtype != basis_dtype for _, _, _, s in due
+        ):
+            raise ValueError(f"{type(self).__name__}: sharded matrices of mixed dtypes")
+        owners = Owners([layout for _, _, layout, _ in due], due[0][0].device_mesh.get_group())
+        wholes = owners.gather(grads, grads[0].dtype)
+        bases = {
+            j: self.new_basis(whole.to(compute_dtype(whole.dtype)), due[j][1], due[j][3]).to(
+                basis_dtype
+            )
+            for j, whole in wholes.items()
+        }
+        layouts = [
+            Layout(
+                plan.basis_shape,
+                layout.dim if basis_along_sharded_dim(plan, layout) else None,
+                layout.ranks,
+            )
+            for _, plan, layout, _ in due
+        ]
+        pieces = owners.scatter(bases, layouts, basis_dtype, grads[0].device)
+        for (_, _, _, state), piece in zip(due, pieces, strict=True):
+            local(state["basis"]).copy_(piece)
+
+    def _update(
+        self, p: torch.Tensor, group: dict[str, Any], index: int, sums: PartialSums
+    ) -> Callable[[], None] | None:
+        """A sharded matrix's projection (summed across ranks where the basis lies along the
+        sharded dim), returning the rest of its step; otherwise the base's step."""
+        plan = self.plan_for(p, group)
+        layout = None if plan is None else layout_of(p)
+        if plan is None or layout is None or not self.refreshes_on_owners:
+            return super()._update(p, group, index, sums)
+        state, t = self._next_step(p, group, index)  # the basis is this step's (before_updates)
+        g = local(p.grad).to(compute_dtype(p.dtype))
+        parts = local_parts(state)
+        low = project(g, parts["basis"].to(g.dtype), plan.side)
+        if basis_along_sharded_dim(plan, layout):
+            sums.add(low)
+        return lambda: self._finish(p, group, parts, t, g, low, plan)
 
     def new_basis(self, g: torch.Tensor, plan: Projection, state: dict[str, Any]) -> torch.Tensor:
         """The basis for the next ``update_proj_gap`` steps, from the wide gradient ``g``."""

@@ -18,13 +18,13 @@ FOAM_DEFAULTS: dict[str, Any] = {
 """FOAM's keywords beyond the Adam ones every method takes, with FOAM's defaults (level 2)."""
 
 
-@register("foam", **FOAM_DEFAULTS)
+@register("foam", shards=True, **FOAM_DEFAULTS)
 def _foam(split: ParamSplit, hp: dict[str, Any]) -> FOAM:
     """FOAM-l on the attention/MLP matrices, plain AdamW (``level=None``) on the rest."""
     return FOAM(two_groups(split, {}, {"level": None}), **hp)
 
 
-@register("foam_mini", **{k: v for k, v in FOAM_DEFAULTS.items() if k != "level"})
+@register("foam_mini", shards=True, **{k: v for k, v in FOAM_DEFAULTS.items() if k != "level"})
 def _foam_mini(split: ParamSplit, hp: dict[str, Any]) -> FOAM:
     """FOAM-Mini: one block over each matrix's larger axis."""
     return _foam(split, {**hp, "level": "mini"})

@@ -21,7 +21,7 @@ from foam.composite import Composite
 from foam.hparams import signature_defaults, validate_adam_hparams, validate_muon_hparams
 from foam.optimizer import FOAM
 from foam.param_groups import ParamSplit, TargetModules, check_covers, split_params
-from foam.sharding import check_supported
+from foam.sharding import check_supported, declare_sharded
 
 COMMON_DEFAULTS: dict[str, Any] = signature_defaults(FOAM, "lr", "betas", "eps", "weight_decay")
 """The Adam keywords every method takes, with FOAM's defaults (a method may override them)."""
@@ -46,17 +46,21 @@ _METHODS: dict[str, Method] = {}
 
 
 def register(
-    name: str, from_model: FromModel = _nothing_from_model, **defaults: Any
+    name: str, from_model: FromModel = _nothing_from_model, shards: bool = False, **defaults: Any
 ) -> Callable[[Builder], Builder]:
     """Register ``build(split, hparams)`` under ``name``; ``defaults`` are its extra keywords.
 
     ``from_model(model)`` gives values for keywords whose setting is ``None`` (not given).
+    ``shards`` declares that the method trains FSDP2 (DTensor) parameters exactly, tested against
+    its unsharded step; a method that does not is refused on them before any compute.
     """
 
     def decorate(build: Builder) -> Builder:
         if name in _METHODS:
             raise ValueError(f"optimizer {name!r} is registered twice")
         _METHODS[name] = Method(build, {**COMMON_DEFAULTS, **defaults}, from_model)
+        if shards:
+            declare_sharded(name)
         return build
 
     return decorate

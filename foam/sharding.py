@@ -23,8 +23,9 @@ case), so a DCP checkpoint records its global shape and reshards it to another w
 
 Methods whose update needs the whole matrix (an SVD, a random projection, Newton-Schulz, a
 per-head block, a wavelet transform, block-wise quantisation of the flat tensor) are refused by
-``check_supported`` before any compute, with what to use instead (``SHARDED_METHODS`` is the one
-list of what works).
+``check_supported`` before any compute, with what to use instead, unless they declared
+``shards=True`` where they register (``foam.registry.register``); ``SHARDED_METHODS`` is derived
+from those declarations.
 """
 
 from __future__ import annotations
@@ -40,28 +41,13 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from foam.folding import PAPER_FOLD_AXIS, FoldPlan, fold, fold_axis_index
 
-SHARDED_METHODS = (
-    "adamw",
-    "foam",
-    "foam_mini",
-    "adam_mini",
-    "foam_adam_mini",
-    "apollo",
-    "apollo_mini",
-    "gwt",
-    "gwt_mini",
-)
-"""Registered methods that train DTensor (FSDP2) parameters; every other one is refused."""
-
 WHOLE_MATRIX_REASONS = {
-    "galore": "the SVD of the whole gradient matrix",
-    "galore8bit": "the SVD of the whole gradient matrix",
-    "muon": "Newton-Schulz on the whole momentum matrix",
-    "foam_muon": "Newton-Schulz on the whole momentum matrix",
-    "ldadamw": "a low-rank projection of the whole gradient matrix",
+    "galore8bit": "8-bit quantisation blocks of the projected moments that would straddle shards",
+    "ldadamw": "a power iteration on the whole gradient matrix every step",
     "adamw8bit": "block-wise 8-bit quantisation of the whole flattened tensor",
     "foam8bit": "block-wise 8-bit quantisation of the whole flattened tensor",
 }
+"""Why each method not declared ``shards=True`` is refused under FSDP2 (README "Optimizers")."""
 
 
 class ShardingNotSupported(ValueError):
@@ -77,15 +63,32 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
+_DECLARED_SHARDED: set[str] = set()
+"""Methods registered with ``shards=True`` (``foam.registry.register`` calls ``declare_sharded``)."""
+
+
+def declare_sharded(method: str) -> None:
+    """Record that ``method`` trains DTensor parameters exactly (called where it registers)."""
+    _DECLARED_SHARDED.add(method)
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``SHARDED_METHODS``: the registered methods that train DTensor (FSDP2) parameters, sorted;
+    read when asked, since the methods declare it as they register, after this module loads."""
+    if name == "SHARDED_METHODS":
+        return tuple(sorted(_DECLARED_SHARDED))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def check_supported(method: str, params: Iterable[torch.Tensor]) -> None:
     """Refuse, before any compute, a method that cannot update DTensor parameters."""
-    if method in SHARDED_METHODS or not any(is_sharded(p) for p in params):
+    if method in _DECLARED_SHARDED or not any(is_sharded(p) for p in params):
         return
     why = WHOLE_MATRIX_REASONS.get(method, "an update this project has not checked on shards")
     raise ShardingNotSupported(
         f"optimizer {method!r} does not support FSDP2 (trainer.parallelism=fsdp): its update "
-        f"needs {why}; use trainer.parallelism=ddp with it, or one of {', '.join(SHARDED_METHODS)}"
-        " under fsdp"
+        f"needs {why}; use trainer.parallelism=ddp with it, or one of "
+        f"{', '.join(sorted(_DECLARED_SHARDED))} under fsdp"
     )
 
 

@@ -117,8 +117,10 @@ def train(
             grad_clip=CLIP,
         )
         losses.append(float(result.loss))
-    steps = sum(
-        local(s["step"]).numel() * s["step"].element_size() for s in optimizer.state.values()
+    steps = sum(  # Muon keeps no step counter
+        local(s["step"]).numel() * s["step"].element_size()
+        for s in optimizer.state.values()
+        if "step" in s
     )
     moments = foam.state_bytes(optimizer) - steps  # without step counters
     return losses, moments, sharded_grads, foam.steps_run(optimizer)

@@ -42,7 +42,7 @@ def records(cmd: list[str]) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def runs() -> tuple[dict[str, dict], dict[str, dict]]:
     """(2-rank FSDP2, 1 process unsharded) records of ``tests/fsdp_parity_worker.py``."""
-    worker = ["tests/fsdp_parity_worker.py", *PARITY, "galore"]
+    worker = ["tests/fsdp_parity_worker.py", *PARITY, "galore8bit"]
     sharded = records([TORCHRUN, "--standalone", "--nproc_per_node", "2", *worker])
     single = records([sys.executable, *worker])
     return sharded, single
@@ -90,9 +90,9 @@ def test_each_rank_holds_half_of_the_moments(runs, name):
 @pytest.mark.distributed
 def test_whole_matrix_method_is_refused_under_fsdp(runs):
     sharded, single = runs
-    assert "losses" in single["galore"]
-    message = sharded["galore"]["refused"]
-    assert "'galore' does not support FSDP2" in message and "SVD" in message
+    assert "losses" in single["galore8bit"]
+    message = sharded["galore8bit"]["refused"]
+    assert "'galore8bit' does not support FSDP2" in message and "SVD" in message
     assert "trainer.parallelism=ddp" in message
 
 
@@ -261,10 +261,10 @@ def test_fsdp_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_path, curv
 @pytest.mark.distributed
 def test_refused_method_stops_the_run_before_any_step(tmp_path, corpus):
     cmd = torchrun(
-        command(tmp_path / "run", *corpus, "trainer.parallelism=fsdp", optim="galore_1_4")
+        command(tmp_path / "run", *corpus, "trainer.parallelism=fsdp", optim="galore8bit")
     )
     proc = run(cmd, expect_rc=1)  # torchrun reports the ranks' exit status 2 as 1
-    assert "trainer.parallelism=fsdp: optimizer 'galore' does not support FSDP2" in proc.stderr
+    assert "trainer.parallelism=fsdp: optimizer 'galore8bit' does not support FSDP2" in proc.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 

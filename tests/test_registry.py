@@ -146,3 +146,18 @@ def test_every_method_updates_the_rest_with_torch_adamw(name):
 def test_others_option_is_checked(name):
     with pytest.raises(ValueError, match="others must be one of"):
         build_optimizer(name, tiny_llama(), others="sgd")
+
+
+def test_sharded_methods_are_those_that_declare_it_where_they_register(monkeypatch):
+    """``foam.sharding.SHARDED_METHODS`` is read off the ``shards=True`` declarations, so a
+    method that registers it is listed (and a method that does not is refused under FSDP2)."""
+    import foam.registry as registry
+    import foam.sharding
+
+    assert {"adamw", "foam", "foam_mini"} <= set(foam.sharding.SHARDED_METHODS)
+    monkeypatch.setattr(registry, "_METHODS", dict(registry._METHODS))
+    monkeypatch.setattr(foam.sharding, "_DECLARED_SHARDED", set(foam.sharding._DECLARED_SHARDED))
+    registry.register("sharded_probe", shards=True)(lambda split, hp: None)
+    registry.register("unsharded_probe")(lambda split, hp: None)
+    assert "sharded_probe" in foam.sharding.SHARDED_METHODS
+    assert "unsharded_probe" not in foam.sharding.SHARDED_METHODS

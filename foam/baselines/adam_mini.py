@@ -326,7 +326,7 @@ HEADS: dict[str, Any] = {
 }
 
 
-@register("adam_mini", from_model=heads_from_config, **HEADS)
+@register("adam_mini", shards=True, from_model=heads_from_config, **HEADS)
 def _adam_mini(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """Adam-mini on the whole model, matrices at ``lr * alpha`` (``others="adamw"``: matrices only)."""
     return build(split, hp, None)

@@ -11,7 +11,7 @@ from foam.param_groups import ParamSplit
 from foam.registry import adam_settings, register, two_groups
 
 
-@register("adamw", alpha=1.0)
+@register("adamw", shards=True, alpha=1.0)
 def _adamw(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """torch AdamW; ``alpha != 1`` is the paper's module-wise-lr control (matrices at lr*alpha).
 

@@ -344,14 +344,19 @@ _DEFAULTS = {**signature_defaults(APOLLO, "eps", *OPTIONS), **OTHERS}
 
 
 @register(
-    "apollo", rank=None, rank_fraction=0.25, **signature_defaults(APOLLO, "alpha"), **_DEFAULTS
+    "apollo",
+    shards=True,
+    rank=None,
+    rank_fraction=0.25,
+    **signature_defaults(APOLLO, "alpha"),
+    **_DEFAULTS,
 )
 def _apollo(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """APOLLO: channel-wise scaling; ``rank`` overrides ``rank_fraction`` of the hidden size."""
     return _build(split, hp, resolve_rank(split, hp["rank"], hp["rank_fraction"]), "channel")
 
 
-@register("apollo_mini", alpha=128.0, **_DEFAULTS)
+@register("apollo_mini", shards=True, alpha=128.0, **_DEFAULTS)
 def _apollo_mini(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """APOLLO-Mini: rank 1, tensor-wise scaling, ``alpha`` 128 (the step times sqrt(128))."""
     return _build(split, hp, 1, "tensor")

@@ -46,7 +46,12 @@ class GaLore(ProjectedAdamW):
     State per compressed ``m x n`` parameter: ``exp_avg``, ``exp_avg_sq`` (low-rank shape) and
     ``basis`` (``rank x min(m, n)``), all ``state_dtype`` (the reference keeps the basis in the
     gradient's dtype), plus the step counter.
+
+    Under FSDP2 the SVD runs on the matrix's owner and each rank projects its shard
+    (``foam.lowrank``'s docstring says how): the sharded step is the unsharded one.
     """
+
+    refreshes_on_owners = True
 
     def __init__(
         self,
@@ -76,6 +81,7 @@ OPTIONS = ("update_proj_gap", "alpha", "proj_type", "state_dtype")
 
 @register(
     "galore",
+    shards=True,
     rank=None,
     rank_fraction=0.25,
     **signature_defaults(GaLore, "eps", *OPTIONS),

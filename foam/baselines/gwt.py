@@ -291,13 +291,13 @@ def _build(split: ParamSplit, hp: dict[str, Any], level: int | str) -> torch.opt
     return with_adamw_for_others(split, gwt, hp, eps=COMMON_DEFAULTS["eps"])
 
 
-@register("gwt", **signature_defaults(GWT, "level"), **_DEFAULTS)
+@register("gwt", shards=True, **signature_defaults(GWT, "level"), **_DEFAULTS)
 def _gwt(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """GWT on the attention/MLP matrices (level 2, alpha 0.25: the paper's and the GWT scripts')."""
     return _build(split, hp, hp["level"])
 
 
-@register("gwt_mini", **_DEFAULTS)
+@register("gwt_mini", shards=True, **_DEFAULTS)
 def _gwt_mini(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """GWT-Mini: GWT at the level that leaves one state per row (an assumption, see ``GWT``)."""
     return _build(split, hp, "mini")

@@ -30,6 +30,7 @@ from foam.registry import (
     register,
     with_adamw_for_others,
 )
+from foam.shard_sums import PartialSums
 
 PROJ_METHODS = ("power_iteration", "svd")
 
@@ -131,7 +132,10 @@ class LDAdamW(ProjectedAdamW):
                         p.grad.requires_grad_(False)
                     p.grad.zero_()
 
-    def _update(self, p: torch.Tensor, group: dict[str, Any], index: int) -> None:
+    def _update(
+        self, p: torch.Tensor, group: dict[str, Any], index: int, sums: PartialSums
+    ) -> None:
+        """The whole step at once (never sharded: ``sums`` stays empty)."""
         state, t = self._next_step(p, group, index)
         beta1, beta2 = group["betas"]
         plan = self.plan_for(p, group)

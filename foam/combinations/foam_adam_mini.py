@@ -22,6 +22,7 @@ FOLD_OPTIONS = ("fold_axis", "residual")
 
 @register(
     "foam_adam_mini",
+    shards=True,
     from_model=heads_from_config,
     **signature_defaults(FOAM, "level", "semantics"),
     **signature_defaults(AdamMini, *FOLD_OPTIONS),

@@ -1,19 +1,21 @@
-"""FOAM-Muon: torch's Muon whose momentum buffer is stored folded, plus the residual."""
+"""FOAM-Muon: torch's Muon whose momentum buffer is stored folded, plus the residual.
+
+Under FSDP2 each rank folds its own shard as FOAM does (``foam.sharding``: the fold runs along
+the dim the shard keeps whole, or in blocks aligned with the shards; FOAM-Mini along the sharded
+dim all-reduces its block means), and Newton-Schulz runs on the owners as Muon's
+(``foam.baselines.muon``); the folded buffer is a DTensor in the parameter's placement.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-# torch's own Newton-Schulz and shape scale: FOAM-Muon at level 0 is then torch's Muon to the bit.
-from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
-
-from foam.baselines.muon import MATCH_RMS, MUON_OPTIONS, SETTINGS, matrix_group
+from foam.baselines.muon import MATCH_RMS, MUON_OPTIONS, SETTINGS, Muon, matrix_group
 from foam.folding import (
     PAPER_FOLD_AXIS,
-    fold,
     fold_plan,
     folded_numel,
     unfold_with_residual,
@@ -24,10 +26,10 @@ from foam.numerics import compute_dtype, ema_
 from foam.param_groups import ParamSplit
 from foam.registry import register, with_adamw_for_others
 from foam.settings import DEFAULT_SEMANTICS, require_paper_semantics
-from foam.state import run_closure
+from foam.sharding import ShardFold, fold_shard, local, shard_fold, zeros_state
 
 
-class FoldedMuon(torch.optim.Muon):
+class FoldedMuon(Muon):
     """torch's Muon whose momentum buffer is stored folded.
 
     With ``level`` not ``None`` the buffer is the EMA of the folded gradient, ``B~``; the momentum
@@ -67,10 +69,20 @@ class FoldedMuon(torch.optim.Muon):
         group = self.param_groups[-1]
         validate_muon_hparams(group)
         validate_fold_settings(group)
-        for p in group["params"]:
-            self.plan_for(p, group)
+        for index, p in enumerate(group["params"]):
+            self.shard_fold_for(p, group, index)  # a block straddling two shards fails now
 
     plan_for = staticmethod(fold_plan)
+
+    def shard_fold_for(
+        self, p: torch.Tensor, group: dict[str, Any], index: int = 0
+    ) -> ShardFold | None:
+        """How this rank folds its part of ``p`` (``foam.sharding``); ``None`` at level 0 or
+        ``level=None``, which run torch's Muon step."""
+        plan = self.plan_for(p, group)
+        if plan is None or plan.block == 1:
+            return None
+        return shard_fold(p, plan, f"parameter {index} of group {group.get('name', '')!r}")
 
     def planned_state_numel(self) -> int:
         """Momentum elements once every matrix has stepped, from the plans that size them."""
@@ -80,44 +92,20 @@ class FoldedMuon(torch.optim.Muon):
             for p in g["params"]
         )
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = run_closure(closure)
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("Muon does not support sparse gradients")
-                self._update(p, group)
-        return loss
-
-    def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
-        plan = self.plan_for(p, group)
+    def momentum(self, p: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
+        """``lerp(G, E(B~) + rho * R, mu)`` on this rank's part of ``p`` (torch's at level 0)."""
+        fold_of = self.shard_fold_for(p, group)
+        if fold_of is None:
+            return super().momentum(p, group)
         state = self.state[p]
+        if not state:
+            state["momentum_buffer"] = zeros_state(p, fold_of, p.dtype)
         mu = group["momentum"]
-        if plan is None or plan.block == 1:
-            # torch's Muon step, op for op (lerps in the state dtype compute in fp32 internally).
-            if not state:
-                state["momentum_buffer"] = torch.zeros_like(p.grad)
-            buf = state["momentum_buffer"]
-            buf.lerp_(p.grad, 1 - mu)
-            momentum = p.grad.lerp(buf, mu) if group["nesterov"] else buf
-        else:
-            if not state:
-                state["momentum_buffer"] = torch.zeros(
-                    plan.folded_shape, dtype=p.dtype, device=p.device
-                )
-            g = p.grad.to(compute_dtype(p.dtype))
-            g_folded = fold(g, plan)
-            buf = ema_(state["momentum_buffer"], g_folded, mu, square=False)
-            full = unfold_with_residual(g, g_folded, buf, plan, float(group["residual"]))
-            momentum = g.lerp(full, mu) if group["nesterov"] else full
-        update = _zeropower_via_newtonschulz(
-            momentum, group["ns_coefficients"], group["ns_steps"], group["eps"]
-        )
-        p.mul_(1 - group["lr"] * group["weight_decay"])
-        p.add_(update, alpha=-_adjust_lr(group["lr"], group["adjust_lr_fn"], p.shape))
+        g = local(p.grad).to(compute_dtype(p.dtype))
+        g_folded = fold_shard(g, fold_of, p)
+        buf = ema_(local(state["momentum_buffer"]), g_folded, mu, square=False)
+        full = unfold_with_residual(g, g_folded, buf, fold_of.local, float(group["residual"]))
+        return g.lerp(full, mu) if group["nesterov"] else full
 
 
 FOLD_OPTIONS = ("level", "fold_axis", "residual")
@@ -125,6 +113,7 @@ FOLD_OPTIONS = ("level", "fold_axis", "residual")
 
 @register(
     "foam_muon",
+    shards=True,
     **signature_defaults(FoldedMuon, *FOLD_OPTIONS),
     semantics=DEFAULT_SEMANTICS,
     **MUON_OPTIONS,

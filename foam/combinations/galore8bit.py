@@ -20,6 +20,7 @@ from foam.lowrank import project_back, resolve_rank
 from foam.numerics import compute_dtype, resolve_dtype
 from foam.param_groups import ParamSplit
 from foam.registry import adam_settings, register, two_groups
+from foam.shard_sums import PartialSums
 
 MOMENTS = {"exp_avg": True, "exp_avg_sq": False}  # state key -> signed code book
 
@@ -109,7 +110,10 @@ class GaLore8bit(GaLore):
             else:
                 state[key] = torch.zeros(shape, dtype=torch.float32, device=p.device)
 
-    def _update(self, p: torch.Tensor, group: dict[str, Any], index: int) -> None:
+    def _update(
+        self, p: torch.Tensor, group: dict[str, Any], index: int, sums: PartialSums
+    ) -> None:
+        """The whole step at once (never sharded: ``sums`` stays empty)."""
         state, t = self._next_step(p, group, index)
         if self.compressed_shape(p, group) is None:
             self._adam_kernel(p.grad, p, state, group, t, group["weight_decay"])
