@@ -91,4 +91,4 @@ def test_registered_defaults_and_fsdp_refusal():
     others = next(g for g in opt.param_groups if g["name"] == "others")
     assert (matrices["rank"], matrices["alpha"], matrices["update_proj_gap"]) == (16, 0.25, 200)
     assert matrices["eps"] == 1e-8 and others["rank"] is None and opt.min_8bit_size == 4096
-    assert WHOLE_MATRIX_REASONS["galore8bit"] == WHOLE_MATRIX_REASONS["galore"]
+    assert "straddle shards" in WHOLE_MATRIX_REASONS["galore8bit"]

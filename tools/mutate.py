@@ -54,6 +54,7 @@ TARGETS: dict[str, list[str]] = {
 CPU_ONLY = "the fused AdamW step counter's device: on a CPU-only machine every tensor is on the CPU"
 SAME_PLAN = "the block lists zipped come from one fold plan, so their lengths always agree"
 DURABILITY = "durability against a power loss: nothing a test (or a killed process) can observe"
+IGNORE_ERRORS = "ignore_errors=True -> ignore_errors=False"
 EQUIVALENT: dict[tuple[str, str, str], str] = {
     # (module, stripped source line, mutation) -> why no test can tell the mutant apart
     ("foam/schedule.py", "decay_steps = max(max_steps - warmup, 1)", "1 -> 0"): (
@@ -95,18 +96,14 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("train/checkpoint.py", "f.flush()", "remove call"): DURABILITY + " (closing flushes)",
     ("train/checkpoint.py", "os.fsync(f.fileno())", "remove call"): DURABILITY,
     ("train/checkpoint.py", "_fsync(tmp)", "remove call"): DURABILITY,
-    ("train/checkpoint.py", "_fsync(root)", "remove call"): DURABILITY,
-    (
-        "train/checkpoint.py",
-        "shutil.rmtree(stale, ignore_errors=True)",
-        "ignore_errors=True -> ignore_errors=False",
-    ): ("differs only when the file system refuses a deletion"),
-    (
-        "train/checkpoint.py",
-        "shutil.rmtree(old, ignore_errors=True)",
-        "ignore_errors=True -> ignore_errors=False",
-    ): ("differs only when the file system refuses a deletion"),
-    ("train/checkpoint.py", "if keep_last > 0:", "> -> >="): (
+    ("train/checkpoint.py", "_fsync(final.parent)", "remove call"): DURABILITY,
+    **{
+        ("train/checkpoint.py", f"shutil.rmtree({name}, ignore_errors=True)", IGNORE_ERRORS): (
+            "differs only when the file system refuses a deletion"
+        )
+        for name in ("child", "replaced", "pruned")
+    },
+    ("train/checkpoint.py", "if keep_last <= 0:", "<= -> <"): (
         "keep_last = 0 then prunes list[:-0], which is empty"
     ),
 }
