@@ -227,6 +227,30 @@ def test_a_frozen_rank_ends_the_job_within_the_bound_and_the_next_launch_resumes
     assert train_losses(run_dir) == uninterrupted
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_rank_frozen_mid_save_ends_the_job_within_the_bound_and_nothing_is_published(
+    tmp_path, uninterrupted
+):
+    """Rank 1 SIGSTOPs itself after writing its shards of step 4's checkpoint; the save's group
+    waits at most trainer.slow_io_timeout_s=10: rank 0 gives up, the job exits non-zero, step 4
+    is never published (its temporary directory at most), and the next launch clears it and
+    resumes from step 2 to the uninterrupted run's losses."""
+    run_dir = tmp_path / "run"
+    args = trainer(*RESTARTABLE, f"hydra.run.dir={run_dir}", "trainer.slow_io_timeout_s=10")
+    start = time.monotonic()
+    frozen = launch(two_ranks(*args), fault="save:after_shards:4@1:stop")
+    elapsed = time.monotonic() - start
+    assert frozen.returncode != 0
+    assert "error: " in frozen.stderr, frozen.stderr[-3000:]
+    assert elapsed < 10 + 30 + 300, elapsed  # bound + torchrun's grace + start-up, loaded CPU
+    assert checkpoint_steps(run_dir) == [2]
+    resumed = launch(two_ranks(*args))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert not list((run_dir / "checkpoints").glob(".tmp_*"))
+    assert train_losses(run_dir) == uninterrupted
+
+
 # -- updates that may not land -----------------------------------------------------------------
 
 
