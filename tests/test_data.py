@@ -650,6 +650,29 @@ def test_data_options_compose_onto_the_schema_defaults(c4_dir, tok):
     assert DataConfig(name="local").shuffle_buffer == 1000
 
 
+def test_each_data_option_is_one_entry_of_the_sources_table_and_nothing_else_is_known():
+    """``SOURCES`` is the one home of what a ``data.name`` means: each configs/data option has
+    exactly one entry, and every reader of the name refuses one that has none in the same line."""
+    from train.data.fingerprint import fingerprint
+
+    options = sorted(p.stem for p in (REPO / "configs/data").glob("*.yaml"))
+    assert sorted(corpus.SOURCES) == options == ["c4", "embedded", "local"]
+    assert [n for n, k in corpus.SOURCES.items() if k.has_test] == ["local"]
+    unknown = DataConfig(name="hub2", path="x")
+    readers = (
+        lambda: corpus.open_source(unknown, "train"),
+        lambda: corpus.describe_source(unknown),
+        lambda: corpus.open_sources_on_ranks(unknown, is_main=True),
+        lambda: fingerprint(unknown),
+    )
+    for read in readers:
+        with pytest.raises(DataSourceError) as err:
+            read()
+        assert str(err.value) == "data.name='hub2' is unknown: use c4, local or embedded"
+    with pytest.raises(DataSourceError, match=r"^data=embedded has no test split: .* data=local "):
+        corpus.open_source(DataConfig(name="embedded", val_fraction=0.1), "test")
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [

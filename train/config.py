@@ -23,6 +23,7 @@ import models
 from foam.errors import OptionError
 from foam.schedule import check_schedule
 from foam.sharding import ShardingNotSupported
+from train.data.corpus import SOURCES
 from train.errors import ConfigError
 from train.schema import DESCRIPTIVE_OPTIM_KEYS, Precision, unknown_key_message
 
@@ -122,7 +123,7 @@ def _check_trainer(t: DictConfig, world_size: int, data_name: str) -> None:
     _require(t.eval_tokens > 0, f"trainer.eval_tokens must be positive, got {t.eval_tokens}")
     _require(t.test_tokens >= 0, f"trainer.test_tokens must be >= 0 (0 = off), got {t.test_tokens}")
     _require(
-        t.test_tokens == 0 or data_name == "local",
+        t.test_tokens == 0 or (data_name in SOURCES and SOURCES[data_name].has_test),
         f"trainer.test_tokens needs data=local (a mirror with test files); data={data_name} "
         "has no test split",
     )

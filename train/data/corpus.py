@@ -2,8 +2,8 @@
 
 Every mode ends up as a `datasets.IterableDataset` of records with a `text` field, so the rest of
 the pipeline (shuffle with seed 42, split across ranks, tokenize, batch) is one piece of code:
-`data=c4` differs from `data=local` only in how the source is opened (`load_dataset` arguments
-for the hub, a robust file reader for disk). The local reader is a `from_generator` dataset whose
+`data=c4` differs from `data=local` only in their entries of ``SOURCES``: how the source is opened
+(`load_dataset` arguments for the hub, a robust file reader for disk), described and fingerprinted. The local reader is a `from_generator` dataset whose
 shards are the files, in sorted order, like the hub's json builder, so a local C4 mirror is
 shuffled and split across ranks with the same shard permutation and shuffle buffer as the hub.
 
@@ -30,7 +30,7 @@ import os
 import re
 import socket
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -331,18 +331,14 @@ def open_source(cfg: DataConfig, split: str):
     and the embedded corpus is for smoke tests."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
-    if split == "test" and cfg.name != "local":
+    kind = source_kind(cfg.name)
+    if split == "test" and not kind.has_test:
+        with_test = " or ".join(f"data={name}" for name, k in SOURCES.items() if k.has_test)
         raise DataSourceError(
-            f"data={cfg.name} has no test split: trainer.test_tokens needs data=local with test "
+            f"data={cfg.name} has no test split: trainer.test_tokens needs {with_test} with test "
             "files (names with 'test', e.g. scripts/make_corpus.py's en/c4-test.*.json.gz)"
         )
-    if cfg.name == "c4":
-        return _open_hub(cfg, split)
-    if cfg.name == "embedded":
-        return _embedded_split(cfg, "train" if split == "train" else "val")
-    if cfg.name == "local":
-        return _local_split(cfg, split)
-    raise DataSourceError(f"data.name={cfg.name!r} is unknown: use c4, local or embedded")
+    return kind.open_split(cfg, split)
 
 
 @dataclass(frozen=True)
@@ -360,12 +356,7 @@ class Source:
 def describe_source(cfg: DataConfig) -> str:
     """What a run trains on, where it comes from and how it is tokenized: the first lines of every
     run's log (``train/pretrain.py``), so that a run on the wrong corpus is seen at once."""
-    corpus = {
-        "c4": f"C4 ({cfg.hub_name} '{cfg.hub_config}', streamed from the Hugging Face hub)",
-        "local": f"local files ({cfg.path})",
-        "embedded": "the embedded corpus (Python's documentation topics, offline; for smoke tests "
-        "and demos, not results)",
-    }.get(cfg.name, cfg.name)
+    corpus = source_kind(cfg.name).describe(cfg)
     fallback = ", else the project's SentencePiece" if cfg.tokenizer_fallback else ""
     return f"data={cfg.name}: {corpus}; tokenizer {cfg.tokenizer}{fallback}"
 
@@ -398,10 +389,7 @@ def check_usable(split: Any, label: str, role: str) -> tuple[str, ...]:
 def open_sources(cfg: DataConfig) -> Source:
     """Open both splits of the source ``cfg`` describes, once for the whole run, and prove them
     usable (``check_usable``)."""
-    label = {
-        "c4": f"data=c4 ({cfg.hub_name} {cfg.hub_config})",
-        "local": f"data.path={cfg.path}",
-    }.get(cfg.name, f"data={cfg.name}")
+    label = source_kind(cfg.name).label(cfg)
     train, validation = open_source(cfg, "train"), open_source(cfg, "validation")
     check_usable(train, label, "train")
     sample = check_usable(validation, label, "validation")
@@ -419,7 +407,7 @@ def open_sources_on_ranks(cfg: DataConfig, is_main: bool) -> Source:
     """
     from train.distributed import broadcast_object, failure_stops_every_rank
 
-    from_rank0 = cfg.name == "c4"
+    from_rank0 = source_kind(cfg.name).opened_by_rank0
     opened: Source | None = None
     with failure_stops_every_rank(DataSourceError):
         if is_main or not from_rank0:
@@ -431,8 +419,10 @@ def _held_out_fraction(cfg: DataConfig) -> float:
     return float(cfg.val_fraction or 0.0)
 
 
-def _embedded_split(cfg: DataConfig, role: str):
+def _embedded_split(cfg: DataConfig, split: str):
     from datasets import IterableDataset
+
+    role = "train" if split == "train" else "val"
 
     val_fraction = _held_out_fraction(cfg)
     if not 0.0 < val_fraction < 1.0:
@@ -470,6 +460,95 @@ def _local_split(cfg: DataConfig, split: str):
         raise DataSourceError(f"data.path={cfg.path}: no {split} files")
     kwargs = {"paths": [str(f) for f in files], "role": role, "val_fraction": val_fraction}
     return IterableDataset.from_generator(_local_records, gen_kwargs=kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The sources, keyed by data.name
+
+_EDGE = 64 << 10  # local files are fingerprinted by their first and last 64 KiB
+
+
+def _edges_crc32(path: Path) -> int:
+    with open(path, "rb") as f:
+        head = f.read(_EDGE)
+        size = f.seek(0, 2)
+        f.seek(max(size - _EDGE, len(head)))
+        return zlib.crc32(f.read(), zlib.crc32(head))
+
+
+def _local_fingerprint(cfg: DataConfig) -> dict[str, Any]:
+    files = list_local_files(cfg.path)
+    found = sorted({*files.train, *files.validation, *files.test})
+    root = Path(cfg.path).expanduser()
+    base = root if root.is_dir() else root.parent
+    return {
+        "source": cfg.name,
+        "files": {str(p.relative_to(base)): [p.stat().st_size, _edges_crc32(p)] for p in found},
+    }
+
+
+def _embedded_fingerprint(cfg: DataConfig) -> dict[str, Any]:
+    texts = "\n".join(text for _, text in embedded_documents()).encode()
+    return {"source": cfg.name, "crc32": zlib.crc32(texts)}
+
+
+def _hub_fingerprint(cfg: DataConfig) -> dict[str, Any]:
+    return {"source": cfg.name, "dataset": f"{cfg.hub_name}/{cfg.hub_config}"}
+
+
+@dataclass(frozen=True)
+class SourceKind:
+    """Everything that differs between two values of ``data.name``; the rest of the pipeline is
+    shared, so adding a source is one entry of ``SOURCES``."""
+
+    open_split: Callable[[DataConfig, str], Any]
+    """One split ('train', 'validation'; 'test' where ``has_test``) as an ``IterableDataset``."""
+    describe: Callable[[DataConfig], str]
+    """What the corpus is, for the run's first log line (``describe_source``)."""
+    label: Callable[[DataConfig], str]
+    """The source in error messages (``Source.label``)."""
+    fingerprint: Callable[[DataConfig], dict[str, Any]]
+    """What identifies the data across a resume (``train/data/fingerprint.py``)."""
+    has_test: bool = False
+    opened_by_rank0: bool = False
+    """Opened by rank 0 alone and handed to the others (``open_sources_on_ranks``)."""
+
+
+SOURCES: dict[str, SourceKind] = {
+    "c4": SourceKind(
+        open_split=_open_hub,
+        describe=lambda cfg: (
+            f"C4 ({cfg.hub_name} '{cfg.hub_config}', streamed from the Hugging Face hub)"
+        ),
+        label=lambda cfg: f"data=c4 ({cfg.hub_name} {cfg.hub_config})",
+        fingerprint=_hub_fingerprint,
+        opened_by_rank0=True,
+    ),
+    "local": SourceKind(
+        open_split=_local_split,
+        describe=lambda cfg: f"local files ({cfg.path})",
+        label=lambda cfg: f"data.path={cfg.path}",
+        fingerprint=_local_fingerprint,
+        has_test=True,
+    ),
+    "embedded": SourceKind(
+        open_split=_embedded_split,
+        describe=lambda cfg: (
+            "the embedded corpus (Python's documentation topics, offline; for smoke tests and "
+            "demos, not results)"
+        ),
+        label=lambda cfg: "data=embedded",
+        fingerprint=_embedded_fingerprint,
+    ),
+}
+
+
+def source_kind(name: str) -> SourceKind:
+    """The ``SOURCES`` entry of ``data.name``; an unknown name is a one-line config error."""
+    if name not in SOURCES:
+        *others, last = SOURCES
+        raise DataSourceError(f"data.name={name!r} is unknown: use {', '.join(others)} or {last}")
+    return SOURCES[name]
 
 
 def count_skip(stats: dict[str, int], record: Record) -> None:

@@ -3,47 +3,24 @@ onto other data (a file replaced, added or grown; another hub dataset) would con
 position that no longer means what it did, so it is refused in one line unless the user says
 so (``trainer.allow_data_change``).
 
-Local files are fingerprinted by name, size and a CRC-32 of their first and last 64 KiB: cheap
-for a thousand-file C4 mirror on shared storage, and any replaced, regenerated or appended file
-changes it. The hub stream is its dataset name and config; the embedded corpus its text.
+What identifies each source is its entry in ``SOURCES`` (``train/data/corpus.py``): local files
+by name, size and a CRC-32 of their first and last 64 KiB (cheap for a thousand-file C4 mirror on
+shared storage, and any replaced, regenerated or appended file changes it), the hub stream by its
+dataset name and config, the embedded corpus by its text.
 """
 
 from __future__ import annotations
 
-import zlib
-from pathlib import Path
 from typing import Any
 
-from train.data.corpus import embedded_documents, list_local_files
+from train.data.corpus import source_kind
 from train.errors import ConfigError
 from train.schema import DataConfig
-
-_EDGE = 64 << 10
-
-
-def _edges_crc32(path: Path) -> int:
-    with open(path, "rb") as f:
-        head = f.read(_EDGE)
-        size = f.seek(0, 2)
-        f.seek(max(size - _EDGE, len(head)))
-        return zlib.crc32(f.read(), zlib.crc32(head))
 
 
 def fingerprint(cfg: DataConfig) -> dict[str, Any]:
     """The data ``cfg`` names, as a JSON-able dict (equal for the same data)."""
-    if cfg.name == "local":
-        files = list_local_files(cfg.path)
-        found = sorted({*files.train, *files.validation, *files.test})
-        root = Path(cfg.path).expanduser()
-        base = root if root.is_dir() else root.parent
-        return {
-            "source": "local",
-            "files": {str(p.relative_to(base)): [p.stat().st_size, _edges_crc32(p)] for p in found},
-        }
-    if cfg.name == "embedded":
-        texts = "\n".join(text for _, text in embedded_documents()).encode()
-        return {"source": "embedded", "crc32": zlib.crc32(texts)}
-    return {"source": cfg.name, "dataset": f"{cfg.hub_name}/{cfg.hub_config}"}
+    return source_kind(cfg.name).fingerprint(cfg)
 
 
 def check_unchanged(saved: dict[str, Any] | None, current: dict[str, Any], where: str) -> None:
