@@ -234,19 +234,26 @@ class CompressedAdamW(DtypeFaithfulOptimizer):
     def init_extra_state(self, p: torch.Tensor, state: dict[str, Any], index: int) -> None:
         """Non-tensor state set at initialisation (``index``: 1-based position over all groups)."""
 
-    def planned_state_numel(self) -> int:
-        """Elements of state once every parameter has stepped: moments, projectors, norms.
+    def planned_state_numel(self, per_rank: bool = True) -> int:
+        """Elements of state once every parameter has stepped: moments, projectors, norms; on
+        this rank (``per_rank``) or for the whole model (they differ under FSDP2).
 
         Read off the same shapes that allocate the states, so it holds on meta-device models.
         """
-        total = 0
-        for group in self.param_groups:
-            for p in group["params"]:
-                shape = self.compressed_shape(p, group)
-                total += 2 * math.prod(p.shape if shape is None else shape)
-                if shape is not None:
-                    total += sum(math.prod(s) for s in self.extra_state_shapes(p, group).values())
-        return total
+        return sum(
+            self.planned_param_numel(p, group, per_rank)
+            for group in self.param_groups
+            for p in group["params"]
+        )
+
+    def planned_param_numel(self, p: torch.Tensor, group: dict[str, Any], per_rank: bool) -> int:
+        """``planned_state_numel``'s share of ``p``: an uncompressed state has ``p``'s layout
+        (this rank's shard of it per rank); a compressed one is held whole on every rank."""
+        shape = self.compressed_shape(p, group)
+        if shape is None:
+            return 2 * (local(p) if per_rank else p).numel()
+        extra = sum(math.prod(s) for s in self.extra_state_shapes(p, group).values())
+        return 2 * math.prod(shape) + extra
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -363,6 +370,20 @@ def basis_along_sharded_dim(plan: Projection, layout: Layout) -> bool:
     return layout.dim == (1 if plan.side == "right" else 0)
 
 
+def sharded_state_layouts(
+    plan: Projection, layout: Layout
+) -> tuple[tuple[str, tuple[int, int], int | None], ...]:
+    """``(state key, global shape, sharded dim or None: replicated)`` of a sharded matrix's
+    moments and basis when its basis is refreshed on owners: the basis sharded with the weight
+    where it lies along the sharded dim (the moments then replicated), else the other way."""
+    along = basis_along_sharded_dim(plan, layout)
+    return (
+        ("exp_avg", plan.low_shape, None if along else layout.dim),
+        ("exp_avg_sq", plan.low_shape, None if along else layout.dim),
+        ("basis", plan.basis_shape, layout.dim if along else None),
+    )
+
+
 class ProjectedAdamW(CompressedAdamW):
     """A ``CompressedAdamW`` whose 2-d parameters are projected on a stored ``basis``.
 
@@ -387,13 +408,21 @@ class ProjectedAdamW(CompressedAdamW):
         if plan is None or layout is None or not self.refreshes_on_owners:
             return
         state = self.state[p]
-        along = basis_along_sharded_dim(plan, layout)
-        for key, shape, dim in (
-            ("exp_avg", plan.low_shape, None if along else layout.dim),
-            ("exp_avg_sq", plan.low_shape, None if along else layout.dim),
-            ("basis", plan.basis_shape, layout.dim if along else None),
-        ):
+        for key, shape, dim in sharded_state_layouts(plan, layout):
             state[key] = zeros_like_layout(p, shape, dim, state[key].dtype)
+
+    def planned_param_numel(self, p: torch.Tensor, group: dict[str, Any], per_rank: bool) -> int:
+        """As the base's, but a matrix refreshed on owners holds its states in the layouts of
+        ``sharded_state_layouts``: this rank's pieces of them per rank."""
+        plan = self.plan_for(p, group)
+        layout = None if plan is None else layout_of(p)
+        if not per_rank or plan is None or layout is None or not self.refreshes_on_owners:
+            return super().planned_param_numel(p, group, per_rank)
+        rank = p.device_mesh.get_local_rank()
+        return sum(
+            Layout((shape[0], shape[1]), dim, layout.ranks).piece_numel(rank)
+            for _, shape, dim in sharded_state_layouts(plan, layout)
+        )
 
     def before_updates(self, todo: list[tuple[torch.Tensor, dict[str, Any], int]]) -> None:
         """The bases of the sharded matrices due for a refresh, computed on their owners."""

@@ -20,19 +20,33 @@ the hparams in ``SPECS``:
 * FOAM-l: ``level=l``; FOAM-Mini: one block over the whole larger axis.
 * Everything outside the attention/MLP matrices (embeddings, lm_head, norms) keeps full AdamW
   moments in every method (the paper's split, ``foam.split_params``).
+
+Under FSDP2 (``sharded_estimate``) the meta model is sharded over ``W`` ranks exactly as the
+trainer shards it (``train.parallelism.parallelize``: each matrix along
+``foam.sharding.shard_dim``) and the same ``foam.planned_state_numel`` is asked for one rank's
+share. That share is not the whole divided by ``W``: some states are replicated (a GaLore/APOLLO
+moment whose basis lies along the sharded dim, an Adam-mini block that spans ranks).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
+
+# Importing it registers the "fake" c10d backend: a process group that sets up a rank's DTensor
+# layout without any peer (torchtitan's memory estimation uses it the same way).
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import foam
 import models
+from foam.sharding import SHARDED_METHODS, ShardingNotSupported, local
+from train.parallelism import parallelize
 
 GB = 1e9
 GIB = 2**30
@@ -123,6 +137,55 @@ def estimate(model: str, method: str, value_bytes: int = BF16_BYTES) -> Estimate
     optimizer = foam.build_optimizer(how.optimizer, net, **hparams)
     weights = sum(p.numel() for p in net.parameters()) * value_bytes
     states = foam.planned_state_numel(optimizer) * (how.bytes_per_state or value_bytes)
+    return Estimate(model, method, weights, states)
+
+
+@contextlib.contextmanager
+def _as_rank(rank: int, ranks: int) -> Iterator[None]:
+    """This process stands for ``rank`` of ``ranks`` (a fake process group: no peers, no
+    communication) until the block ends."""
+    if dist.is_initialized():
+        raise RuntimeError("sharded_estimate needs a process without a process group")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=ranks)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@functools.cache
+def sharded_estimate(
+    model: str, method: str, ranks: int, value_bytes: int = BF16_BYTES, rank: int = 0
+) -> Estimate:
+    """Weights and planned optimizer-state bytes that ``rank`` of ``ranks`` holds when the
+    trainer shards ``model`` with FSDP2 (``trainer.parallelism=fsdp``). Rank 0 by default: FSDP2
+    splits dim 0 as ``torch.chunk`` does, so the first ranks hold the largest shares. Raises
+    ``ShardingNotSupported`` (one line) for a method, or a layout, that FSDP2 refuses."""
+    how = spec(method)
+    if how.optimizer not in SHARDED_METHODS:
+        raise ShardingNotSupported(f"{method}: refused under FSDP")
+    if not 0 <= rank < ranks:
+        raise ValueError(f"rank {rank} is not one of {ranks} ranks")
+    hparams = how.hparams(models.load_model_config(model))
+    with _as_rank(rank, ranks):
+        net = models.build_model(
+            models.load_model_config(model), device="meta", dtype=torch.bfloat16
+        )
+        parallelize(
+            net,
+            parallelism="fsdp",
+            precision="fp32",
+            device=torch.device("cpu"),
+            world_size=ranks,
+            fold_axis=foam.fold_axis_of(hparams),
+        )
+        try:
+            optimizer = foam.build_optimizer(how.optimizer, net, **hparams)
+        except ShardingNotSupported as err:
+            message = f"{method}: refused under FSDP on {ranks} ranks: {err}"
+            raise ShardingNotSupported(message) from err
+        weights = sum(local(p).numel() for p in net.parameters()) * value_bytes
+        states = foam.planned_state_numel(optimizer) * (how.bytes_per_state or value_bytes)
     return Estimate(model, method, weights, states)
 
 

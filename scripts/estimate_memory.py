@@ -5,6 +5,7 @@ The command line of ``repro.tables.memory``, which holds the logic.
     python scripts/estimate_memory.py                 # the paper's tables, as markdown
     python scripts/estimate_memory.py --compare       # + the paper's numbers, deltas and errata
     python scripts/estimate_memory.py --json          # every size x method, decimal GB
+    python scripts/estimate_memory.py --fsdp-ranks 8  # one rank's share under FSDP2 over 8 ranks
 """
 
 import sys

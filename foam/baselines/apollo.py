@@ -185,7 +185,7 @@ class APOLLO(ProjectedAdamW):
         model (as ``CompressedAdamW`` counts them)."""
         params = [(p, g) for g in self.param_groups for p in g["params"]]
         if not per_rank or not any(is_sharded(p) for p, _ in params):
-            return super().planned_state_numel()
+            return super().planned_state_numel(per_rank=False)
         total = 0
         for p, group in params:
             plan = self.plan_for(p, group)

@@ -269,7 +269,7 @@ class GWT(CompressedAdamW):
         the whole model (as ``CompressedAdamW`` counts them)."""
         params = [(p, g) for g in self.param_groups for p in g["params"]]
         if not per_rank or not any(is_sharded(p) for p, _ in params):
-            return super().planned_state_numel()
+            return super().planned_state_numel(per_rank=False)
         total = 0
         for p, group in params:
             shape = self.compressed_shape(p, group)

@@ -15,7 +15,15 @@ import warnings
 from collections.abc import Callable, Sequence
 
 import models
-from repro.memory_estimator import GB, SPECS, appendix_pair, estimate, table2_gb
+from foam.sharding import ShardingNotSupported
+from repro.memory_estimator import (
+    GB,
+    SPECS,
+    appendix_pair,
+    estimate,
+    sharded_estimate,
+    table2_gb,
+)
 from repro.methods import TABLE2, TABLE3, label
 from repro.paper_memory import (
     MODEL_LABELS,
@@ -102,6 +110,38 @@ def all_sizes_markdown(methods: Sequence[str], sizes: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def fsdp_rows(methods: Sequence[str], sizes: Sequence[str], ranks: int) -> list[dict]:
+    """Rank 0's share of each size x method under FSDP2 over ``ranks`` (decimal GB), or the
+    one-line reason FSDP2 refuses it."""
+    rows = []
+    for model in sizes:
+        for method in methods:
+            try:
+                row = sharded_estimate(model, method, ranks).as_json()
+            except ShardingNotSupported as err:
+                row = {"model": model, "method": method, "refused": str(err)}
+            rows.append({**row, "fsdp_ranks": ranks})
+    return rows
+
+
+def fsdp_markdown(methods: Sequence[str], sizes: Sequence[str], ranks: int) -> str:
+    lines = [
+        f"### Per rank under FSDP2 over {ranks} ranks (rank 0, BF16, decimal GB)",
+        "",
+        "| Model | Method | weights GB | optimizer GB | total GB |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for row in fsdp_rows(methods, sizes, ranks):
+        if "refused" in row:
+            lines.append(f"| {row['model']} | {row['method']} | {row['refused']} | | |")
+            continue
+        lines.append(
+            f"| {row['model']} | {row['method']} | {row['weights_gb']:.3f} | "
+            f"{row['optimizer_gb']:.3f} | {row['total_gb']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
 def deviations() -> list[tuple[str, str, str, float, float, str | None]]:
     """Every paper entry as (table, method, model, paper, ours, erratum)."""
     rows = []
@@ -171,6 +211,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"default: {ALL_MODELS}",
     )
     parser.add_argument("--methods", nargs="+", default=TABLE2_METHODS, help="default: Table 2's")
+    parser.add_argument(
+        "--fsdp-ranks",
+        type=int,
+        default=None,
+        metavar="W",
+        help="instead: one rank's share under trainer.parallelism=fsdp over W ranks "
+        f"(default models: {PAPER_MODELS})",
+    )
     args = parser.parse_args(argv)
     # 8-bit Adam is sized on the meta device: whatever bitsandbytes says about its GPU libraries
     # when it loads is beside the point here, and would open the report.
@@ -179,6 +227,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     # unknown names fail here, before any output
     check_choices(parser, "optim", args.methods, sorted(SPECS))
     check_choices(parser, "model", args.models or (), models.available_models())
+    if args.fsdp_ranks is not None:
+        if args.fsdp_ranks < 2:
+            parser.error(f"--fsdp-ranks must be at least 2, got {args.fsdp_ranks}")
+        sizes = args.models or PAPER_MODELS
+        if args.json:
+            print(json.dumps(fsdp_rows(args.methods, sizes, args.fsdp_ranks), indent=1))
+        else:
+            print(fsdp_markdown(args.methods, sizes, args.fsdp_ranks))
+        return 0
     if args.json:
         rows = [
             estimate(model, method).as_json()
