@@ -179,23 +179,16 @@ class APOLLO(ProjectedAdamW):
             update.mul_(math.sqrt(group["alpha"]))
         return update
 
-    def planned_state_numel(self, per_rank: bool = True) -> int:
-        """State elements once every parameter has stepped: on this rank (``per_rank``: its
-        shards of the moments, and the replicated basis, moments and norms) or for the whole
-        model (as ``CompressedAdamW`` counts them)."""
-        params = [(p, g) for g in self.param_groups for p in g["params"]]
-        if not per_rank or not any(is_sharded(p) for p, _ in params):
-            return super().planned_state_numel(per_rank=False)
-        total = 0
-        for p, group in params:
-            plan = self.plan_for(p, group)
-            if plan is None:
-                total += 2 * local(p).numel()
-                continue
-            placement = Replicate() if self._spans(p, plan) else p.placements[0]
-            total += 2 * math.prod(local_shape(p, plan.low_shape, placement))
-            total += math.prod(plan.basis_shape) + (group["norm_growth_limit"] is not None)
-        return total
+    def planned_param_numel(self, p: torch.Tensor, group: dict[str, Any], per_rank: bool) -> int:
+        """``p``'s share of the state on this rank (``per_rank``): its shard of the moments, or
+        all of them where the projection is summed across ranks, and the replicated basis and
+        norm; otherwise as ``CompressedAdamW`` counts it."""
+        plan = self.plan_for(p, group)
+        if not per_rank or plan is None or not is_sharded(p):
+            return super().planned_param_numel(p, group, per_rank)
+        placement = Replicate() if self._spans(p, plan) else p.placements[0]
+        moments = 2 * math.prod(local_shape(p, plan.low_shape, placement))
+        return moments + math.prod(plan.basis_shape) + (group["norm_growth_limit"] is not None)
 
     # -- the sharded (FSDP2) step: parts, one reduction, the rest, twice --------------------------
 

@@ -264,21 +264,14 @@ class GWT(CompressedAdamW):
         if shape is not None and group["norm_growth_limit"] is not None:
             state["grad_norm"] = torch.zeros((), dtype=dtype, device=local(p).device)
 
-    def planned_state_numel(self, per_rank: bool = True) -> int:
-        """State elements once every parameter has stepped: on this rank (``per_rank``) or for
-        the whole model (as ``CompressedAdamW`` counts them)."""
-        params = [(p, g) for g in self.param_groups for p in g["params"]]
-        if not per_rank or not any(is_sharded(p) for p, _ in params):
-            return super().planned_state_numel(per_rank=False)
-        total = 0
-        for p, group in params:
-            shape = self.compressed_shape(p, group)
-            if shape is None:
-                total += 2 * local(p).numel()
-                continue
-            total += 2 * math.prod(local_shape(p, shape, p.placements[0]))
-            total += group["norm_growth_limit"] is not None
-        return total
+    def planned_param_numel(self, p: torch.Tensor, group: dict[str, Any], per_rank: bool) -> int:
+        """``p``'s share of the state on this rank (``per_rank``): its shard of the transformed
+        moments and the replicated norm; otherwise as ``CompressedAdamW`` counts it."""
+        shape = self.compressed_shape(p, group)
+        if not per_rank or shape is None or not is_sharded(p):
+            return super().planned_param_numel(p, group, per_rank)
+        moments = 2 * math.prod(local_shape(p, shape, p.placements[0]))
+        return moments + (group["norm_growth_limit"] is not None)
 
 
 OPTIONS = ("alpha", "norm_growth_limit", "state_dtype")
