@@ -153,6 +153,19 @@ def _as_rank(rank: int, ranks: int) -> Iterator[None]:
         dist.destroy_process_group()
 
 
+def shard_as_trainer(net: torch.nn.Module, ranks: int, hparams: Mapping[str, Any]) -> None:
+    """Shard ``net`` over ``ranks`` as the trainer's FSDP2 does for a method with ``hparams``
+    (each matrix on the dim its fold does not run along, ``train.parallelism.parallelize``)."""
+    parallelize(
+        net,
+        parallelism="fsdp",
+        precision="fp32",
+        device=torch.device("cpu"),
+        world_size=ranks,
+        fold_axis=foam.fold_axis_of(hparams),
+    )
+
+
 @functools.cache
 def sharded_estimate(
     model: str, method: str, ranks: int, value_bytes: int = BF16_BYTES, rank: int = 0
@@ -171,14 +184,7 @@ def sharded_estimate(
         net = models.build_model(
             models.load_model_config(model), device="meta", dtype=torch.bfloat16
         )
-        parallelize(
-            net,
-            parallelism="fsdp",
-            precision="fp32",
-            device=torch.device("cpu"),
-            world_size=ranks,
-            fold_axis=foam.fold_axis_of(hparams),
-        )
+        shard_as_trainer(net, ranks, hparams)
         try:
             optimizer = foam.build_optimizer(how.optimizer, net, **hparams)
         except ShardingNotSupported as err:

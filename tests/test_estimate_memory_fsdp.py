@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from foam.sharding import ShardingNotSupported
-from repro.memory_estimator import SPECS, estimate, sharded_estimate, spec
+from repro.memory_estimator import SPECS, estimate, shard_as_trainer, sharded_estimate, spec
 from tests.sharded_parity import _spawn
 
 WORLD = 2
@@ -41,7 +41,6 @@ def _worker(rank: int, world: int, init_file: str, out: str) -> None:
 
     import foam
     import models
-    from train.parallelism import parallelize
 
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
@@ -52,14 +51,7 @@ def _worker(rank: int, world: int, init_file: str, out: str) -> None:
         hparams = how.hparams(models.load_model_config(MODEL))
         torch.manual_seed(0)
         model = models.build_model(models.load_model_config(MODEL), dtype=torch.float32)
-        parallelize(
-            model,
-            parallelism="fsdp",
-            precision="fp32",
-            device=torch.device("cpu"),
-            world_size=world,
-            fold_axis=foam.fold_axis_of(hparams),
-        )
+        shard_as_trainer(model, world, hparams)
         try:
             optimizer = foam.build_optimizer(how.optimizer, model, **hparams)
         except ShardingNotSupported as err:
