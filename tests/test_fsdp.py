@@ -39,13 +39,18 @@ def records(cmd: list[str]) -> dict[str, dict]:
     return {r["optimizer"]: r for r in lines}
 
 
-@pytest.fixture(scope="module")
-def runs() -> tuple[dict[str, dict], dict[str, dict]]:
-    """(2-rank FSDP2, 1 process unsharded) records of ``tests/fsdp_parity_worker.py``."""
-    worker = ["tests/fsdp_parity_worker.py", *PARITY, "galore8bit"]
+def sharded_and_single(*methods: str) -> tuple[dict[str, dict], dict[str, dict]]:
+    """(2-rank FSDP2, 1 process unsharded) records of ``tests/fsdp_parity_worker.py`` for
+    ``methods``."""
+    worker = ["tests/fsdp_parity_worker.py", *methods]
     sharded = records([TORCHRUN, "--standalone", "--nproc_per_node", "2", *worker])
     single = records([sys.executable, *worker])
     return sharded, single
+
+
+@pytest.fixture(scope="module")
+def runs() -> tuple[dict[str, dict], dict[str, dict]]:
+    return sharded_and_single(*PARITY, "galore8bit")
 
 
 @pytest.mark.slow

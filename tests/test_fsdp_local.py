@@ -12,8 +12,6 @@ up are sharded by columns, so each of their rows spans the ranks, as does a norm
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 from sharded_parity import (
@@ -236,12 +234,9 @@ two runs agree to 1e-7 of the loss, as AdamW's do, so the tolerance is GWT's alo
 def trained() -> tuple[dict[str, dict], dict[str, dict]]:
     """(2-rank FSDP2, 1 process) records of ``tests/fsdp_parity_worker.py`` for ``TRAINED``:
     ``train/parallelism.py``'s sharding, ``train/step.py``'s accumulation and clipping."""
-    from test_fsdp import TORCHRUN, records
+    from test_fsdp import sharded_and_single
 
-    worker = ["tests/fsdp_parity_worker.py", *TRAINED]
-    sharded = records([TORCHRUN, "--standalone", "--nproc_per_node", "2", *worker])
-    single = records([sys.executable, *worker])
-    return sharded, single
+    return sharded_and_single(*TRAINED)
 
 
 @pytest.mark.slow

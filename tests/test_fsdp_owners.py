@@ -13,8 +13,6 @@ ranks and on 1, and different when the owners' exchange or the partial sums are 
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import sharded_parity
 import torch
@@ -184,11 +182,9 @@ def test_two_rank_fsdp_llama_tiny_run_matches_the_unsharded_run():
     """``tests/fsdp_parity_worker.py`` (two micro-batches a step, gradient clipping) of each
     owners' method: the sharded run's losses are the single-process run's (which equals DDP's)
     to float reordering (FSDP2's reduce-scatter sums the ranks' gradients in another order)."""
-    from test_fsdp import TORCHRUN, records
+    from test_fsdp import sharded_and_single
 
-    worker = ["tests/fsdp_parity_worker.py", *OWNER_METHODS]
-    sharded = records([TORCHRUN, "--standalone", "--nproc_per_node", "2", *worker])
-    single = records([sys.executable, *worker])
+    sharded, single = sharded_and_single(*OWNER_METHODS)
     for name in OWNER_METHODS:
         assert "refused" not in sharded[name], sharded[name]
         assert len(single[name]["losses"]) == 5
