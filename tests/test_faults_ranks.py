@@ -203,6 +203,20 @@ def test_a_rank_killed_mid_step_restarts_once_and_resumes_bit_for_bit(tmp_path, 
 # -- hangs become restarts ---------------------------------------------------------------------
 
 
+def freeze_a_rank(tmp_path: Path, bound: str, fault: str):
+    """Two ranks with ``bound`` (a timeout option) at 10 s and rank 1 frozen by ``fault``: the job
+    must exit non-zero within the bound + torchrun's 30 s SIGTERM grace + start-up (on a loaded
+    CPU). Returns the run dir, the frozen launch and the relaunch to call once checked."""
+    run_dir = tmp_path / "run"
+    args = trainer(*RESTARTABLE, f"hydra.run.dir={run_dir}", f"{bound}=10")
+    start = time.monotonic()
+    frozen = launch(two_ranks(*args), fault=fault)
+    elapsed = time.monotonic() - start
+    assert frozen.returncode != 0
+    assert elapsed < 10 + 30 + 300, elapsed
+    return run_dir, frozen, lambda: launch(two_ranks(*args))
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_a_frozen_rank_ends_the_job_within_the_bound_and_the_next_launch_resumes(
@@ -212,17 +226,13 @@ def test_a_frozen_rank_ends_the_job_within_the_bound_and_the_next_launch_resumes
     with one line, torchrun kills the frozen rank (after its 30 s SIGTERM grace), the job exits
     non-zero in well under torch's gloo default (30 min), nothing of step 5 is published, and the
     next launch resumes to the uninterrupted run's losses."""
-    run_dir = tmp_path / "run"
-    args = trainer(*RESTARTABLE, f"hydra.run.dir={run_dir}", "trainer.collective_timeout_s=10")
-    start = time.monotonic()
-    frozen = launch(two_ranks(*args), fault="step:5@1:stop")
-    elapsed = time.monotonic() - start
-    assert frozen.returncode != 0
+    run_dir, frozen, relaunch = freeze_a_rank(
+        tmp_path, "trainer.collective_timeout_s", "step:5@1:stop"
+    )
     assert "error: rank 0: a collective failed (Timed out waiting 10000ms" in frozen.stderr
-    assert elapsed < 10 + 30 + 300, elapsed  # bound + torchrun's grace + start-up, loaded CPU
     assert checkpoint_steps(run_dir) == [2, 4]
     assert not list((run_dir / "checkpoints").glob(".tmp_*"))
-    resumed = launch(two_ranks(*args))
+    resumed = relaunch()
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert train_losses(run_dir) == uninterrupted
 
@@ -236,16 +246,12 @@ def test_a_rank_frozen_mid_save_ends_the_job_within_the_bound_and_nothing_is_pub
     waits at most trainer.slow_io_timeout_s=10: rank 0 gives up, the job exits non-zero, step 4
     is never published (its temporary directory at most), and the next launch clears it and
     resumes from step 2 to the uninterrupted run's losses."""
-    run_dir = tmp_path / "run"
-    args = trainer(*RESTARTABLE, f"hydra.run.dir={run_dir}", "trainer.slow_io_timeout_s=10")
-    start = time.monotonic()
-    frozen = launch(two_ranks(*args), fault="save:after_shards:4@1:stop")
-    elapsed = time.monotonic() - start
-    assert frozen.returncode != 0
+    run_dir, frozen, relaunch = freeze_a_rank(
+        tmp_path, "trainer.slow_io_timeout_s", "save:after_shards:4@1:stop"
+    )
     assert "error: " in frozen.stderr, frozen.stderr[-3000:]
-    assert elapsed < 10 + 30 + 300, elapsed  # bound + torchrun's grace + start-up, loaded CPU
     assert checkpoint_steps(run_dir) == [2]
-    resumed = launch(two_ranks(*args))
+    resumed = relaunch()
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert not list((run_dir / "checkpoints").glob(".tmp_*"))
     assert train_losses(run_dir) == uninterrupted
