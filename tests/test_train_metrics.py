@@ -148,3 +148,21 @@ def test_the_cpu_is_named_with_its_family_model_and_stepping(tmp_path):
     cpuinfo.write_text("processor\t: 0\nmodel name\t: Some CPU\n")
     assert cpu_model(cpuinfo) == "Some CPU"
     assert cpu_model(tmp_path / "absent")  # platform.processor() or "unknown", never empty
+
+
+def test_the_memory_line_states_this_ranks_share_and_the_whole_models():
+    """One rank of a GaLore run: parameters and gradients all here, the state the optimizer's
+    plan (projected moments, not two full moments), each beside the whole model's."""
+    import foam
+
+    model = torch.nn.Sequential(torch.nn.Linear(256, 128, bias=False), torch.nn.LayerNorm(128))
+    optimizer = foam.build_optimizer("galore", model, lr=1e-3, rank=4)
+    numel = sum(p.numel() for p in model.parameters())
+    state = metrics.planned_state_bytes(optimizer)
+    assert 0 < state < 2 * 4 * numel
+    mib = numel * 4 / 2**20
+    assert metrics.per_rank_memory_line(model, optimizer) == (
+        f"params {mib:.2f} MiB (whole model {mib:.2f} MiB) | "
+        f"grads {mib:.2f} MiB (whole model {mib:.2f} MiB) | "
+        f"optimizer state {state / 2**20:.2f} MiB (whole model {state / 2**20:.2f} MiB)"
+    )

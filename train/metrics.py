@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import re
 import resource
 import sys
@@ -187,12 +186,6 @@ def bytes_by_dtype(tensors: Iterable[torch.Tensor]) -> dict[str, int]:
     return dict(out)
 
 
-def predicted_per_rank(whole_bytes: int, world_size: int, sharded: bool) -> int:
-    """The memory estimator's figure for one rank (``scripts/estimate_memory.py`` sizes the whole,
-    unsharded model): all of it under DDP, an even ``1/N`` share under FSDP2."""
-    return math.ceil(whole_bytes / world_size) if sharded else whole_bytes
-
-
 def whole_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of the whole (unsharded) tensors, each counted once."""
     unique = {id(t): t for t in tensors}.values()
@@ -211,12 +204,13 @@ def planned_state_bytes(optimizer: torch.optim.Optimizer, *, per_rank: bool = Tr
     return foam.planned_state_numel(optimizer, per_rank=per_rank) * max(sizes, default=0)
 
 
-def per_rank_memory_line(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, world_size: int, sharded: bool
-) -> str:
-    """Parameters, gradients (they take the trainable parameters' shapes and dtypes) and
-    optimizer state of this rank, each with the estimator's prediction for this world size; the
-    state is the planned one (``planned_state_bytes``), allocated at the first step."""
+def per_rank_memory_line(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    """Parameters, gradients (they take the trainable parameters' shapes and dtypes) and the
+    optimizer's planned state (``planned_state_bytes``, allocated at the first step): this rank's
+    share of each, then the whole model's. Under FSDP2 a method's state is not an even share of
+    the whole (GaLore's projected moments, APOLLO's limiter, Muon's owners' buffers are not), so
+    this line states what the optimizer plans; ``scripts/estimate_memory.py --fsdp-ranks N``
+    predicts it before a run, from the same plan."""
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
     parts = {
@@ -228,8 +222,7 @@ def per_rank_memory_line(
         ),
     }
     return " | ".join(
-        f"{name} {here / 2**20:.2f} MiB (predicted "
-        f"{predicted_per_rank(whole, world_size, sharded) / 2**20:.2f} MiB)"
+        f"{name} {here / 2**20:.2f} MiB (whole model {whole / 2**20:.2f} MiB)"
         for name, (here, whole) in parts.items()
     )
 

@@ -406,7 +406,7 @@ def build_model_and_optimizer(
         "memory per rank (%d rank(s), %s): %s",
         info.world_size,
         t.parallelism,
-        per_rank_memory_line(model, optimizer, info.world_size, sharded),
+        per_rank_memory_line(model, optimizer),
     )
     return model, replica, optimizer, scheduler
 
