@@ -12,6 +12,10 @@ imported when one of these optimizers is built, so ``import foam`` works without
 * ``foam8bit`` (``foam.combinations.foam8bit``): FOAM's own step (fold, residual, bias
   correction, alpha) on states dequantised to float32 for the step and quantised again after it. States smaller than ``min_8bit_size`` (norm
   gains) stay in FOAM's state dtype, following bitsandbytes' rule for small tensors.
+
+Both train FSDP2 shards: each rank quantises its own shard, bitwise the single-process step
+where every shard begins on a block boundary (``foam.shard_quantized``; other layouts are
+refused when the optimizer is built).
 """
 
 from __future__ import annotations
