@@ -133,14 +133,15 @@ class FOAM8bit(FOAM):
     def _dequantized(self, state: dict[str, Any], key: str, signed: bool) -> torch.Tensor:
         """The float32 values of the codes under ``key`` (this rank's blocks, placed alike)."""
         codes = state.pop(key)
-        values = torch.empty(local(codes).shape, dtype=torch.float32, device=codes.device)
-        if values.numel():  # a rank with no rows of the state has nothing to decode
-            values = self.functional.dequantize_blockwise(
-                local(codes),
-                absmax=kernel_absmax(state[f"{key}_absmax"], codes),
-                code=self._code_book(codes.device, signed),
-                blocksize=BLOCK,
-            )
+        mine = local(codes)
+        if not mine.numel():  # a rank with no rows of the state has nothing to decode
+            return placed_like(codes, mine.float())
+        values = self.functional.dequantize_blockwise(
+            mine,
+            absmax=kernel_absmax(state[f"{key}_absmax"], codes),
+            code=self._code_book(codes.device, signed),
+            blocksize=BLOCK,
+        )
         return placed_like(codes, values)
 
     def _quantize(self, state: dict[str, Any], key: str, signed: bool) -> None:
@@ -148,12 +149,14 @@ class FOAM8bit(FOAM):
         values = state[key]
         if f"{key}_absmax" not in state:
             state[f"{key}_absmax"] = absmax_zeros(values)
-        codes = torch.empty(local(values).shape, dtype=torch.uint8, device=values.device)
-        if codes.numel():
-            codes, scales = self.functional.quantize_blockwise(
-                local(values), code=self._code_book(values.device, signed), blocksize=BLOCK
-            )
-            kernel_absmax(state[f"{key}_absmax"], values).copy_(scales.absmax)
+        mine = local(values)
+        if not mine.numel():
+            state[key] = placed_like(values, mine.to(torch.uint8))
+            return
+        codes, scales = self.functional.quantize_blockwise(
+            mine, code=self._code_book(values.device, signed), blocksize=BLOCK
+        )
+        kernel_absmax(state[f"{key}_absmax"], values).copy_(scales.absmax)
         state[key] = placed_like(values, codes)
 
 
