@@ -118,6 +118,14 @@ def test_adamw8bit_is_bitsandbytes_with_the_paper_split():
     step_with(ref_opt, ref, grads)
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         assert torch.equal(p, q)
+        mine, theirs = opt.state[p], ref_opt.state[q]
+        for key in ("state1", "state2"):
+            assert torch.equal(mine[key], theirs[key])
+        if mine["state1"].dtype == torch.uint8:  # the scales, in bitsandbytes' order, then padding
+            for key in ("absmax1", "absmax2"):
+                scales = mine[key].reshape(-1)
+                assert torch.equal(scales[: theirs[key].numel()], theirs[key])
+                assert not scales[theirs[key].numel() :].any()
     assert state_bytes(opt) == opt.planned_state_bytes()
     assert planned_state_numel(opt) == 2 * sum(p.numel() for p in model.parameters())
     assert opt.state[model.model.norm.weight]["state1"].dtype == torch.float32  # < 4096
