@@ -25,7 +25,10 @@ Under FSDP2 (``sharded_estimate``) the meta model is sharded over ``W`` ranks ex
 trainer shards it (``train.parallelism.parallelize``: each matrix along
 ``foam.sharding.shard_dim``) and the same ``foam.planned_state_numel`` is asked for one rank's
 share. That share is not the whole divided by ``W``: some states are replicated (a GaLore/APOLLO
-moment whose basis lies along the sharded dim, an Adam-mini block that spans ranks).
+moment whose basis lies along the sharded dim, an Adam-mini block that spans ranks). An 8-bit
+method's share is the bytes the rank allocates (the optimizer's ``planned_state_bytes``: codes,
+their per-block scales and the float states of tensors under ``min_8bit_size``), the figure to
+size a GPU by, rather than the paper's one byte a state.
 """
 
 from __future__ import annotations
@@ -180,10 +183,9 @@ def sharded_estimate(
     if not 0 <= rank < ranks:
         raise ValueError(f"rank {rank} is not one of {ranks} ranks")
     hparams = how.hparams(models.load_model_config(model))
+    dtype = {BF16_BYTES: torch.bfloat16, 4: torch.float32}[value_bytes]
     with _as_rank(rank, ranks):
-        net = models.build_model(
-            models.load_model_config(model), device="meta", dtype=torch.bfloat16
-        )
+        net = models.build_model(models.load_model_config(model), device="meta", dtype=dtype)
         shard_as_trainer(net, ranks, hparams)
         try:
             optimizer = foam.build_optimizer(how.optimizer, net, **hparams)
@@ -191,7 +193,10 @@ def sharded_estimate(
             message = f"{method}: refused under FSDP on {ranks} ranks: {err}"
             raise ShardingNotSupported(message) from err
         weights = sum(local(p).numel() for p in net.parameters()) * value_bytes
-        states = foam.planned_state_numel(optimizer) * (how.bytes_per_state or value_bytes)
+        if how.bytes_per_state is None:
+            states = foam.planned_state_numel(optimizer) * value_bytes
+        else:  # 8-bit: what the rank allocates, codes and scales and the small float states
+            states = optimizer.planned_state_bytes()
     return Estimate(model, method, weights, states)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -51,11 +51,17 @@ class Case:
     steps: int = 3
     micro_batches: int = 1
     dtype: torch.dtype = torch.float64
+    model: Callable[[torch.dtype], nn.Module] | None = None
+    """Builds the model (from ``dtype``, seeded, with ``layers``); ``None``: ``ParityModel``."""
 
     @property
     def name(self) -> str:
         extra = ",".join(f"{k}={v}" for k, v in sorted(self.hparams.items()))
-        return f"{self.method}[{extra}]x{self.micro_batches}"
+        on = "" if self.model is None else f"@{self.model.__name__}"
+        return f"{self.method}[{extra}]x{self.micro_batches}{on}"
+
+    def build_model(self) -> nn.Module:
+        return (self.model or ParityModel)(self.dtype)
 
 
 @dataclass
@@ -181,7 +187,7 @@ def run_steps(
 def run_single(case: Case) -> Outcome:
     """``case`` in this process on the unsharded model."""
     torch.set_num_threads(1)
-    model = ParityModel(case.dtype)
+    model = case.build_model()
     try:
         optimizer = build(case, model)
         run_steps(case, model, optimizer, range(case.steps))
@@ -277,7 +283,7 @@ def _cases_worker(
     for case in cases:
 
         def run(case: Case = case) -> Outcome:
-            model = ParityModel(case.dtype)
+            model = case.build_model()
             shard_model(model, world)
             optimizer = build(case, model)
             return _sharded_outcome(case, model, optimizer, range(case.steps))
@@ -339,7 +345,7 @@ def _resume_worker(
     _init(rank, world, init_file, False)
 
     def run() -> Outcome:
-        model = ParityModel(case.dtype)
+        model = case.build_model()
         shard_model(model, world)
         optimizer = build(case, model)
         if not load:

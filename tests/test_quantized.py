@@ -1,6 +1,7 @@
 """adamw8bit and foam8bit: quantisation-aware tests against bitsandbytes and FOAM."""
 
 import copy
+import math
 import subprocess
 import sys
 
@@ -8,9 +9,10 @@ import pytest
 import torch
 from optim_helpers import random_grads, step_with, tiny_llama
 
-from foam.baselines.quantized import BLOCK, quantized_bytes
+from foam.baselines.quantized import BLOCK
 from foam.combinations.foam8bit import FOAM8bit
 from foam.registry import build_optimizer
+from foam.shard_quantized import QuantBlocks
 from foam.state import planned_state_numel, state_bytes
 
 bnb = pytest.importorskip("bitsandbytes")
@@ -84,7 +86,8 @@ def test_foam8bit_state_bytes_match_plan_and_halve_bf16(dtype):
     assert moment_bytes(opt) == opt.planned_state_bytes()
     assert planned_state_numel(opt) == planned_state_numel(plain)
     assert opt.planned_state_bytes() == sum(
-        2 * quantized_bytes(s["exp_avg"].numel()) for s in opt.state.values()
+        2 * (s["exp_avg"].numel() + 4 * math.prod(QuantBlocks.of(s["exp_avg"].shape).absmax_shape))
+        for s in opt.state.values()
     )
     # measured: 0.508 of bf16 states and 0.254 of float32 states (1 byte + 4/256 per value)
     ratio = moment_bytes(opt) / moment_bytes(plain)
@@ -115,6 +118,14 @@ def test_adamw8bit_is_bitsandbytes_with_the_paper_split():
     step_with(ref_opt, ref, grads)
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         assert torch.equal(p, q)
+        mine, theirs = opt.state[p], ref_opt.state[q]
+        for key in ("state1", "state2"):
+            assert torch.equal(mine[key], theirs[key])
+        if mine["state1"].dtype == torch.uint8:  # the scales, in bitsandbytes' order, then padding
+            for key in ("absmax1", "absmax2"):
+                scales = mine[key].reshape(-1)
+                assert torch.equal(scales[: theirs[key].numel()], theirs[key])
+                assert not scales[theirs[key].numel() :].any()
     assert state_bytes(opt) == opt.planned_state_bytes()
     assert planned_state_numel(opt) == 2 * sum(p.numel() for p in model.parameters())
     assert opt.state[model.model.norm.weight]["state1"].dtype == torch.float32  # < 4096
