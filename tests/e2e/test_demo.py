@@ -14,7 +14,7 @@ from train.data.corpus import open_source
 from train.data.tokenizer import build_tokenizer
 from train.schema import data_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEMO = [sys.executable, str(REPO / "scripts" / "demo.py")]
 
 

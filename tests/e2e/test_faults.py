@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_train_checkpoint import live, save
-from tests.test_train_cli import ENV, REPO, command, train_losses, wait_for
+from tests.e2e.test_train_cli import ENV, REPO, command, train_losses, wait_for
+from tests.helpers.checkpoint import live, save
 from train import checkpoint as ckpt
 from train import manifest, run_lock
 from train.data.fingerprint import check_unchanged, fingerprint

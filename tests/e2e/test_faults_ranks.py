@@ -26,6 +26,7 @@ import torch.multiprocessing as mp
 
 import foam
 import models
+from tests.e2e.test_train_cli import ENV, TINY, checkpoint_steps, train_losses
 from train import elastic
 from train.errors import TrainingDiverged
 from train.replicas import ReplicasDiffer, check_replicas_agree
@@ -35,9 +36,7 @@ from train.step import train_step
 from train.step_guard import GuardPolicy, OnNonFinite, OnSpike, StepGuard, repeated
 from train.summary import DIVERGED_FILE
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).parent))
-from test_train_cli import ENV, TINY, checkpoint_steps, train_losses  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 CPU = torch.device("cpu")
 VOCAB, T = 128, 16

@@ -8,7 +8,6 @@ import contextlib
 import importlib.util
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -20,32 +19,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_train_cli import TINY, command, run, train_losses
 
 from foam import fused
 from foam.sharding import shard_dim
+from tests.e2e.test_train_cli import TINY, command, run, train_losses
+from tests.helpers.fsdp_parity import ENV, REPO, TORCHRUN, sharded_and_single
 from train.parallelism import compiles_layers, uses_autocast
 
-REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 PARITY = ["adamw", "foam", "foam_mini"]
-TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-
-
-def records(cmd: list[str]) -> dict[str, dict]:
-    proc = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    return {r["optimizer"]: r for r in lines}
-
-
-def sharded_and_single(*methods: str) -> tuple[dict[str, dict], dict[str, dict]]:
-    """(2-rank FSDP2, 1 process unsharded) records of ``tests/fsdp_parity_worker.py`` for
-    ``methods``."""
-    worker = ["tests/fsdp_parity_worker.py", *methods]
-    sharded = records([TORCHRUN, "--standalone", "--nproc_per_node", "2", *worker])
-    single = records([sys.executable, *worker])
-    return sharded, single
 
 
 @pytest.fixture(scope="module")
@@ -556,7 +537,7 @@ def test_each_rank_steps_its_shards_with_the_fused_kernel_as_the_eager_step(tmp_
     the axis the shard keeps whole (or in blocks that fit the shard), and ends where the eager
     sharded step ends; only FOAM-Mini along the sharded dim, whose block mean is all-reduced,
     stays eager. ``foam_steps`` says so."""
-    from test_fused import assert_agree
+    from tests.foam.test_fused import assert_agree
 
     results = mp.Manager().dict()
     context = mp.spawn(

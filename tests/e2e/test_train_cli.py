@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from foam import fused
 from train.summary import DIVERGED_FILE
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = [
     "+model=llama_tiny",
     "trainer=cpu_debug",

@@ -5,9 +5,9 @@ import math
 
 import pytest
 import torch
-from optim_helpers import SpecFold, random_grads, random_params, step_with
 
 from foam import FOAM, OptionError, state_bytes
+from tests.helpers.optim import SpecFold, random_grads, random_params, step_with
 
 SHAPES = [(6, 12), (10, 3), (4, 2, 5), (7,)]  # divisible, tall + non-divisible, 3-d, 1-d
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from optim_helpers import random_grads, step_with, tiny_llama
 
 from foam import FOAM, build_optimizer, planned_state_numel
 from foam.folding import fold, make_plan
 from foam.optimizer import SEMANTICS
+from tests.helpers.optim import random_grads, step_with, tiny_llama
 
-GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "data" / "foam_release_golden.pt"
+GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "data" / "foam_release_golden.pt"
 if not GOLDEN.exists():  # worktrees live one level deeper than the main checkout
     GOLDEN = Path("/work/shared/data/foam_release_golden.pt")
 TOLERANCE = 1e-10  # of each parameter's total movement over the trajectory

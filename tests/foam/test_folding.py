@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from optim_helpers import SpecFold
 
 from foam.folding import fold, make_plan, unfold, unfold_with_residual
+from tests.helpers.optim import SpecFold
 
 
 def test_divisible_fold_is_block_mean_along_last_axis():

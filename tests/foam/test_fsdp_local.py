@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sharded_parity import (
+
+from foam.shard_blocks import blocks_follow_rows, chunk_range
+from foam.sharding import SHARDED_METHODS
+from tests.helpers.sharded_parity import (
     Case,
     Outcome,
     ParityModel,
@@ -24,9 +27,6 @@ from sharded_parity import (
     run_single,
     unsharded_states,
 )
-
-from foam.shard_blocks import blocks_follow_rows, chunk_range
-from foam.sharding import SHARDED_METHODS
 
 REORDERED = 1e-12  # float64 sums of a few entries in another order
 
@@ -234,7 +234,7 @@ two runs agree to 1e-7 of the loss, as AdamW's do, so the tolerance is GWT's alo
 def trained() -> tuple[dict[str, dict], dict[str, dict]]:
     """(2-rank FSDP2, 1 process) records of ``tests/fsdp_parity_worker.py`` for ``TRAINED``:
     ``train/parallelism.py``'s sharding, ``train/step.py``'s accumulation and clipping."""
-    from test_fsdp import sharded_and_single
+    from tests.helpers.fsdp_parity import sharded_and_single
 
     return sharded_and_single(*TRAINED)
 

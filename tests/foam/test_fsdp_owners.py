@@ -14,12 +14,12 @@ ranks and on 1, and different when the owners' exchange or the partial sums are 
 from __future__ import annotations
 
 import pytest
-import sharded_parity
 import torch
-from sharded_parity import Case, differences, run_resumed, run_sharded, run_single
 
 import foam
 from foam.shard_owners import Layout, Owners, assign_owners
+from tests.helpers import sharded_parity
+from tests.helpers.sharded_parity import Case, differences, run_resumed, run_sharded, run_single
 
 OWNER_METHODS = ("muon", "foam_muon", "galore")
 GALORE = {"update_proj_gap": 2}  # a refresh at steps 1 and 3
@@ -182,7 +182,7 @@ def test_two_rank_fsdp_llama_tiny_run_matches_the_unsharded_run():
     """``tests/fsdp_parity_worker.py`` (two micro-batches a step, gradient clipping) of each
     owners' method: the sharded run's losses are the single-process run's (which equals DDP's)
     to float reordering (FSDP2's reduce-scatter sums the ranks' gradients in another order)."""
-    from test_fsdp import sharded_and_single
+    from tests.helpers.fsdp_parity import sharded_and_single
 
     sharded, single = sharded_and_single(*OWNER_METHODS)
     for name in OWNER_METHODS:

@@ -10,10 +10,10 @@ import copy
 
 import pytest
 import torch
-from optim_helpers import TINY_LLAMA, build, random_grads, step_with, tiny_llama
 
 import foam
 from foam import planned_state_numel
+from tests.helpers.optim import TINY_LLAMA, build, random_grads, step_with, tiny_llama
 
 NAMES = sorted(foam.available_optimizers())
 # Block-wise int8 states: uint8 codes and float32 scales (their own tests check dtypes).

@@ -2,13 +2,13 @@
 
 import pytest
 import torch
-from optim_helpers import TINY_LLAMA, random_grads, step_with, tiny_llama
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import foam
 from foam import FOAM, build_optimizer, split_params
 from foam.param_groups import check_covers
+from tests.helpers.optim import TINY_LLAMA, random_grads, step_with, tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import copy
 
 import pytest
 import torch
-from optim_helpers import random_grads, step_with, tiny_llama
 
 import foam
+from tests.helpers.optim import random_grads, step_with, tiny_llama
 
 NAMES = sorted(foam.available_optimizers())
 EIGHT_BIT = {"adamw8bit", "foam8bit", "galore8bit"}

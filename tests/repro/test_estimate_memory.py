@@ -20,7 +20,7 @@ from repro.memory_estimator import GB, appendix_pair, estimate, table2_gb
 from repro.tables import memory as estimate_memory
 
 TOL = 0.02
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 def _check(table: str, method: str, model: str, paper: float, ours: float) -> None:

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from foam.sharding import ShardingNotSupported
 from repro.memory_estimator import SPECS, estimate, shard_as_trainer, sharded_estimate, spec
-from tests.sharded_parity import _spawn
+from tests.helpers.sharded_parity import _spawn
 
 WORLD = 2
 MODEL = "llama_tiny"

@@ -9,7 +9,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from test_train_cli import ENV, TINY
 
 import foam
 import models
@@ -17,9 +16,10 @@ from repro import experiments, sweep
 from repro.memory_estimator import memory_matched, planned_numel
 from repro.points import load_points
 from repro.tables.experiments import experiment_outputs
+from tests.e2e.test_train_cli import ENV, TINY
 from train.metrics import peak_flops_for_name
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NAMES = [
     "table2",
     "table3",

@@ -9,7 +9,7 @@ from repro.methods import TABLE2, label
 from repro.paper_memory import PAPER_MODELS
 from repro.paper_perplexity import PAPER_TABLE2_PPL, paper_ppl
 
-PAPER = Path(__file__).resolve().parents[2] / "shared" / "paper" / "foam_paper.tex"
+PAPER = Path(__file__).resolve().parents[3] / "shared" / "paper" / "foam_paper.tex"
 if not PAPER.exists():
     PAPER = Path("/work/shared/paper/foam_paper.tex")
 

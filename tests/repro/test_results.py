@@ -7,7 +7,7 @@ import pytest
 from repro.cpu_study import make_tables
 from repro.tables import experiments
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "results"
 
 
 def make_v4(args: list[str]) -> int:

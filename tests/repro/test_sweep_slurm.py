@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
-from test_train_cli import TINY
 
 from repro import sweep
+from tests.e2e.test_train_cli import TINY
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 submitit = pytest.importorskip("submitit", reason="the SLURM launcher needs submitit (dev extra)")
 

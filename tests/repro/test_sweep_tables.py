@@ -15,7 +15,7 @@ from repro.points import CONTROL, Key, Point, load_points
 from repro.tables.paired import agreement, comparisons
 from train.summary import write_diverged
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_dry_run_prints_the_papers_full_grid(capsys):

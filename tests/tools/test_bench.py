@@ -18,7 +18,7 @@ from models import build_model, load_model_config
 from tools import bench_floor, bench_methods
 from tools.bench_host_cost import report as host_cost_report
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from tools import gpu_check, gpu_deps
 from tools.gpu_check import TRAIN_METHODS, Report, run_step, targets
 from tools.gpu_deps import REQUIRED, conflicting, distribution_of, install, missing
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def make_plan(*args: str) -> str:

@@ -13,7 +13,7 @@ import pytest
 
 from tools.memory_cap import CapResult, Trial, cap_table, largest_fitting, search
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("limit", [1, 7, 32, 1024])

@@ -8,7 +8,7 @@ import pytest
 
 from tools import mutate
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_every_target_and_test_exists():

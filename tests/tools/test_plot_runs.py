@@ -5,7 +5,7 @@ import math
 import runpy
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 plot_runs = runpy.run_path(str(REPO / "tools" / "plot_runs.py"))
 
 

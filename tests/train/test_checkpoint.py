@@ -16,42 +16,16 @@ import torch.distributed.checkpoint as dcp
 
 import foam
 import models
+from tests.helpers.checkpoint import Position, live, save
 from train import checkpoint as ckpt
 from train.errors import ConfigError
 from train.state import TrainState
-
-
-class Position:
-    """A train loader's stand-in: its position is a counter."""
-
-    def __init__(self) -> None:
-        self.records = 0
-
-    def state_dict(self) -> dict:
-        return {"records": self.records}
-
-    def load_positions(self, positions: list[dict]) -> None:
-        self.records = positions[0]["records"]
-
-
-def live(width: int = 4) -> ckpt.Resumable:
-    model = torch.nn.Linear(width, width)
-    optimizer = torch.optim.AdamW(model.parameters())
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    return ckpt.Resumable(model, optimizer, scheduler, Position())
 
 
 def resume_from(resume: str | None, run_dir: Path) -> Path | None:
     """The checkpoint ``trainer.resume`` goes on from when it loads (the newest candidate)."""
     found = ckpt.resume_candidates(resume, run_dir, set_aside_newer=False)
     return found[0] if found else None
-
-
-def save(run_dir: Path, run: ckpt.Resumable, step: int, keep_last: int = 2) -> Path:
-    with torch.no_grad():
-        run.model.weight.fill_(float(step))
-    state = TrainState(step=step, tokens=10 * step)
-    return ckpt.save_training_state(run_dir, run, state, rank=0, keep_last=keep_last)
 
 
 def test_round_trip(tmp_path):
@@ -136,7 +110,7 @@ def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 KILLED_SAVER = textwrap.dedent(
     """
     import sys, torch
-    from tests.test_train_checkpoint import live, save
+    from tests.helpers.checkpoint import live, save
     run = live(4000)  # 64 MB of weights: each save takes a while
     for step in range(1, 10_000):
         save(sys.argv[1], run, step)
@@ -146,7 +120,7 @@ KILLED_SAVER = textwrap.dedent(
 
 
 def test_sigkill_during_save_leaves_a_loadable_checkpoint(tmp_path):
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen(
         [sys.executable, "-W", "ignore", "-c", KILLED_SAVER, str(tmp_path)],
         cwd=repo,

@@ -12,11 +12,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
-from optim_resolution import resolve_for_models
 
 import foam
 import models
 from repro.methods import ABLATIONS
+from tests.helpers.optim_resolution import resolve_for_models
 from train.cli_errors import composition_error_message, discard_refused_run_dir
 from train.config import (
     CONFIG_DIR,
@@ -137,7 +137,7 @@ def test_optim_configs_follow_their_optimizer(optim):
 # from the 60M lr to the LLaMA row of their size or the nearest smaller one), and once for
 # foam_adam_mini's alpha (0.25 -> 1, Adam-mini's: at Adam-mini's lr, FOAM's 0.25 ran the folded
 # variant's matrices at a quarter of the lr Adam-mini's own take), all else kept.
-RECORDED = json.loads((Path(__file__).parent / "data/optim_configs_resolved.json").read_text())
+RECORDED = json.loads((Path(__file__).parents[1] / "data/optim_configs_resolved.json").read_text())
 
 
 def test_every_recorded_optim_config_is_still_an_option():
@@ -530,7 +530,7 @@ def test_an_optimizer_error_names_the_key_it_carries(tiny_model, override, line)
 
 
 def test_configs_dir_is_the_repo_one():
-    assert Path(__file__).resolve().parents[1] / "configs" == CONFIG_DIR
+    assert Path(__file__).resolve().parents[2] / "configs" == CONFIG_DIR
 
 
 @pytest.mark.parametrize("ablation", ABLATIONS, ids=lambda a: a.name)
@@ -647,7 +647,7 @@ def test_the_run_plan_decides_parallelism_once(
     assert plan.accumulation == 8 // (2 * world) and plan.compiled is False
 
 
-TRAIN = Path(__file__).resolve().parents[1] / "train"
+TRAIN = Path(__file__).resolve().parents[2] / "train"
 
 
 def test_the_run_plan_is_the_only_reader_of_the_parallelism_rules():

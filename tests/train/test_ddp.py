@@ -16,17 +16,17 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from optim_helpers import TINY_LLAMA, build, tiny_llama
 from packaging.requirements import Requirement
 from packaging.version import Version
 
 import foam
+from tests.helpers.optim import TINY_LLAMA, build, tiny_llama
 from train import distributed
 from train.distributed import DistInfo, wrap_ddp
 from train.step import accumulate_gradients
 
 CPU = torch.device("cpu")
-PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 
 @pytest.fixture(scope="module")

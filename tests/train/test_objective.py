@@ -7,12 +7,12 @@ import json
 
 import pytest
 import torch
-from test_train_cli import TINY, command, run
 from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers.models import WordLevel
 from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast
 
 import models
+from tests.e2e.test_train_cli import TINY, command, run
 from train.objective import (
     MLM_LABELS,
     MaskedTrainLoader,

@@ -26,7 +26,7 @@ from train.preemption import (
 )
 
 CPU = torch.device("cpu")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -147,7 +147,7 @@ def test_ctrl_c_on_a_run_saves_exits_75_and_the_rerun_resumes(tmp_path):
     answer) or, when llama_tiny's checkpoint is quicker than that, after the exit status is
     decided (ignored). Either way it must not change the status; the second answer's wording is
     ``test_ctrl_c_stops_like_sigterm_then_waits_then_aborts``'s to check."""
-    from test_train_cli import checkpoint_steps, command, logged_steps, run, stop_with
+    from tests.e2e.test_train_cli import checkpoint_steps, command, logged_steps, run, stop_with
 
     run_dir = tmp_path / "run"
     overrides = ("trainer.max_steps=40", "trainer.save_every=0", "trainer.eval_every=0")

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-from test_train_cli import command, records, run
 from torch.distributed.fsdp import fully_shard
 
+from tests.e2e.test_train_cli import command, records, run
 from train.errors import ConfigError
 from train.update_cosine import UpdateCosine, averages, track_update_cosine
 

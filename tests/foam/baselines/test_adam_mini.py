@@ -4,12 +4,12 @@ import copy
 
 import pytest
 import torch
-from optim_helpers import TINY_LLAMA, SpecFold, random_grads, step_with, tiny_llama
 from torch import nn
 
 from foam.baselines.adam_mini import AdamMini, second_moment_blocks
 from foam.registry import build_optimizer
 from foam.state import planned_state_numel, state_bytes
+from tests.helpers.optim import TINY_LLAMA, SpecFold, random_grads, step_with, tiny_llama
 
 adam_mini = pytest.importorskip("adam_mini")
 

@@ -5,11 +5,11 @@ import math
 
 import pytest
 import torch
-from optim_helpers import random_grads, random_params, step_with, tiny_llama
 
 import foam
 from foam import build_optimizer, planned_state_numel, state_bytes
 from foam.baselines.apollo import APOLLO
+from tests.helpers.optim import random_grads, random_params, step_with, tiny_llama
 
 SHAPES = [(48, 32), (32, 48), (32,)]  # tall (right basis), wide (left basis), a vector
 HP = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.1)

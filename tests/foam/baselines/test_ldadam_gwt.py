@@ -25,15 +25,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from optim_helpers import random_grads, step_with, tiny_llama
 
 import foam.baselines.gwt
 import foam.baselines.ldadam
 from foam import build_optimizer, planned_state_numel, state_bytes
 from foam.baselines.gwt import GWT, haar_dwt, haar_idwt
 from foam.baselines.ldadam import LDAdamW
+from tests.helpers.optim import random_grads, step_with, tiny_llama
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def golden(name):

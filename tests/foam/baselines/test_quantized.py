@@ -6,12 +6,12 @@ import sys
 
 import pytest
 import torch
-from optim_helpers import random_grads, step_with, tiny_llama
 
 from foam.baselines.quantized import BLOCK, quantized_bytes
 from foam.combinations.foam8bit import FOAM8bit
 from foam.registry import build_optimizer
 from foam.state import planned_state_numel, state_bytes
+from tests.helpers.optim import random_grads, step_with, tiny_llama
 
 bnb = pytest.importorskip("bitsandbytes")
 import bitsandbytes.functional as F  # noqa: E402

@@ -4,12 +4,12 @@ import warnings
 
 import pytest
 import torch
-from optim_helpers import random_grads, random_params, step_with, tiny_llama
 
 from foam import build_optimizer, planned_state_numel, state_bytes
 from foam.baselines.quantized import quantized_bytes
 from foam.combinations.galore8bit import GaLore8bit
 from foam.sharding import WHOLE_MATRIX_REASONS
+from tests.helpers.optim import random_grads, random_params, step_with, tiny_llama
 
 pytest.importorskip("bitsandbytes")
 

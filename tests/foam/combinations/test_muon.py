@@ -4,7 +4,6 @@ import copy
 
 import pytest
 import torch
-from optim_helpers import SpecFold, random_grads, step_with, tiny_llama
 
 import foam
 import foam.combinations.foam_muon
@@ -12,6 +11,7 @@ from foam.combinations.foam_muon import FoldedMuon
 from foam.param_groups import split_params
 from foam.registry import build_optimizer
 from foam.state import planned_state_numel, state_bytes
+from tests.helpers.optim import SpecFold, random_grads, step_with, tiny_llama
 
 STEPS = 10
 

@@ -14,7 +14,7 @@ import pytest
 from repro.cpu_study import corpora, make_corpus
 from repro.cpu_study.html_paragraphs import html_paragraphs
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 STUDY = corpora.CORPORA["study"]
 
 GUIDE = """\

@@ -206,7 +206,7 @@ def test_the_protocol_is_what_protocol_md_says():
     tokens = 1000 * 16 * 256
     assert tokens == 4_096_000 and "trainer.global_batch_size=16" in overrides
     assert driver.GAPS == (200, 20) and driver.SEEDS == (0, 1, 2)
-    text = (Path(__file__).resolve().parents[2] / "results" / "repro" / "PROTOCOL.md").read_text()
+    text = (Path(__file__).resolve().parents[3] / "results" / "repro" / "PROTOCOL.md").read_text()
     assert "4,096,000 tokens" in text and "{200, 20}" in text
 
 

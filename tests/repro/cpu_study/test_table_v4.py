@@ -327,7 +327,7 @@ def test_provenance_says_run_by_run_what_the_summary_and_the_notes_record(study,
     )
 
 
-V4_RUNS = Path(__file__).resolve().parents[2] / "results" / "repro" / "v4" / "runs"
+V4_RUNS = Path(__file__).resolve().parents[3] / "results" / "repro" / "v4" / "runs"
 
 
 def test_the_committed_machine_record_lists_every_run_in_the_order_git_committed_them():

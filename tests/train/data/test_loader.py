@@ -27,8 +27,8 @@ from train.data.val_batches import build_val_batches
 from train.errors import ConfigError, DataSourceError
 from train.schema import DataConfig, data_config, register_configs
 
-REPO = Path(__file__).resolve().parents[1]
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
+REPO = Path(__file__).resolve().parents[3]
+SHAKESPEARE = Path(__file__).resolve().parents[4] / "shared/data/tinyshakespeare.txt"
 WORDS = [
     "the",
     "of",
@@ -698,7 +698,7 @@ def test_the_data_a_command_trains_on(overrides, expected):
 
 def test_a_file_of_random_bytes_stops_the_run_before_step_1(tmp_path):
     """Through the CLI: one line with the counts, exit 2, no tokenizer trained, no step run."""
-    from test_train_cli import command, one_line_error, run
+    from tests.e2e.test_train_cli import command, one_line_error, run
 
     garbage = random_bytes_file(tmp_path / "garbage.txt")
     cache = tmp_path / "cache"
@@ -716,7 +716,7 @@ def test_a_paper_size_model_with_the_fallback_tokenizer_is_refused_before_it_is_
 ):
     """The issue's ``+model=llama_350m`` offline: a SentencePiece model of a few thousand pieces
     for 32000 ids stops the run with one line, before the 350M model is built."""
-    from test_train_cli import command, one_line_error, run
+    from tests.e2e.test_train_cli import command, one_line_error, run
 
     overrides = (
         "+model=llama_350m",

@@ -8,10 +8,10 @@ import textwrap
 import pytest
 import torch
 from omegaconf import OmegaConf
-from test_train_cli import REPO, command, run
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import models
+from tests.e2e.test_train_cli import REPO, command, run
 from train.checkpoint import load_model_weights
 from train.data.tokenizer import HFTokenizer
 from train.data.val_batches import build_val_batches
