@@ -1,5 +1,5 @@
 """The whole-matrix owners (``foam/shard_owners.py``) and the methods that step FSDP2 shards
-through them, against the single-process step (``tests/sharded_parity.py``).
+through them, against the single-process step (``tests/helpers/sharded_parity.py``).
 
 Muon and FOAM-Muon keep their momentum on the shards and run Newton-Schulz on an owner: bitwise
 equal to the unsharded step. GaLore refreshes its SVD basis on an owner every 2 steps and projects
@@ -179,7 +179,7 @@ def test_owner_methods_declare_they_shard():
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_two_rank_fsdp_llama_tiny_run_matches_the_unsharded_run():
-    """``tests/fsdp_parity_worker.py`` (two micro-batches a step, gradient clipping) of each
+    """``tests/helpers/fsdp_parity_worker.py`` (two micro-batches a step, gradient clipping) of each
     owners' method: the sharded run's losses are the single-process run's (which equals DDP's)
     to float reordering (FSDP2's reduce-scatter sums the ranks' gradients in another order)."""
     from tests.helpers.fsdp_parity import sharded_and_single

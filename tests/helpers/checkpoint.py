@@ -32,7 +32,7 @@ def live(width: int = 4) -> ckpt.Resumable:
 
 
 def save(run_dir: Path, run: ckpt.Resumable, step: int, keep_last: int = 2) -> Path:
-    """Save ``run`` at ``step`` with its weights all equal to ``step`` (to tell checkpoints apart)."""
+    """Save ``run`` at ``step``, its weights all equal to ``step`` (which tells saves apart)."""
     with torch.no_grad():
         run.model.weight.fill_(float(step))
     state = TrainState(step=step, tokens=10 * step)

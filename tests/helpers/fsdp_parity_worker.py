@@ -1,5 +1,6 @@
-"""Run by ``tests/test_fsdp.py``: under ``torchrun --nproc_per_node 2`` (gloo, CPU) train a tiny
-LLaMA with FSDP2 on two ranks; as a plain process, the same model unsharded on the whole batch.
+"""Run by ``tests/helpers/fsdp_parity.py``: under ``torchrun --nproc_per_node 2`` (gloo, CPU)
+train a tiny LLaMA with FSDP2 on two ranks; as a plain process, the same model unsharded on the
+whole batch.
 Prints one JSON line per optimizer: the loss curve, the bytes of its moments on rank 0 (step
 counters left out: every rank holds all of them) and which step FOAM's matrices took
 (``foam.steps_run``), or the refusal.

@@ -1,9 +1,8 @@
 """Shared helpers of the optimizer tests: a tiny LLaMA, seeded random params and gradients, and a
 loop that feeds the same gradients to one or more optimizers.
 
-Not a test module (pytest collects ``test_*.py`` only). The test files import it as
-``from optim_helpers import ...``: pytest's default ``prepend`` import mode puts ``tests/`` (the
-first directory without an ``__init__.py``) on ``sys.path``.
+Not a test module (pytest collects ``test_*.py`` only): the test files import it as
+``tests.helpers.optim``.
 
 Every draw comes from its own ``torch.Generator`` seeded here, so a test's numbers do not depend
 on which tests ran before it; only ``tiny_llama`` touches torch's global RNG (as model init does).

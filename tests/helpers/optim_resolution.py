@@ -4,11 +4,12 @@ Not a test module. ``tests/data/optim_configs_resolved.json`` is this module's o
 commit before the optim configs were deduplicated (run from that checkout, with its own schema
 registration)::
 
-    cd OLD_CHECKOUT && python NEW_CHECKOUT/tests/optim_resolution.py > optim_configs_resolved.json
+    cd OLD_CHECKOUT &&
+        python NEW_CHECKOUT/tests/helpers/optim_resolution.py > optim_configs_resolved.json
 
-``test_train_config.py`` resolves the same configs on the current tree and compares, so a config
-that moves a value (an lr table, a level, a rank) into a shared file keeps resolving to the same
-thing.
+``tests/train/test_config.py`` resolves the same configs on the current tree and compares, so a
+config that moves a value (an lr table, a level, a rank) into a shared file keeps resolving to
+the same thing.
 """
 
 from __future__ import annotations

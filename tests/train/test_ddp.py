@@ -2,7 +2,7 @@
 
 An in-process gloo group of world size 1 is a real DDP: gradients go through the reducer's
 buckets and its all-reduce, which is what the bucket-view checks need; the two-rank equality
-of gradients is in ``test_train_step.py``.
+of gradients is in ``tests/train/test_step.py``.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_ddp_builds_with_the_installed_torch(process_group) -> None:
 
 def test_a_rank_that_fails_a_set_up_step_raises_its_own_error(process_group) -> None:
     """The other ranks' side (an error naming the failing rank) is tested with two ranks in
-    tests/test_data.py."""
+    tests/train/data/test_val_batches.py."""
     with distributed.failure_stops_every_rank(RuntimeError):
         pass  # no rank failed: nothing raised
     error = OSError("disk gone")
