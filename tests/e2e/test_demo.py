@@ -1,5 +1,6 @@
-"""`make demo`: it reads each training token at most once (it used to loop ~9 times over the
-corpus), and its command line takes Hydra overrides but refuses flags before any training."""
+"""`make demo`: it reads each training token at most once (a demo that loops over its corpus
+reports memorisation as learning), and its command line takes Hydra overrides but refuses flags
+before any training."""
 
 import subprocess
 import sys

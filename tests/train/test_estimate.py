@@ -66,8 +66,8 @@ def test_a_small_step_is_timed_on_a_copy_not_guessed_from_flops(monkeypatch, cap
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_the_trial_compiles_its_copy_as_the_run_compiles_its_layers(monkeypatch, compiled):
-    """A run that compiles (by default on a GPU) is timed compiled: uncompiled, the trial said
-    1.4-1.8x the step an H100 took. The copy's layers are compiled before it steps."""
+    """A run that compiles (by default on a GPU) is timed compiled, or the trial would estimate
+    the slower eager step. The copy's layers are compiled before it steps."""
     cfg = run_config("+model=llama_tiny", "data.seq_len=32", "trainer.micro_batch_size=2")
     compiled_models = []
     monkeypatch.setattr(estimate, "compile_decoder_layers", compiled_models.append)
