@@ -1,9 +1,8 @@
 """The masked-LM objective (train/objective.py): transformers' collator's masking bit for bit,
-the loss on the masked positions only, resumable training masks and fixed validation masks, and
-tiny GPT-2 and DeBERTa runs through the trainer's CLI."""
+the loss on the masked positions only, resumable training masks and fixed validation masks
+(tiny GPT-2 and DeBERTa runs through the trainer's CLI: tests/e2e/test_model_families.py)."""
 
 import contextlib
-import json
 
 import pytest
 import torch
@@ -12,7 +11,6 @@ from tokenizers.models import WordLevel
 from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast
 
 import models
-from tests.e2e.test_train_cli import TINY, command, run
 from train.objective import (
     MLM_LABELS,
     MaskedTrainLoader,
@@ -138,25 +136,3 @@ def test_every_evaluation_scores_the_same_masked_tokens():
     first, again = list(validation), list(validation)
     assert len(validation) == 2
     assert all(torch.equal(a[MLM_LABELS], b[MLM_LABELS]) for a, b in zip(first, again, strict=True))
-
-
-@pytest.mark.parametrize(("model", "objective"), [("gpt2_tiny", "causal"), ("deberta_tiny", "mlm")])
-def test_tiny_gpt2_and_deberta_pretrain_through_the_cli(tmp_path, model, objective):
-    run_dir = tmp_path / "run"
-    tiny = [o for o in TINY if not o.startswith("+model")]
-    overrides = ("trainer.max_steps=2", "trainer.eval_every=0", "trainer.save_every=0")
-    run([*command(run_dir, *overrides, tiny=False), f"+model={model}", *tiny])
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 2 and summary["model"] == model
-    env = summary["environment"]  # what a bit-for-bit repeat of the run needs to match
-    assert env["torch"] == torch.__version__ and env["threads"] >= 1
-    assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and env["cpu"]
-    evaluated = summary["eval_history"][-1]
-    assert 100 < evaluated["val_ppl"] < 1e6  # near chance on 32000 ids after two steps
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    val_tokens = [json.loads(line).get("val_tokens") for line in lines]
-    scored = next(t for t in val_tokens if t)
-    if objective == "mlm":  # ~15 % of the 2000 validation tokens are scored
-        assert 150 < scored < 600
-    else:
-        assert scored > 1500
