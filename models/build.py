@@ -91,9 +91,10 @@ def materialize(
     Construction draws, in this order: torch's default init of every module of the base model
     (in registration order), transformers' init of the base model, the default init of the
     head, transformers' init of what is left (the head; tying). This replays that order;
-    ``tests/test_models.py`` checks it against plain construction for LLaMA and Qwen2. GPT-2 and
-    DeBERTa draw in another order there, so their weights follow the same init scheme (the same
-    distributions) with other draws than plain construction's, the same on every device.
+    ``tests/models/test_models.py`` checks it against plain construction for LLaMA and Qwen2.
+    GPT-2 and DeBERTa draw in another order there, so their weights follow the same init scheme
+    (the same distributions) with other draws than plain construction's, the same on every
+    device.
     """
     model.to_empty(device="cpu")
     model.to(dtype=torch.float32)

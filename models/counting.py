@@ -31,7 +31,7 @@ def count_params(model: nn.Module) -> ParamCounts:
     transform.
 
     The optimizers find the same matrices by structure, without knowing the architecture
-    (``foam.split_params``); ``tests/test_models.py`` checks that the two agree.
+    (``foam.split_params``); ``tests/models/test_models.py`` checks that the two agree.
     """
     trainable = [p for p in model.parameters() if p.requires_grad]
     vocab = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}

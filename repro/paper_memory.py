@@ -2,8 +2,8 @@
 
 The values are those of ``paper/foam_paper.tex`` (Table 2's memory column, the Appendix estimate
 table, Table 3's "Memory"), by method name (``repro/methods.py``). Units and the paper's
-conventions, found by recomputing every printed entry (``tests/test_estimate_memory.py`` checks
-each of them within ``TOLERANCE_GB``):
+conventions, found by recomputing every printed entry
+(``tests/repro/test_estimate_memory.py`` checks each of them within ``TOLERANCE_GB``):
 
 * **Table 2's memory column** is the total (weights + states) in decimal GB (1e9 bytes), printed
   to two decimals, mostly truncated (Adam 60M 0.3484 -> 0.34) but sometimes rounded (Muon 60M

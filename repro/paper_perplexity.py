@@ -3,8 +3,8 @@ against.
 
 The values are those of ``paper/foam_paper.tex`` (``tab:validation_llama_60m-1b``: mean and the
 printed ± over 3 runs for 60M-350M, one run for 1.3B), by method name (``repro/methods.py``) and
-in the model order of ``paper_memory.PAPER_MODELS``. ``tests/test_paper_perplexity.py`` checks each
-entry against the paper's source where it is present.
+in the model order of ``paper_memory.PAPER_MODELS``. ``tests/repro/test_paper_perplexity.py``
+checks each entry against the paper's source where it is present.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The suite's order: its longest file first.
 
 ``make test`` shares the test files between two processes (pytest-xdist, ``--dist loadfile``),
-handing each the next file in collection order as it frees up. ``test_train_cli.py`` (a trainer
-subprocess per test, about half of one process's share) came late in that order, so it ran
-alone at the end while the other process sat idle; first, it runs beside all the other files.
+handing each the next file in collection order as it frees up. A long file late in that order
+runs alone at the end while the other process sits idle, so ``tests/e2e/test_train_cli.py`` (a
+trainer subprocess per test, about half of one process's share) goes first, beside the rest.
 """
 
 from __future__ import annotations

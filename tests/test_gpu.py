@@ -22,14 +22,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from optim_helpers import TINY_LLAMA, build, tiny_llama
-from test_fused import assert_agree
 
 import foam
 import models
 from foam import fused
 from foam.folding import make_plan
 from foam.update import StepScalars, bias_corrections
+from tests.foam.test_fused import assert_agree
+from tests.helpers.optim import TINY_LLAMA, build, tiny_llama
 from train.distributed import wrap_ddp
 from train.metrics import PhasePeaks
 from train.parallelism import compile_decoder_layers

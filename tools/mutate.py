@@ -36,19 +36,19 @@ REPO = Path(__file__).resolve().parents[1]
 TARGETS: dict[str, list[str]] = {
     # module -> the fast tests that must catch its bugs, quickest and most sensitive first
     "foam/folding.py": [
-        "tests/test_folding.py",
-        "tests/test_foam.py",
-        "tests/test_muon.py",
-        "tests/test_adam_mini.py",
+        "tests/foam/test_folding.py",
+        "tests/foam/test_foam.py",
+        "tests/foam/combinations/test_muon.py",
+        "tests/foam/baselines/test_adam_mini.py",
     ],
-    "foam/optimizer.py": ["tests/test_foam.py"],
-    "foam/update.py": ["tests/test_foam.py"],
-    "train/step.py": ["tests/test_train_step.py"],
-    "train/evaluate.py": ["tests/test_train_evaluate.py"],
-    "foam/schedule.py": ["tests/test_train_schedule.py"],
-    "train/checkpoint.py": ["tests/test_train_checkpoint.py"],
+    "foam/optimizer.py": ["tests/foam/test_foam.py"],
+    "foam/update.py": ["tests/foam/test_foam.py"],
+    "train/step.py": ["tests/train/test_step.py"],
+    "train/evaluate.py": ["tests/train/test_evaluate.py"],
+    "foam/schedule.py": ["tests/train/test_schedule.py"],
+    "train/checkpoint.py": ["tests/train/test_checkpoint.py"],
     # train/pretrain.py (resume, the NaN stop, the summary) is left out: one run of its CLI tests
-    # takes minutes on 2 cores; tests/test_train_cli.py covers it end to end.
+    # takes minutes on 2 cores; tests/e2e/test_train_cli.py covers it end to end.
 }
 
 CPU_ONLY = "the fused AdamW step counter's device: on a CPU-only machine every tensor is on the CPU"

@@ -3,8 +3,8 @@ and mismatched together), CoLA's Matthews correlation and STS-B's Pearson correl
 MMLU's accuracy per super-category and over all questions.
 
 Written as the formulas (``evaluate`` needs the hub for its metric scripts, and the machines
-that run these recipes may have none); ``tests/test_finetune.py`` checks them on hand-worked
-predictions.
+that run these recipes may have none); ``tests/train/finetune/test_finetune.py`` checks them
+on hand-worked predictions.
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ def fmt_point(point: Point, row: str, view: View) -> str:
 def kendall_tau(ours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
     """Kendall's tau-b between each row of ``ours`` (resamples x rows) and ``theirs`` (rows),
     vectorised over the resamples (scipy's ``kendalltau`` takes one pair of orders at a time;
-    ``tests/test_table_views.py`` checks the two agree, ties included)."""
+    ``tests/repro/cpu_study/test_table_views.py`` checks the two agree, ties included)."""
     upper = np.triu_indices(theirs.shape[-1], k=1)
     a = np.sign(ours[..., :, None] - ours[..., None, :])[..., upper[0], upper[1]]
     b = np.sign(theirs[:, None] - theirs[None, :])[upper]
