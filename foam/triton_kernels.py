@@ -23,7 +23,7 @@ system, since FOAM's case is moving fewer bytes than AdamW:
   launch has the same arguments at every step and a CUDA graph that captured it stays right.
 
 With ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors, which is how the tests check it;
-``tests/test_triton_codegen.py`` compiles it for sm_90 without a GPU and reads the machine code.
+``tests/foam/test_triton_codegen.py`` compiles it for sm_90 without a GPU and reads the machine code.
 """
 
 from __future__ import annotations
@@ -428,7 +428,7 @@ class TritonGroup:
             _write_scalars[(1,)](self.scalars, *corrections, *scalars.as_list())
 
     def launch(self, grads: list[torch.Tensor], mean_of_squares: bool) -> Launch:
-        """The kernel launch of one step (what tests/test_triton_codegen.py compiles for sm_90):
+        """The kernel launch of one step (what tests/foam/test_triton_codegen.py compiles for sm_90):
         the same arguments at every step while the gradients stay put; what changes between
         steps is in ``self.scalars``."""
         offsets, g_align = _addressing(grads)

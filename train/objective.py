@@ -67,7 +67,7 @@ def mask_row(
     ids: torch.Tensor, eligible: torch.Tensor, masking: Masking, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(inputs, labels)`` of one row: ``DataCollatorForLanguageModeling.torch_mask_tokens``'s
-    draws, in its order, on ``generator`` (``tests/test_objective.py`` checks it bit for bit)."""
+    draws, in its order, on ``generator`` (``tests/train/test_objective.py`` checks it bit for bit)."""
     labels = ids.clone()
     probability = torch.full(ids.shape, MLM_PROBABILITY).masked_fill_(~eligible, 0.0)
     chosen = torch.bernoulli(probability, generator=generator).bool()

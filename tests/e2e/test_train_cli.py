@@ -192,7 +192,7 @@ def test_a_level_beyond_every_axis_is_one_line_naming_the_largest_level(tmp_path
 
 # Each kind of config error met before the run starts: its overrides and how its one line starts.
 # The CLI pays ~10 s of imports per call, so the first two run by default and the rest under
-# -m slow; test_train_config.py checks every kind's line in-process.
+# -m slow; tests/train/test_config.py checks every kind's line in-process.
 CONFIG_ERRORS = {
     "schema-name": (
         "+optim=foam_schema",

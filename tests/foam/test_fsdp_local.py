@@ -1,5 +1,5 @@
 """Issue #76, the methods whose sharded update is local to a shard up to small partial sums:
-each one's step on FSDP2 shards (2, 3 and 4 gloo ranks, ``tests/sharded_parity.py``) against the
+each one's step on FSDP2 shards (2, 3 and 4 gloo ranks, ``tests/helpers/sharded_parity.py``) against the
 single-process step, parameters and states.
 
 Where a rank computes a block alone the result is bitwise the single-process one; where a block
@@ -21,10 +21,9 @@ from tests.helpers.sharded_parity import (
     Case,
     Outcome,
     ParityModel,
+    RunCache,
     differences,
     run_resumed,
-    run_sharded,
-    run_single,
     unsharded_states,
 )
 
@@ -66,23 +65,8 @@ spans any column shard."""
 DEFAULT_CASES = [ADAM_MINI[0], ADAM_MINI[2], APOLLO[0], APOLLO[2], GWT[0]]
 
 
-_RUNS: dict[tuple, Outcome] = {}
-
-
-def sharded(world: int, cases: list[Case], skip_partial_sums: bool = False) -> list[Outcome]:
-    """``cases`` on ``world`` ranks, one spawn for those not run yet in this session."""
-    key = lambda case: (world, case.name, skip_partial_sums)  # noqa: E731
-    todo = [case for case in cases if key(case) not in _RUNS]
-    if todo:
-        outcomes = run_sharded(todo, world, skip_partial_sums=skip_partial_sums)
-        _RUNS.update(zip(map(key, todo), outcomes, strict=True))
-    return [_RUNS[key(case)] for case in cases]
-
-
-def single(case: Case) -> Outcome:
-    if case.name not in _RUNS:
-        _RUNS[case.name] = run_single(case)
-    return _RUNS[case.name]
+RUNS = RunCache()
+sharded, single = RUNS.sharded, RUNS.single
 
 
 def assert_matches(case: Case, outcome: Outcome, bitwise: tuple[str, ...]) -> None:
@@ -232,7 +216,7 @@ two runs agree to 1e-7 of the loss, as AdamW's do, so the tolerance is GWT's alo
 
 @pytest.fixture(scope="module")
 def trained() -> tuple[dict[str, dict], dict[str, dict]]:
-    """(2-rank FSDP2, 1 process) records of ``tests/fsdp_parity_worker.py`` for ``TRAINED``:
+    """(2-rank FSDP2, 1 process) records of ``tests/helpers/fsdp_parity_worker.py`` for ``TRAINED``:
     ``train/parallelism.py``'s sharding, ``train/step.py``'s accumulation and clipping."""
     from tests.helpers.fsdp_parity import sharded_and_single
 

@@ -391,6 +391,30 @@ def run_resumed(
 # -- comparison ------------------------------------------------------------------------------
 
 
+class RunCache:
+    """Outcomes of one test module's cases, each run once per session (a spawn of ranks costs
+    seconds): a case's name is its key within the module that owns the cache."""
+
+    def __init__(self) -> None:
+        self._runs: dict[tuple, Outcome] = {}
+
+    def sharded(
+        self, world: int, cases: list[Case], skip_partial_sums: bool = False
+    ) -> list[Outcome]:
+        """``cases`` on ``world`` ranks, one spawn for those not run yet."""
+        key = lambda case: (world, case.name, skip_partial_sums)  # noqa: E731
+        todo = [case for case in cases if key(case) not in self._runs]
+        if todo:
+            outcomes = run_sharded(todo, world, skip_partial_sums=skip_partial_sums)
+            self._runs.update(zip(map(key, todo), outcomes, strict=True))
+        return [self._runs[key(case)] for case in cases]
+
+    def single(self, case: Case) -> Outcome:
+        if case.name not in self._runs:
+            self._runs[case.name] = run_single(case)
+        return self._runs[case.name]
+
+
 def differences(sharded: Outcome, single: Outcome, atol: float = 0.0) -> list[str]:
     """What differs (by more than ``atol``; 0: bitwise) between two outcomes, one line each."""
     if sharded.error or single.error:

@@ -132,7 +132,7 @@ def test_optim_configs_follow_their_optimizer(optim):
 
 # Each optim config resolved on main at 6a00c51, before the configs were deduplicated (one FOAM
 # config with thin foamN files, the paper's lr rows in configs/paper_lr/), by
-# tests/optim_resolution.py; amended once, by hand, for the rule of train/schema.py's paper_value
+# tests/helpers/optim_resolution.py; amended once, by hand, for the rule of train/schema.py's paper_value
 # (the Qwen rows dropped from the tables; qwen_1b and the 3B/7B columns a row leaves empty moved
 # from the 60M lr to the LLaMA row of their size or the nearest smaller one), and once for
 # foam_adam_mini's alpha (0.25 -> 1, Adam-mini's: at Adam-mini's lr, FOAM's 0.25 ran the folded

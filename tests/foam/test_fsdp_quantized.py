@@ -1,6 +1,6 @@
 """Issue #76, the 8-bit methods (``adamw8bit``, ``foam8bit``) on FSDP2 shards: each rank quantises
 its own shard (``foam/shard_quantized.py``), bitwise the single-process step, parameters and
-states, at 2, 3 and 4 gloo ranks (``tests/sharded_parity.py``); layouts whose shards would not
+states, at 2, 3 and 4 gloo ranks (``tests/helpers/sharded_parity.py``); layouts whose shards would not
 begin on a block boundary are refused in one line.
 
 ``QuantModel``'s shapes (float32: bitsandbytes' kernels take no float64) at 2, 3 and 4 ranks:
@@ -22,16 +22,24 @@ import math
 
 import pytest
 import torch
-from sharded_parity import Case, differences, run_resumed, unsharded_states
-from test_fsdp_local import sharded, single
 from torch import nn
 from torch.distributed.tensor import Shard
 
 from foam.shard_quantized import BLOCK, QuantBlocks, blocks, shard_entries
 from foam.sharding import SHARDED_METHODS, ShardingNotSupported
+from tests.helpers.sharded_parity import (
+    Case,
+    RunCache,
+    differences,
+    run_resumed,
+    unsharded_states,
+)
 
 bnb = pytest.importorskip("bitsandbytes")
 import bitsandbytes.functional as F  # noqa: E402
+
+RUNS = RunCache()
+sharded, single = RUNS.sharded, RUNS.single
 
 _EMBED_ROWS, _WIDTH = 11, 256
 _NORM = 192
