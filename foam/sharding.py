@@ -43,7 +43,6 @@ from foam.folding import PAPER_FOLD_AXIS, FoldPlan, fold, fold_axis_index
 
 WHOLE_MATRIX_REASONS = {
     "galore8bit": "8-bit quantisation blocks of the projected moments that would straddle shards",
-    "ldadamw": "a power iteration on the whole gradient matrix every step",
     "adamw8bit": "block-wise 8-bit quantisation of the whole flattened tensor",
     "foam8bit": "block-wise 8-bit quantisation of the whole flattened tensor",
 }

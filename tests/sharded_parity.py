@@ -167,10 +167,11 @@ def run_steps(
     case: Case, model: nn.Module, optimizer: torch.optim.Optimizer, steps: range, shard=None
 ) -> None:
     """Steps ``steps`` of ``case``: each parameter's gradient, sharded by ``shard(p, whole)``
-    when given, accumulated over the micro-batches as FSDP2 accumulates its sharded gradients."""
+    when given, accumulated over the micro-batches as FSDP2 accumulates its sharded gradients,
+    onto what ``zero_grad`` left (LDAdamW's error feedback)."""
     for step in steps:
+        optimizer.zero_grad(set_to_none=True)
         for name, p in model.named_parameters():
-            p.grad = None
             for micro in range(case.micro_batches):
                 part = gradient(name, p.shape, step, micro, case.dtype)
                 part = shard(p, part) if shard is not None else part
