@@ -42,7 +42,6 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from foam.folding import PAPER_FOLD_AXIS, FoldPlan, fold, fold_axis_index
 
 WHOLE_MATRIX_REASONS = {
-    "galore8bit": "8-bit quantisation blocks of the projected moments that would straddle shards",
     "adamw8bit": "block-wise 8-bit quantisation of the whole flattened tensor",
     "foam8bit": "block-wise 8-bit quantisation of the whole flattened tensor",
 }

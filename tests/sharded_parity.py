@@ -51,11 +51,15 @@ class Case:
     steps: int = 3
     micro_batches: int = 1
     dtype: torch.dtype = torch.float64
+    scale: int = 1
+    """Every dim of the model times this (not the heads): shapes large enough for 8-bit states'
+    256-value quantisation blocks to line up with the shards."""
 
     @property
     def name(self) -> str:
         extra = ",".join(f"{k}={v}" for k, v in sorted(self.hparams.items()))
-        return f"{self.method}[{extra}]x{self.micro_batches}"
+        wider = f"@{self.scale}" if self.scale != 1 else ""
+        return f"{self.method}[{extra}]x{self.micro_batches}{wider}"
 
 
 @dataclass
@@ -75,41 +79,41 @@ class Outcome:
 
 
 class _Attention(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, scale: int) -> None:
         super().__init__()
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            setattr(self, name, nn.Linear(HIDDEN, HIDDEN, bias=False))
+            setattr(self, name, nn.Linear(HIDDEN * scale, HIDDEN * scale, bias=False))
 
 
 class _Mlp(nn.Module):
-    def __init__(self, down_rows: int) -> None:
+    def __init__(self, down_rows: int, scale: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(FFN_IN, FFN_OUT, bias=False)
-        self.up_proj = nn.Linear(FFN_IN, FFN_OUT, bias=False)
-        self.down_proj = nn.Linear(FFN_OUT, down_rows, bias=False)
+        self.gate_proj = nn.Linear(FFN_IN * scale, FFN_OUT * scale, bias=False)
+        self.up_proj = nn.Linear(FFN_IN * scale, FFN_OUT * scale, bias=False)
+        self.down_proj = nn.Linear(FFN_OUT * scale, down_rows * scale, bias=False)
 
 
 class _Layer(nn.Module):
-    def __init__(self, down_rows: int) -> None:
+    def __init__(self, down_rows: int, scale: int) -> None:
         super().__init__()
         self.input_layernorm = nn.Module()
-        self.input_layernorm.weight = nn.Parameter(torch.ones(HIDDEN))
-        self.self_attn = _Attention()
-        self.mlp = _Mlp(down_rows)
+        self.input_layernorm.weight = nn.Parameter(torch.ones(HIDDEN * scale))
+        self.self_attn = _Attention(scale)
+        self.mlp = _Mlp(down_rows, scale)
 
 
 class ParityModel(nn.Module):
     """Parameters only (the gradients are seeded, there is no forward), named as in LLaMA so that
     the name-driven methods (Adam-mini) find their blocks; ``config`` as a transformers model's."""
 
-    def __init__(self, dtype: torch.dtype = torch.float64) -> None:
+    def __init__(self, dtype: torch.dtype = torch.float64, scale: int = 1) -> None:
         super().__init__()
-        self.config = SimpleNamespace(hidden_size=HIDDEN, num_attention_heads=HEADS)
+        self.config = SimpleNamespace(hidden_size=HIDDEN * scale, num_attention_heads=HEADS)
         generator = torch.Generator().manual_seed(0)
-        self.embed_tokens = nn.Embedding(VOCAB, HIDDEN)
-        self.layers = nn.ModuleList(_Layer(rows) for rows in DOWN_ROWS)
+        self.embed_tokens = nn.Embedding(VOCAB * scale, HIDDEN * scale)
+        self.layers = nn.ModuleList(_Layer(rows, scale) for rows in DOWN_ROWS)
         self.norm = nn.Module()
-        self.norm.weight = nn.Parameter(torch.ones(HIDDEN))
+        self.norm.weight = nn.Parameter(torch.ones(HIDDEN * scale))
         with torch.no_grad():
             for p in self.parameters():
                 p.copy_(torch.randn(p.shape, generator=generator))
@@ -182,7 +186,7 @@ def run_steps(
 def run_single(case: Case) -> Outcome:
     """``case`` in this process on the unsharded model."""
     torch.set_num_threads(1)
-    model = ParityModel(case.dtype)
+    model = ParityModel(case.dtype, case.scale)
     try:
         optimizer = build(case, model)
         run_steps(case, model, optimizer, range(case.steps))
@@ -278,7 +282,7 @@ def _cases_worker(
     for case in cases:
 
         def run(case: Case = case) -> Outcome:
-            model = ParityModel(case.dtype)
+            model = ParityModel(case.dtype, case.scale)
             shard_model(model, world)
             optimizer = build(case, model)
             return _sharded_outcome(case, model, optimizer, range(case.steps))
@@ -340,7 +344,7 @@ def _resume_worker(
     _init(rank, world, init_file, False)
 
     def run() -> Outcome:
-        model = ParityModel(case.dtype)
+        model = ParityModel(case.dtype, case.scale)
         shard_model(model, world)
         optimizer = build(case, model)
         if not load:
