@@ -168,3 +168,19 @@ def test_skipping_the_exchange_or_the_partial_sums_breaks_equality(tmp_path):
     assert outcome.error is None
     gaps = differences(outcome, run_single(galore8bit), atol=REORDERED)
     assert gaps and all("mlp" in line for line in gaps), gaps
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_rank_fsdp_llama_tiny_run_matches_the_unsharded_run():
+    """``tests/fsdp_parity_worker.py`` (two micro-batches a step, gradient clipping): LDAdamW's
+    error feedback rides in the sharded gradients FSDP2 accumulates into, and 8-bit GaLore's
+    embeddings and head are 8-bit on each rank's rows (32000 x 64 in blocks that the 2 ranks'
+    16000 rows split whole); the losses are the single-process run's to float reordering."""
+    from test_fsdp import sharded_and_single
+
+    sharded, single = sharded_and_single("ldadamw", "galore8bit")
+    for name in ("ldadamw", "galore8bit"):
+        assert "refused" not in sharded[name], sharded[name]
+        assert len(single[name]["losses"]) == 5
+        assert sharded[name]["losses"] == pytest.approx(single[name]["losses"], rel=1e-4), name
