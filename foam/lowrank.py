@@ -11,7 +11,8 @@ Under FSDP2 (a matrix a DTensor sharded by dim ``d``) a projection method whose 
 the whole gradient (``refreshes_on_owners``: GaLore's SVD) steps each rank's shard exactly:
 
 * the refresh runs on the matrix's owner (``foam.shard_owners``: the gradients of every matrix due
-  for a refresh go to their owners in one ``all_to_all``, the bases come back in one more);
+  for a refresh go to their owners in one ``all_to_all``, the bases come back in one more;
+  LDAdamW, whose basis moves every step, overrides how, ``foam.baselines.ldadam``);
 * where the basis lies on the unsharded side (it spans the dim the shard keeps whole), the
   basis is replicated and the projection, the moments (``Shard(d)``) and the update are the
   shard's own rows or columns: no communication;

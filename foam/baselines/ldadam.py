@@ -85,6 +85,10 @@ class LDAdamW(ProjectedAdamW):
     ``basis`` (``rank x min(m, n)``), all ``state_dtype``, plus the step counter; the error
     buffer is the gradient itself (``m x n`` in the gradient's dtype, not optimizer state; the
     state dict carries it under ``"error"`` so that a resumed run continues exactly).
+
+    Under FSDP2 step 2 runs on each matrix's owner (``before_updates``) and the rest on each
+    rank's shard, the error staying in the sharded gradient: within rounding of the unsharded
+    step (``tests/test_fsdp_lowrank8bit.py``).
     """
 
     def __init__(

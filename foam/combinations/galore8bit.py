@@ -46,6 +46,10 @@ class GaLore8bit(GaLore):
     float32 and take bitsandbytes' 32-bit kernel, as its ``init_state`` decides. States: the codes
     under ``exp_avg`` / ``exp_avg_sq`` (uint8) with their float32 scales under ``<key>_absmax``,
     and GaLore's ``basis`` (``state_dtype``).
+
+    Under FSDP2 the step is GaLore's sharded one with the kernel on each rank's moments, whose
+    8-bit blocks must not straddle two ranks (``foam.quantized_shards``; checked when a group
+    is added, refused in one line otherwise).
     """
 
     float32_states = (*MOMENTS, *(f"{key}_absmax" for key in MOMENTS))
