@@ -6,10 +6,10 @@ import pytest
 import torch
 from optim_helpers import random_grads, random_params, step_with, tiny_llama
 
+import foam.sharding
 from foam import build_optimizer, planned_state_numel, state_bytes
 from foam.baselines.quantized import quantized_bytes
 from foam.combinations.galore8bit import GaLore8bit
-import foam.sharding
 
 pytest.importorskip("bitsandbytes")
 

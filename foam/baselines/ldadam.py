@@ -105,6 +105,8 @@ class LDAdamW(ProjectedAdamW):
         error_feedback: bool = True,
         state_dtype: torch.dtype | str | None = None,
     ) -> None:
+        self._from_owners: dict[torch.Tensor, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        """This step's new basis (and projection) of each sharded matrix, from its owner."""
         super().__init__(params, group_defaults(locals()))
 
     def validate_group(self, group: dict[str, Any]) -> None:
@@ -122,6 +124,7 @@ class LDAdamW(ProjectedAdamW):
         return ProjectedAdamW.plan_for(p, group)
 
     grad_state_key = "error"
+    refreshes_on_owners = True
 
     def keeps_grad_state(self, p: torch.Tensor, group: dict[str, Any]) -> bool:
         """Whether ``p.grad`` holds an error-feedback buffer between steps (saved as "error")."""
@@ -141,8 +144,6 @@ class LDAdamW(ProjectedAdamW):
                     else:
                         p.grad.requires_grad_(False)
                     p.grad.zero_()
-
-    refreshes_on_owners = True
 
     def state_layouts(
         self, plan: Projection, layout: Layout
@@ -168,7 +169,7 @@ class LDAdamW(ProjectedAdamW):
         (it then sends the gradient and blends it there, its moments being replicated): every
         rank receives the basis (and ``low``) whole, as the single-process step computes them.
         """
-        self._from_owners: dict[torch.Tensor, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self._from_owners.clear()
         due = []
         for p, group, index in todo:
             plan = self.plan_for(p, group)
@@ -255,9 +256,10 @@ class LDAdamW(ProjectedAdamW):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Steps 2-3: the new basis, the projected gradient, moments moved to the new basis.
 
-        Returns wide ``(m', v', low, this rank's piece of the new basis as stored)``; stores the new basis
-        and (with error feedback) the error. ``state`` and ``a`` are this rank's pieces, and
-        ``from_owner`` the new basis (and the projection, or ``None``) of a sharded matrix.
+        Returns wide ``(m', v', low, this rank's piece of the new basis as stored)``; stores the
+        new basis and (with error feedback) the error. ``state`` and ``a`` are this rank's
+        pieces, and ``from_owner`` the new basis (and the projection, or ``None``) of a sharded
+        matrix.
         """
         beta1 = group["betas"][0]
         side = plan.side
@@ -316,7 +318,9 @@ def blend(
     return b.add_(a, alpha=1 - group["rho"])
 
 
-def basis_of(b: torch.Tensor, old: torch.Tensor, plan: Projection, group: dict[str, Any]):
+def basis_of(
+    b: torch.Tensor, old: torch.Tensor, plan: Projection, group: dict[str, Any]
+) -> torch.Tensor:
     """The new basis from the whole blend ``b``: an SVD, or one power-iteration step from ``old``."""
     if group["proj_method"] == "svd":
         return svd_basis(b, plan).to(b.dtype)

@@ -23,7 +23,8 @@ from foam.numerics import resolve_dtype
 from foam.param_groups import ParamSplit
 from foam.quantized_shards import placement_dim, rank_blocks, zeros_scales
 from foam.registry import adam_settings, register, two_groups
-from foam.shard_owners import Layout, layout_of
+from foam.shard_blocks import chunk_range
+from foam.shard_owners import layout_of
 from foam.sharding import ShardingNotSupported, local
 
 MOMENTS = {"exp_avg": True, "exp_avg_sq": False}  # state key -> signed code book
@@ -121,8 +122,9 @@ class GaLore8bit(GaLore):
             for p in group["params"]:
                 shape, dim, ranks, rank = self.moment_layout(p, group)
                 numel = math.prod(shape)
-                if per_rank:
-                    numel = math.prod(moment_piece_shape(shape, dim, ranks, rank))
+                if per_rank and dim is not None:  # this rank's torch.chunk share of dim
+                    start, stop = chunk_range(shape[dim], ranks, rank)
+                    numel = numel // shape[dim] * (stop - start) if shape[dim] else 0
                 if self.quantizes(p, group):
                     blocks = rank_blocks(shape, dim, ranks) if per_rank else None
                     scales = blocks[rank] if blocks else math.ceil(math.prod(shape) / BLOCK)
@@ -238,16 +240,3 @@ def _galore8bit(split: ParamSplit, hp: dict[str, Any]) -> GaLore8bit:
         group["param_names"] = [name for name, _ in named[group["name"]]]
     options = {k: hp[k] for k in (*OPTIONS, "min_8bit_size")}
     return GaLore8bit(groups, **adam_settings(hp), **options)
-
-
-def moment_piece_shape(
-    shape: tuple[int, ...], dim: int | None, ranks: int, rank: int
-) -> tuple[int, ...]:
-    """This rank's piece of a moment of ``shape`` sharded along ``dim`` (FSDP2's chunks)."""
-    if dim is None:
-        return shape
-    if len(shape) == 2:
-        return Layout((shape[0], shape[1]), dim, ranks).piece_shape(rank)
-    chunk = math.ceil(shape[dim] / ranks)
-    size = max(0, min(chunk, shape[dim] - rank * chunk))
-    return (*shape[:dim], size, *shape[dim + 1 :])
