@@ -11,7 +11,8 @@ Under FSDP2 (a matrix a DTensor sharded by dim ``d``) a projection method whose 
 the whole gradient (``refreshes_on_owners``: GaLore's SVD) steps each rank's shard exactly:
 
 * the refresh runs on the matrix's owner (``foam.shard_owners``: the gradients of every matrix due
-  for a refresh go to their owners in one ``all_to_all``, the bases come back in one more);
+  for a refresh go to their owners in one ``all_to_all``, the bases come back in one more;
+  LDAdamW, whose basis moves every step, overrides how, ``foam.baselines.ldadam``);
 * where the basis lies on the unsharded side (it spans the dim the shard keeps whole), the
   basis is replicated and the projection, the moments (``Shard(d)``) and the update are the
   shard's own rows or columns: no communication;
@@ -408,12 +409,18 @@ class ProjectedAdamW(CompressedAdamW):
         if plan is None or layout is None or not self.refreshes_on_owners:
             return
         state = self.state[p]
-        for key, shape, dim in sharded_state_layouts(plan, layout):
+        for key, shape, dim in self.state_layouts(plan, layout):
             state[key] = zeros_like_layout(p, shape, dim, state[key].dtype)
+
+    def state_layouts(
+        self, plan: Projection, layout: Layout
+    ) -> tuple[tuple[str, tuple[int, int], int | None], ...]:
+        """Where a sharded matrix's moments and basis lie (``sharded_state_layouts``' form)."""
+        return sharded_state_layouts(plan, layout)
 
     def planned_param_numel(self, p: torch.Tensor, group: dict[str, Any], per_rank: bool) -> int:
         """As the base's, but a matrix refreshed on owners holds its states in the layouts of
-        ``sharded_state_layouts``: this rank's pieces of them per rank."""
+        ``state_layouts``: this rank's pieces of them per rank."""
         plan = self.plan_for(p, group)
         layout = None if plan is None else layout_of(p)
         if not per_rank or plan is None or layout is None or not self.refreshes_on_owners:
@@ -421,7 +428,7 @@ class ProjectedAdamW(CompressedAdamW):
         rank = p.device_mesh.get_local_rank()
         return sum(
             Layout((shape[0], shape[1]), dim, layout.ranks).piece_numel(rank)
-            for _, shape, dim in sharded_state_layouts(plan, layout)
+            for _, shape, dim in self.state_layouts(plan, layout)
         )
 
     def before_updates(self, todo: list[tuple[torch.Tensor, dict[str, Any], int]]) -> None:

@@ -82,9 +82,12 @@ def shard_blocks(p: torch.Tensor, size: int) -> ShardBlocks:
 
 
 def blocks_follow_rows(rows: int, cols: int, count: int, size: int, ranks: int) -> bool:
-    """Whether every rank's rows are exactly ``torch.chunk``'s share of the blocks."""
+    """Whether every rank's rows are exactly ``torch.chunk``'s share of the blocks (the last
+    block may be short: 8-bit quantisation's of a tensor whose size 256 does not divide)."""
+    numel = rows * cols
     return all(
-        (start * cols, stop * cols) == tuple(size * b for b in chunk_range(count, ranks, rank))
+        (start * cols, stop * cols)
+        == tuple(min(size * b, numel) for b in chunk_range(count, ranks, rank))
         for rank in range(ranks)
         for start, stop in [chunk_range(rows, ranks, rank)]
     )

@@ -21,11 +21,11 @@ its own shard exactly when no block crosses a shard boundary:
 A folded state is a DTensor with the parameter's mesh and placement (replicated for the last
 case), so a DCP checkpoint records its global shape and reshards it to another world size.
 
-Methods whose update needs the whole matrix (an SVD, a random projection, Newton-Schulz, a
-per-head block, a wavelet transform, block-wise quantisation of the flat tensor) are refused by
-``check_supported`` before any compute, with what to use instead, unless they declared
-``shards=True`` where they register (``foam.registry.register``); ``SHARDED_METHODS`` is derived
-from those declarations.
+Every method of this library declares ``shards=True`` where it registers
+(``foam.registry.register``), and ``SHARDED_METHODS`` is derived from those declarations; a
+method refuses in one line, when it is built, the layouts it cannot step exactly (8-bit blocks
+that would straddle shards, ``foam/shard_quantized.py``). A method registered without the
+declaration (a user's own) is refused by ``check_supported`` before any compute.
 """
 
 from __future__ import annotations
@@ -40,12 +40,6 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from foam.folding import PAPER_FOLD_AXIS, FoldPlan, fold, fold_axis_index
-
-WHOLE_MATRIX_REASONS = {
-    "galore8bit": "8-bit quantisation blocks of the projected moments that would straddle shards",
-    "ldadamw": "a power iteration on the whole gradient matrix every step",
-}
-"""Why each method not declared ``shards=True`` is refused under FSDP2 (README "Optimizers")."""
 
 
 class ShardingNotSupported(ValueError):
@@ -82,10 +76,10 @@ def check_supported(method: str, params: Iterable[torch.Tensor]) -> None:
     """Refuse, before any compute, a method that cannot update DTensor parameters."""
     if method in _DECLARED_SHARDED or not any(is_sharded(p) for p in params):
         return
-    why = WHOLE_MATRIX_REASONS.get(method, "an update this project has not checked on shards")
     raise ShardingNotSupported(
-        f"optimizer {method!r} does not support FSDP2 (trainer.parallelism=fsdp): its update "
-        f"needs {why}; use trainer.parallelism=ddp with it, or one of "
+        f"optimizer {method!r} does not support FSDP2 (trainer.parallelism=fsdp): it was not "
+        "registered with shards=True (its step has not been proven on shards); use "
+        "trainer.parallelism=ddp with it, or one of "
         f"{', '.join(sorted(_DECLARED_SHARDED))} under fsdp"
     )
 

@@ -6,6 +6,8 @@ GitHub-only; tests compare against golden trajectories in ``tests/data/``.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,6 +18,8 @@ from foam.hparams import group_defaults, signature_defaults
 from foam.lowrank import (
     ProjectedAdamW,
     Projection,
+    basis_along_sharded_dim,
+    local_parts,
     project,
     project_back,
     resolve_rank,
@@ -30,7 +34,9 @@ from foam.registry import (
     register,
     with_adamw_for_others,
 )
+from foam.shard_owners import Layout, Owners, layout_of
 from foam.shard_sums import PartialSums
+from foam.sharding import local
 
 PROJ_METHODS = ("power_iteration", "svd")
 
@@ -79,6 +85,10 @@ class LDAdamW(ProjectedAdamW):
     ``basis`` (``rank x min(m, n)``), all ``state_dtype``, plus the step counter; the error
     buffer is the gradient itself (``m x n`` in the gradient's dtype, not optimizer state; the
     state dict carries it under ``"error"`` so that a resumed run continues exactly).
+
+    Under FSDP2 step 2 runs on each matrix's owner (``before_updates``) and the rest on each
+    rank's shard, the error staying in the sharded gradient: within rounding of the unsharded
+    step (``tests/test_fsdp_lowrank8bit.py``).
     """
 
     def __init__(
@@ -95,6 +105,8 @@ class LDAdamW(ProjectedAdamW):
         error_feedback: bool = True,
         state_dtype: torch.dtype | str | None = None,
     ) -> None:
+        self._from_owners: dict[torch.Tensor, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        """This step's new basis (and projection) of each sharded matrix, from its owner."""
         super().__init__(params, group_defaults(locals()))
 
     def validate_group(self, group: dict[str, Any]) -> None:
@@ -112,6 +124,7 @@ class LDAdamW(ProjectedAdamW):
         return ProjectedAdamW.plan_for(p, group)
 
     grad_state_key = "error"
+    refreshes_on_owners = True
 
     def keeps_grad_state(self, p: torch.Tensor, group: dict[str, Any]) -> bool:
         """Whether ``p.grad`` holds an error-feedback buffer between steps (saved as "error")."""
@@ -132,28 +145,104 @@ class LDAdamW(ProjectedAdamW):
                         p.grad.requires_grad_(False)
                     p.grad.zero_()
 
+    def state_layouts(
+        self, plan: Projection, layout: Layout
+    ) -> tuple[tuple[str, tuple[int, int], int | None], ...]:
+        """A sharded matrix's basis is replicated (every rank rotates its moments by the overlap
+        of the whole old and new bases); its moments are sharded with the weight where their
+        shape keeps its sharded dim (the basis on the unsharded side), else replicated."""
+        moments = None if basis_along_sharded_dim(plan, layout) else layout.dim
+        return (
+            ("exp_avg", plan.low_shape, moments),
+            ("exp_avg_sq", plan.low_shape, moments),
+            ("basis", plan.basis_shape, None),
+        )
+
+    def before_updates(self, todo: list[tuple[torch.Tensor, dict[str, Any], int]]) -> None:
+        """The new bases of this step's sharded matrices, on their owners (one ``all_to_all``
+        each way for all of them, once per ``step()``, whatever the micro-batches).
+
+        Each rank sends its piece of the matrix whose top subspace is sought: the gradient at
+        the first step, else the blend ``b`` (its piece is local: the moments or the basis are
+        sharded with the weight). Where the basis lies along the sharded dim the projection
+        ``low`` is a sum over the ranks, so the owner computes it too, from the whole gradient
+        (it then sends the gradient and blends it there, its moments being replicated): every
+        rank receives the basis (and ``low``) whole, as the single-process step computes them.
+        """
+        self._from_owners.clear()
+        due = []
+        for p, group, index in todo:
+            plan = self.plan_for(p, group)
+            layout = None if plan is None else layout_of(p)
+            if plan is None or layout is None:
+                continue
+            if not self.state[p]:
+                self._init_state(p, group, index)
+            due.append((p, group, plan, layout, int(self.state[p]["step"].item()) + 1))
+        if not due:
+            return
+        wide = compute_dtype(due[0][0].dtype)
+        if any(compute_dtype(p.dtype) != wide for p, *_ in due):
+            raise ValueError("LDAdamW: sharded matrices of mixed dtypes")
+        pieces = []
+        for p, group, plan, layout, t in due:
+            a = local(p.grad).to(wide)
+            if t > 1 and not basis_along_sharded_dim(plan, layout):
+                parts = local_parts(self.state[p])
+                a = blend(a, parts["exp_avg"].to(wide), parts["basis"].to(wide), plan, group, t)
+            pieces.append(a)
+        owners = Owners([layout for *_, layout, _ in due], due[0][0].device_mesh.get_group())
+        results = {}
+        for j, whole in owners.gather(pieces, wide).items():
+            p, group, plan, layout, t = due[j]
+            state = self.state[p]
+            old = local(state["basis"]).to(wide)
+            if basis_along_sharded_dim(plan, layout):
+                new = next_basis(whole, local(state["exp_avg"]).to(wide), old, plan, group, t)
+                low = project(whole, new, plan.side)
+                results[j] = torch.cat((new.reshape(-1), low.reshape(-1))).view(1, -1)
+            else:
+                new = (
+                    svd_basis(whole, plan).to(wide) if t == 1 else basis_of(whole, old, plan, group)
+                )
+                results[j] = new.reshape(1, -1)
+        layouts = [owner_results_layout(plan, layout) for _, _, plan, layout, _ in due]
+        received = owners.scatter(results, layouts, wide, pieces[0].device)
+        for (p, _, plan, _, _), flat in zip(due, received, strict=True):
+            basis_numel = math.prod(plan.basis_shape)
+            new = flat[0, :basis_numel].view(plan.basis_shape)
+            low = (
+                flat[0, basis_numel:].view(plan.low_shape) if flat.shape[1] > basis_numel else None
+            )
+            self._from_owners[p] = (new, low)
+
     def _update(
         self, p: torch.Tensor, group: dict[str, Any], index: int, sums: PartialSums
     ) -> None:
-        """The whole step at once (never sharded: ``sums`` stays empty)."""
+        """The whole step at once (a sharded matrix's on its shard, with the basis and, where it
+        lies along the sharded dim, the projection from its owner: ``sums`` stays empty)."""
         state, t = self._next_step(p, group, index)
         beta1, beta2 = group["betas"]
         plan = self.plan_for(p, group)
         wide = compute_dtype(p.dtype)
-        a = p.grad.to(wide)
+        from_owner = self._from_owners.pop(p, None)
+        parts = local_parts(state)
+        a = local(p.grad).to(wide)
+        basis = parts["basis"] if plan is not None else None
         if plan is None:
-            m, v, low = state["exp_avg"].to(wide), state["exp_avg_sq"].to(wide), a
+            m, v, low = parts["exp_avg"].to(wide), parts["exp_avg_sq"].to(wide), a
         else:
-            m, v, low = self._transport(p, a, plan, state, group, t)
+            m, v, low, basis = self._transport(p, a, plan, parts, group, t, from_owner)
         m.mul_(beta1).add_(low, alpha=1 - beta1)
         v.mul_(beta2).addcmul_(low, low, value=1 - beta2)
-        state["exp_avg"].copy_(m)
-        state["exp_avg_sq"].copy_(v)
+        parts["exp_avg"].copy_(m)
+        parts["exp_avg_sq"].copy_(v)
         direction = (m / (1 - beta1**t)).div_((v / (1 - beta2**t)).sqrt_().add_(group["eps"]))
         if plan is not None:
-            direction = project_back(direction, state["basis"].to(wide), plan.side)
-        p.mul_(1 - group["lr"] * group["weight_decay"])
-        p.add_(direction, alpha=-group["lr"])
+            direction = project_back(direction, basis, plan.side)
+        weight = local(p)
+        weight.mul_(1 - group["lr"] * group["weight_decay"])
+        weight.add_(direction, alpha=-group["lr"])
 
     def _transport(
         self,
@@ -163,35 +252,42 @@ class LDAdamW(ProjectedAdamW):
         state: dict[str, Any],
         group: dict[str, Any],
         t: int,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        from_owner: tuple[torch.Tensor, torch.Tensor | None] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Steps 2-3: the new basis, the projected gradient, moments moved to the new basis.
 
-        Returns wide ``(m', v', low)``; stores the new basis and (with error feedback) the error.
+        Returns wide ``(m', v', low, this rank's piece of the new basis as stored)``; stores the
+        new basis and (with error feedback) the error. ``state`` and ``a`` are this rank's
+        pieces, and ``from_owner`` the new basis (and the projection, or ``None``) of a sharded
+        matrix.
         """
         beta1 = group["betas"][0]
         side = plan.side
         m = state["exp_avg"].to(a.dtype)
         v = state["exp_avg_sq"].to(a.dtype)
         old = state["basis"].to(a.dtype)  # zeros before the first step
-        if t == 1:
-            new = svd_basis(a, plan).to(a.dtype)
+        cut = whole_piece
+        if from_owner is None:
+            new = next_basis(a, m, old, plan, group, t)
+            low = project(a, new, side)
         else:
-            b = project_back(m, old, side).div_(1 - beta1 ** (t - 1)).mul_(group["rho"])
-            b.add_(a, alpha=1 - group["rho"])
-            if group["proj_method"] == "svd":
-                new = svd_basis(b, plan).to(a.dtype)
-            else:
-                new = power_iteration(b, old, side)
-        low = project(a, new, side)
+            new, low = from_owner
+            if low is None:  # the basis on the unsharded side: the projection is the shard's
+                low = project(a, new, side)
+            else:  # the basis along the sharded dim: this rank's rows (columns) of it
+                layout = layout_of(p)
+                pieces = Layout(plan.basis_shape, layout.dim, layout.ranks)
+                cut = functools.partial(pieces.cut, rank=p.device_mesh.get_local_rank())
+        old_piece, new_piece = cut(old), cut(new)
         rotation = new.T @ old if side == "left" else old @ new.T
         m_new = rotation @ m if side == "left" else m @ rotation
 
         if group["error_feedback"]:
-            error = a.sub_(project_back(low, new, side))
+            error = a.sub_(project_back(low, new_piece, side))
             k = beta1 / (1 - beta1)
-            error.add_(project_back(m, old, side), alpha=k)
-            error.sub_(project_back(m_new, new, side), alpha=k)
-            p.grad.copy_(error)
+            error.add_(project_back(m, old_piece, side), alpha=k)
+            error.sub_(project_back(m_new, new_piece, side), alpha=k)
+            local(p.grad).copy_(error)
 
         if t > 1:
             bc1, bc2 = 1 - beta1 ** (t - 1), 1 - group["betas"][1] ** (t - 1)
@@ -199,16 +295,71 @@ class LDAdamW(ProjectedAdamW):
             squared = rotation * rotation
             variance = squared @ variance if side == "left" else variance @ squared
             v = variance.addcmul_(m_new, m_new, value=1 / bc1**2).mul_(bc2).abs_()
-        m = m_new
         state["basis"].copy_(new)
-        return m, v, low
+        return m_new, v, low, cut(state["basis"].to(a.dtype))
+
+
+def whole_piece(x: torch.Tensor) -> torch.Tensor:
+    """The piece of a replicated basis that one rank's shard uses: all of it."""
+    return x
+
+
+def blend(
+    a: torch.Tensor,
+    m: torch.Tensor,
+    old: torch.Tensor,
+    plan: Projection,
+    group: dict[str, Any],
+    t: int,
+) -> torch.Tensor:
+    """``b = rho * back_old(m) / (1 - beta1**(t-1)) + (1 - rho) * a``, whose top subspace is the
+    next basis (of pieces of ``a`` and ``m`` when those are a shard's)."""
+    b = project_back(m, old, plan.side).div_(1 - group["betas"][0] ** (t - 1)).mul_(group["rho"])
+    return b.add_(a, alpha=1 - group["rho"])
+
+
+def basis_of(
+    b: torch.Tensor, old: torch.Tensor, plan: Projection, group: dict[str, Any]
+) -> torch.Tensor:
+    """The new basis from the whole blend ``b``: an SVD, or one power-iteration step from ``old``."""
+    if group["proj_method"] == "svd":
+        return svd_basis(b, plan).to(b.dtype)
+    return power_iteration(b, old, plan.side)
+
+
+def next_basis(
+    a: torch.Tensor,
+    m: torch.Tensor,
+    old: torch.Tensor,
+    plan: Projection,
+    group: dict[str, Any],
+    t: int,
+) -> torch.Tensor:
+    """Step 2's basis from the whole gradient ``a``, moments ``m`` and old basis ``old``."""
+    if t == 1:
+        return svd_basis(a, plan).to(a.dtype)
+    return basis_of(blend(a, m, old, plan, group, t), old, plan, group)
+
+
+def owner_results_layout(plan: Projection, layout: Layout) -> Layout:
+    """What an owner sends every rank of a sharded matrix, in one row: the new basis, then the
+    projection where the basis lies along the sharded dim (a sum over ranks done there)."""
+    numel = math.prod(plan.basis_shape)
+    if basis_along_sharded_dim(plan, layout):
+        numel += math.prod(plan.low_shape)
+    return Layout((1, numel), None, layout.ranks)
 
 
 OPTIONS = ("rho", "proj_type", "proj_method", "error_feedback", "state_dtype")
 
 
 @register(
-    "ldadamw", rank=None, rank_fraction=0.25, **signature_defaults(LDAdamW, *OPTIONS), **OTHERS
+    "ldadamw",
+    shards=True,
+    rank=None,
+    rank_fraction=0.25,
+    **signature_defaults(LDAdamW, *OPTIONS),
+    **OTHERS,
 )
 def _ldadamw(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """LDAdamW on the attention/MLP matrices, torch-style AdamW at the base lr on the rest.

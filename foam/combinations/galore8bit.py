@@ -8,19 +8,24 @@ each other.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from foam.baselines.galore import GaLore
-from foam.baselines.quantized import BLOCK, MIN_8BIT_SIZE, bitsandbytes, quantized_bytes
+from foam.baselines.quantized import BLOCK, MIN_8BIT_SIZE, bitsandbytes
 from foam.hparams import signature_defaults
 from foam.lowrank import project_back, resolve_rank
-from foam.numerics import compute_dtype, resolve_dtype
+from foam.numerics import resolve_dtype
 from foam.param_groups import ParamSplit
+from foam.quantized_shards import placement_dim, rank_blocks, zeros_scales
 from foam.registry import adam_settings, register, two_groups
-from foam.shard_sums import PartialSums
+from foam.shard_blocks import chunk_range
+from foam.shard_owners import layout_of
+from foam.sharding import ShardingNotSupported, local
 
 MOMENTS = {"exp_avg": True, "exp_avg_sq": False}  # state key -> signed code book
 
@@ -42,6 +47,10 @@ class GaLore8bit(GaLore):
     float32 and take bitsandbytes' 32-bit kernel, as its ``init_state`` decides. States: the codes
     under ``exp_avg`` / ``exp_avg_sq`` (uint8) with their float32 scales under ``<key>_absmax``,
     and GaLore's ``basis`` (``state_dtype``).
+
+    Under FSDP2 the step is GaLore's sharded one with the kernel on each rank's moments, whose
+    8-bit blocks must not straddle two ranks (``foam.quantized_shards``; checked when a group
+    is added, refused in one line otherwise).
     """
 
     float32_states = (*MOMENTS, *(f"{key}_absmax" for key in MOMENTS))
@@ -68,17 +77,64 @@ class GaLore8bit(GaLore):
         """Whether ``p``'s moments are 8-bit (bitsandbytes' rule, on the moments' shape)."""
         return self.moment_numel(p, group) >= self.min_8bit_size
 
-    def planned_state_bytes(self) -> int:
-        """Bytes of moments and bases once every parameter has stepped (step counters excluded)."""
+    def moment_layout(
+        self, p: torch.Tensor, group: dict[str, Any]
+    ) -> tuple[tuple[int, ...], int | None, int, int]:
+        """``(whole shape, sharded dim or None, ranks, this rank)`` of ``p``'s moments: GaLore's
+        layouts for a sharded projected matrix, ``p``'s own for an uncompressed one."""
+        shape = self.compressed_shape(p, group)
+        if not isinstance(p, DTensor):
+            return tuple(shape or p.shape), None, 1, 0
+        ranks, rank = p.device_mesh.size(), p.device_mesh.get_local_rank()
+        plan = self.plan_for(p, group)
+        if plan is None:
+            return tuple(p.shape), placement_dim(p), ranks, rank
+        layouts = {key: (s, dim) for key, s, dim in self.state_layouts(plan, layout_of(p))}
+        moment, dim = layouts["exp_avg"]
+        return tuple(moment), dim, ranks, rank
+
+    def validate_group(self, group: dict[str, Any]) -> None:
+        """GaLore's checks, and (FSDP2) that no quantisation block of an 8-bit moment straddles
+        two ranks' shards (``foam.quantized_shards``): one line naming the parameter if one
+        would."""
+        super().validate_group(group)
+        names = group.get("param_names", [])
+        for index, p in enumerate(group["params"]):
+            if not isinstance(p, DTensor) or not self.quantizes(p, group):
+                continue
+            shape, dim, ranks, _ = self.moment_layout(p, group)
+            if rank_blocks(shape, dim, ranks) is None:
+                name = names[index] if names else f"parameter {index}"
+                raise ShardingNotSupported(
+                    f"galore8bit under FSDP2: {name} of group {group.get('name')!r}, shape "
+                    f"{tuple(p.shape)} sharded by dim {placement_dim(p)} over {ranks} ranks, "
+                    f"has an 8-bit moment of shape {shape} sharded by dim {dim} whose "
+                    f"{BLOCK}-value quantisation blocks would straddle two ranks; use a number "
+                    f"of ranks whose shards of it start at block boundaries, min_8bit_size above "
+                    f"{math.prod(shape)}, or trainer.parallelism=ddp"
+                )
+
+    def planned_state_bytes(self, per_rank: bool = True) -> int:
+        """Bytes of moments and bases once every parameter has stepped (step counters excluded),
+        on this rank (``per_rank``) or for the whole model."""
         total = 0
         for group in self.param_groups:
             for p in group["params"]:
-                numel = self.moment_numel(p, group)
-                total += 2 * (quantized_bytes(numel) if self.quantizes(p, group) else 4 * numel)
-                itemsize = resolve_dtype(group["state_dtype"], p.dtype).itemsize
-                total += sum(
-                    s[0] * s[1] * itemsize for s in self.extra_state_shapes(p, group).values()
-                )
+                shape, dim, ranks, rank = self.moment_layout(p, group)
+                numel = math.prod(shape)
+                if per_rank and dim is not None:  # this rank's torch.chunk share of dim
+                    start, stop = chunk_range(shape[dim], ranks, rank)
+                    numel = numel // shape[dim] * (stop - start) if shape[dim] else 0
+                if self.quantizes(p, group):
+                    blocks = rank_blocks(shape, dim, ranks) if per_rank else None
+                    scales = blocks[rank] if blocks else math.ceil(math.prod(shape) / BLOCK)
+                    total += 2 * (numel + 4 * scales)
+                else:
+                    total += 2 * 4 * numel
+                if self.compressed_shape(p, group) is not None:
+                    itemsize = resolve_dtype(group["state_dtype"], p.dtype).itemsize
+                    basis = self.planned_param_numel(p, group, per_rank) - 2 * numel
+                    total += basis * itemsize
         return total
 
     def _load_dtype_faithfully(self, state_dict: dict[str, Any]) -> None:
@@ -98,34 +154,41 @@ class GaLore8bit(GaLore):
         return self._code_books[key]
 
     def _init_state(self, p: torch.Tensor, group: dict[str, Any], index: int) -> None:
+        """GaLore's states (DTensors in its layouts when ``p`` is sharded), the moments then made
+        8-bit codes with their scales, or float32, in the same placement."""
         super()._init_state(p, group, index)
         state = self.state[p]
-        numel = self.moment_numel(p, group)
         for key in MOMENTS:
-            shape = state[key].shape
             if self.quantizes(p, group):
-                state[key] = torch.zeros(shape, dtype=torch.uint8, device=p.device)
-                blocks = -(-numel // BLOCK)
-                state[f"{key}_absmax"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
+                state[key] = torch.zeros_like(state[key], dtype=torch.uint8)
+                state[f"{key}_absmax"] = zeros_scales(state[key])
             else:
-                state[key] = torch.zeros(shape, dtype=torch.float32, device=p.device)
+                state[key] = torch.zeros_like(state[key], dtype=torch.float32)
 
-    def _update(
-        self, p: torch.Tensor, group: dict[str, Any], index: int, sums: PartialSums
+    def _finish(
+        self,
+        p: torch.Tensor,
+        group: dict[str, Any],
+        state: dict[str, Any],
+        t: int,
+        g: torch.Tensor,
+        low: torch.Tensor,
+        context: Any,
     ) -> None:
-        """The whole step at once (never sharded: ``sums`` stays empty)."""
-        state, t = self._next_step(p, group, index)
-        if self.compressed_shape(p, group) is None:
-            self._adam_kernel(p.grad, p, state, group, t, group["weight_decay"])
+        """bitsandbytes' Adam on ``p`` itself (``context`` ``None``: uncompressed), or on a zero
+        target of the low-rank shape, projected back, times alpha, then the decay. ``state`` and
+        ``low`` are this rank's (GaLore's sharded step: the shard's rows, or the projection
+        summed across ranks and its moments replicated)."""
+        if context is None:
+            self._adam_kernel(local(p.grad), local(p), state, group, t, group["weight_decay"])
             return
-        g = p.grad.to(compute_dtype(p.dtype))
-        low, plan = self.compress(g, state, group, t)
-        target = torch.zeros(low.shape, dtype=p.dtype, device=p.device)
+        target = torch.zeros(low.shape, dtype=p.dtype, device=low.device)
         self._adam_kernel(low, target, state, group, t, weight_decay=0.0)
         basis = state["basis"].to(g.dtype)
-        p.add_(project_back(target.to(g.dtype), basis, plan.side).mul_(group["alpha"]))
+        weight = local(p)
+        weight.add_(project_back(target.to(g.dtype), basis, context.side).mul_(group["alpha"]))
         if group["weight_decay"]:
-            p.add_(p, alpha=-group["lr"] * group["weight_decay"])
+            weight.add_(weight, alpha=-group["lr"] * group["weight_decay"])
 
     def _adam_kernel(
         self,
@@ -136,7 +199,10 @@ class GaLore8bit(GaLore):
         t: int,
         weight_decay: float,
     ) -> None:
-        """One step of bitsandbytes' Adam on ``target`` (8-bit or 32-bit states, as stored)."""
+        """One step of bitsandbytes' Adam on ``target`` (8-bit or 32-bit states, as stored);
+        nothing on a rank whose shard of it is empty."""
+        if not target.numel():
+            return
         (beta1, beta2), eps, lr = group["betas"], group["eps"], group["lr"]
         m, v = state["exp_avg"], state["exp_avg_sq"]
         if m.dtype == torch.uint8:
@@ -156,6 +222,7 @@ OPTIONS = ("update_proj_gap", "alpha", "proj_type", "state_dtype")
 
 @register(
     "galore8bit",
+    shards=True,
     rank=None,
     rank_fraction=0.25,
     **signature_defaults(GaLore8bit, "eps", "min_8bit_size"),
@@ -168,5 +235,8 @@ def _galore8bit(split: ParamSplit, hp: dict[str, Any]) -> GaLore8bit:
     """
     rank = resolve_rank(split, hp["rank"], hp["rank_fraction"])
     groups = two_groups(split, {"rank": rank}, {"rank": None})
+    named = {"matrices": split.matrices, "others": split.others}
+    for group in groups:  # the names a refusal under FSDP2 gives
+        group["param_names"] = [name for name, _ in named[group["name"]]]
     options = {k: hp[k] for k in (*OPTIONS, "min_8bit_size")}
     return GaLore8bit(groups, **adam_settings(hp), **options)

@@ -1,6 +1,6 @@
 """FSDP2 (``trainer.parallelism=fsdp``) on CPU with gloo: sharded training equals unsharded
-training, FOAM's states are sharded with the weights, and methods that need whole matrices are
-refused before any compute."""
+training, FOAM's states are sharded with the weights, and a layout a method cannot take (GWT-Mini's
+wavelet along the trainer's column shards) is refused before any compute."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ PARITY = ["adamw", "foam", "foam_mini"]
 
 @pytest.fixture(scope="module")
 def runs() -> tuple[dict[str, dict], dict[str, dict]]:
-    return sharded_and_single(*PARITY, "galore8bit")
+    return sharded_and_single(*PARITY, "gwt_mini")
 
 
 @pytest.mark.slow
@@ -74,11 +74,11 @@ def test_each_rank_holds_half_of_the_moments(runs, name):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_whole_matrix_method_is_refused_under_fsdp(runs):
+def test_a_layout_the_method_cannot_take_is_refused_under_fsdp(runs):
     sharded, single = runs
-    assert "losses" in single["galore8bit"]
-    message = sharded["galore8bit"]["refused"]
-    assert "'galore8bit' does not support FSDP2" in message and "SVD" in message
+    assert "losses" in single["gwt_mini"]
+    message = sharded["gwt_mini"]["refused"]
+    assert "GWT under FSDP2" in message and "would straddle two ranks" in message
     assert "trainer.parallelism=ddp" in message
 
 
@@ -246,11 +246,9 @@ def test_fsdp_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_path, curv
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_refused_method_stops_the_run_before_any_step(tmp_path, corpus):
-    cmd = torchrun(
-        command(tmp_path / "run", *corpus, "trainer.parallelism=fsdp", optim="galore8bit")
-    )
+    cmd = torchrun(command(tmp_path / "run", *corpus, "trainer.parallelism=fsdp", optim="gwt_mini"))
     proc = run(cmd, expect_rc=1)  # torchrun reports the ranks' exit status 2 as 1
-    assert "trainer.parallelism=fsdp: optimizer 'galore8bit' does not support FSDP2" in proc.stderr
+    assert "trainer.parallelism=fsdp: GWT under FSDP2" in proc.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 

@@ -17,9 +17,16 @@ import pytest
 import torch
 
 import foam
-from foam.shard_owners import Layout, Owners, assign_owners
+from foam.shard_owners import Layout, assign_owners
 from tests.helpers import sharded_parity
-from tests.helpers.sharded_parity import Case, differences, run_resumed, run_sharded, run_single
+from tests.helpers.sharded_parity import (
+    Case,
+    OwnPieceOnly,
+    differences,
+    run_resumed,
+    run_sharded,
+    run_single,
+)
 
 OWNER_METHODS = ("muon", "foam_muon", "galore")
 GALORE = {"update_proj_gap": 2}  # a refresh at steps 1 and 3
@@ -130,24 +137,11 @@ def test_dcp_saved_on_two_ranks_resumes_on_three_and_on_one(method):
         assert check_equal(outcome, expected, case) == [], f"resumed on {world}"
 
 
-class _OwnPieceOnly(Owners):
-    """Owners whose gather skips the exchange: the owner's 'whole' matrix is its own piece, the
-    rest zeros (Newton-Schulz or an SVD of a partial matrix, the bug the exchange avoids)."""
-
-    def gather(self, pieces, dtype):
-        wholes = {}
-        for i in self.mine:
-            whole = torch.zeros(self.layouts[i].shape, dtype=dtype)
-            self.layouts[i].cut(whole, self.rank).copy_(pieces[i])
-            wholes[i] = whole
-        return wholes
-
-
 def _worker_without_exchange(rank, world, init_file, cases, out, skip_partial_sums):
     import foam.baselines.muon
     import foam.lowrank
 
-    foam.baselines.muon.Owners = foam.lowrank.Owners = _OwnPieceOnly
+    foam.baselines.muon.Owners = foam.lowrank.Owners = OwnPieceOnly
     sharded_parity._cases_worker(rank, world, init_file, cases, out, skip_partial_sums)
 
 

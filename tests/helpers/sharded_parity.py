@@ -34,6 +34,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from foam.shard_owners import Owners
+
 HIDDEN, HEADS, VOCAB = 10, 5, 11
 FFN_IN, FFN_OUT = 12, 16
 DOWN_ROWS = (4, 5)  # layer i's down_proj rows: an empty shard at 3 ranks (4) and at 4 ranks (5)
@@ -53,15 +55,21 @@ class Case:
     dtype: torch.dtype = torch.float64
     model: Callable[[torch.dtype], nn.Module] | None = None
     """Builds the model (from ``dtype``, seeded, with ``layers``); ``None``: ``ParityModel``."""
+    scale: int = 1
+    """``ParityModel``'s dims times this (not the heads): shapes large enough for 8-bit states'
+    256-value quantisation blocks to line up with the shards."""
 
     @property
     def name(self) -> str:
         extra = ",".join(f"{k}={v}" for k, v in sorted(self.hparams.items()))
         on = "" if self.model is None else f"@{self.model.__name__}"
-        return f"{self.method}[{extra}]x{self.micro_batches}{on}"
+        wider = f"@{self.scale}" if self.scale != 1 else ""
+        return f"{self.method}[{extra}]x{self.micro_batches}{on}{wider}"
 
     def build_model(self) -> nn.Module:
-        return (self.model or ParityModel)(self.dtype)
+        if self.model is not None:
+            return self.model(self.dtype)
+        return ParityModel(self.dtype, self.scale)
 
 
 @dataclass
@@ -81,41 +89,41 @@ class Outcome:
 
 
 class _Attention(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, scale: int) -> None:
         super().__init__()
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            setattr(self, name, nn.Linear(HIDDEN, HIDDEN, bias=False))
+            setattr(self, name, nn.Linear(HIDDEN * scale, HIDDEN * scale, bias=False))
 
 
 class _Mlp(nn.Module):
-    def __init__(self, down_rows: int) -> None:
+    def __init__(self, down_rows: int, scale: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(FFN_IN, FFN_OUT, bias=False)
-        self.up_proj = nn.Linear(FFN_IN, FFN_OUT, bias=False)
-        self.down_proj = nn.Linear(FFN_OUT, down_rows, bias=False)
+        self.gate_proj = nn.Linear(FFN_IN * scale, FFN_OUT * scale, bias=False)
+        self.up_proj = nn.Linear(FFN_IN * scale, FFN_OUT * scale, bias=False)
+        self.down_proj = nn.Linear(FFN_OUT * scale, down_rows * scale, bias=False)
 
 
 class _Layer(nn.Module):
-    def __init__(self, down_rows: int) -> None:
+    def __init__(self, down_rows: int, scale: int) -> None:
         super().__init__()
         self.input_layernorm = nn.Module()
-        self.input_layernorm.weight = nn.Parameter(torch.ones(HIDDEN))
-        self.self_attn = _Attention()
-        self.mlp = _Mlp(down_rows)
+        self.input_layernorm.weight = nn.Parameter(torch.ones(HIDDEN * scale))
+        self.self_attn = _Attention(scale)
+        self.mlp = _Mlp(down_rows, scale)
 
 
 class ParityModel(nn.Module):
     """Parameters only (the gradients are seeded, there is no forward), named as in LLaMA so that
     the name-driven methods (Adam-mini) find their blocks; ``config`` as a transformers model's."""
 
-    def __init__(self, dtype: torch.dtype = torch.float64) -> None:
+    def __init__(self, dtype: torch.dtype = torch.float64, scale: int = 1) -> None:
         super().__init__()
-        self.config = SimpleNamespace(hidden_size=HIDDEN, num_attention_heads=HEADS)
+        self.config = SimpleNamespace(hidden_size=HIDDEN * scale, num_attention_heads=HEADS)
         generator = torch.Generator().manual_seed(0)
-        self.embed_tokens = nn.Embedding(VOCAB, HIDDEN)
-        self.layers = nn.ModuleList(_Layer(rows) for rows in DOWN_ROWS)
+        self.embed_tokens = nn.Embedding(VOCAB * scale, HIDDEN * scale)
+        self.layers = nn.ModuleList(_Layer(rows, scale) for rows in DOWN_ROWS)
         self.norm = nn.Module()
-        self.norm.weight = nn.Parameter(torch.ones(HIDDEN))
+        self.norm.weight = nn.Parameter(torch.ones(HIDDEN * scale))
         with torch.no_grad():
             for p in self.parameters():
                 p.copy_(torch.randn(p.shape, generator=generator))
@@ -173,10 +181,11 @@ def run_steps(
     case: Case, model: nn.Module, optimizer: torch.optim.Optimizer, steps: range, shard=None
 ) -> None:
     """Steps ``steps`` of ``case``: each parameter's gradient, sharded by ``shard(p, whole)``
-    when given, accumulated over the micro-batches as FSDP2 accumulates its sharded gradients."""
+    when given, accumulated over the micro-batches as FSDP2 accumulates its sharded gradients,
+    onto what ``zero_grad`` left (LDAdamW's error feedback)."""
     for step in steps:
+        optimizer.zero_grad(set_to_none=True)
         for name, p in model.named_parameters():
-            p.grad = None
             for micro in range(case.micro_batches):
                 part = gradient(name, p.shape, step, micro, case.dtype)
                 part = shard(p, part) if shard is not None else part
@@ -389,6 +398,19 @@ def run_resumed(
 
 
 # -- comparison ------------------------------------------------------------------------------
+
+
+class OwnPieceOnly(Owners):
+    """Owners whose gather skips the exchange: the owner's 'whole' matrix is its own piece, the
+    rest zeros (Newton-Schulz or an SVD of a partial matrix, the bug the exchange avoids)."""
+
+    def gather(self, pieces, dtype):
+        wholes = {}
+        for i in self.mine:
+            whole = torch.zeros(self.layouts[i].shape, dtype=dtype)
+            self.layouts[i].cut(whole, self.rank).copy_(pieces[i])
+            wholes[i] = whole
+        return wholes
 
 
 class RunCache:

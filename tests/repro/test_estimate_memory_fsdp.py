@@ -86,7 +86,8 @@ def test_the_per_rank_estimate_is_what_each_of_2_ranks_holds(tmp_path: Path) -> 
                 continue
             assert held[rank][method] == estimated.optimizer_bytes, (method, rank)
             sharded += 1
-    assert sharded == 2 * sum(isinstance(v, int) for v in held[0].values()) >= 2 * 10
+    assert sharded == 2 * sum(isinstance(v, int) for v in held[0].values()) >= 2 * 12
+    assert all(isinstance(held[0][m], int) for m in ("ldadamw", "galore8bit"))
     # not the whole split evenly: GaLore's replicated moments make its share more than half
     assert held[0]["galore_1_4"] > estimate(MODEL, "galore_1_4", FP32_BYTES).optimizer_bytes / WORLD
 

@@ -5,10 +5,10 @@ import warnings
 import pytest
 import torch
 
+import foam.sharding
 from foam import build_optimizer, planned_state_numel, state_bytes
 from foam.baselines.quantized import quantized_bytes
 from foam.combinations.galore8bit import GaLore8bit
-from foam.sharding import WHOLE_MATRIX_REASONS
 from tests.helpers.optim import random_grads, random_params, step_with, tiny_llama
 
 pytest.importorskip("bitsandbytes")
@@ -85,10 +85,10 @@ def test_state_bytes_are_the_plan_and_the_paper_split(dtype):
     assert opt.state[matrices[0]]["exp_avg_absmax"].numel() * 4 == quantized_bytes(moment) - moment
 
 
-def test_registered_defaults_and_fsdp_refusal():
+def test_registered_defaults_and_that_it_shards():
     opt = build_optimizer("galore8bit", tiny_llama())
     matrices = next(g for g in opt.param_groups if g["name"] == "matrices")
     others = next(g for g in opt.param_groups if g["name"] == "others")
     assert (matrices["rank"], matrices["alpha"], matrices["update_proj_gap"]) == (16, 0.25, 200)
     assert matrices["eps"] == 1e-8 and others["rank"] is None and opt.min_8bit_size == 4096
-    assert "straddle shards" in WHOLE_MATRIX_REASONS["galore8bit"]
+    assert "galore8bit" in foam.sharding.SHARDED_METHODS  # tests/foam/test_fsdp_lowrank8bit.py
