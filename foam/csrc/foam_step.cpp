@@ -442,6 +442,35 @@ void step_along_cols(P* p, const G* g, S* m, S* v, int64_t rows, int64_t cols, i
 // read side by side, as many streams as the hardware prefetchers follow.
 constexpr int64_t kShortBlock = 8;
 
+// One block of len rows of step_along_short_rows, starting at g, p, m and v.
+template <bool kDecay, bool kSquares, typename P, typename G, typename S>
+FOAM_FLATTEN void short_rows_block(P* p, const G* g, S* m, S* v, int64_t len, int64_t cols,
+                                   const MomentScalars& c, const UpdateScalars& us) {
+  for (int64_t j = 0; j < cols; j += kChunk) {
+    const int64_t k = std::min(kChunk, cols - j);
+    Vec sum[2], sum_sq[2], x[2], mean[2], m_hat[2], v_hat[2];
+    load2(g + j, k, sum[0], sum[1]);
+    for (int h = 0; h < 2; ++h) sum_sq[h] = sum[h] * sum[h];
+    for (int64_t i = 1; i < len; ++i) {
+      load2(g + i * cols + j, k, x[0], x[1]);
+      for (int h = 0; h < 2; ++h) {
+        sum[h] = sum[h] + x[h];
+        if constexpr (kSquares) sum_sq[h] = sum_sq[h] + x[h] * x[h];
+      }
+    }
+    chunk_moments<kSquares>(sum, sum_sq, m + j, v + j, k, c, mean, m_hat, v_hat);
+    for (int64_t i = 0; i < len; ++i) {
+      Vec pv[2], gv[2];
+      load2(p + i * cols + j, k, pv[0], pv[1]);
+      load2(g + i * cols + j, k, gv[0], gv[1]);
+      for (int h = 0; h < 2; ++h) {
+        pv[h] = updated<P, kDecay>(pv[h], gv[h], mean[h], m_hat[h], v_hat[h], us);
+      }
+      store2(p + i * cols + j, k, pv[0], pv[1]);
+    }
+  }
+}
+
 template <typename P, typename G, typename S>
 void step_along_short_rows(P* p, const G* g, S* m, S* v, int64_t rows, int64_t cols,
                            int64_t block, const Scalars& s, float bc1, float bc2) {
@@ -454,33 +483,9 @@ void step_along_short_rows(P* p, const G* g, S* m, S* v, int64_t rows, int64_t c
     at::parallel_for(0, nb, grain, [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
         const int64_t len = std::min(block, rows - b * block);
-        const MomentScalars& c = len == block ? full : tail;
-        const G* g_block = g + b * block * cols;
-        P* p_block = p + b * block * cols;
-        for (int64_t j = 0; j < cols; j += kChunk) {
-          const int64_t k = std::min(kChunk, cols - j);
-          Vec sum[2], sum_sq[2], x[2], mean[2], m_hat[2], v_hat[2];
-          load2(g_block + j, k, sum[0], sum[1]);
-          for (int h = 0; h < 2; ++h) sum_sq[h] = sum[h] * sum[h];
-          for (int64_t i = 1; i < len; ++i) {
-            load2(g_block + i * cols + j, k, x[0], x[1]);
-            for (int h = 0; h < 2; ++h) {
-              sum[h] = sum[h] + x[h];
-              if constexpr (kSquares) sum_sq[h] = sum_sq[h] + x[h] * x[h];
-            }
-          }
-          chunk_moments<kSquares>(sum, sum_sq, m + b * cols + j, v + b * cols + j, k, c, mean,
-                                  m_hat, v_hat);
-          for (int64_t i = 0; i < len; ++i) {
-            Vec pv[2], gv[2];
-            load2(p_block + i * cols + j, k, pv[0], pv[1]);
-            load2(g_block + i * cols + j, k, gv[0], gv[1]);
-            for (int h = 0; h < 2; ++h) {
-              pv[h] = updated<P, kDecay>(pv[h], gv[h], mean[h], m_hat[h], v_hat[h], us);
-            }
-            store2(p_block + i * cols + j, k, pv[0], pv[1]);
-          }
-        }
+        short_rows_block<kDecay, kSquares>(p + b * block * cols, g + b * block * cols,
+                                           m + b * cols, v + b * cols, len, cols,
+                                           len == block ? full : tail, us);
       }
     });
   });
