@@ -442,12 +442,20 @@ void step_along_cols(P* p, const G* g, S* m, S* v, int64_t rows, int64_t cols, i
 // read side by side, as many streams as the hardware prefetchers follow.
 constexpr int64_t kShortBlock = 8;
 
-// One block of len rows of step_along_short_rows, starting at g, p, m and v.
+// One block of len rows of step_along_short_rows, starting at g, p, m and v. The next block's
+// len_next rows (starting at g + len * cols, p + len * cols) are asked into cache column by
+// column meanwhile: the hardware's prefetchers follow one stream a page, not a block's rows
+// read side by side within one.
 template <bool kDecay, bool kSquares, typename P, typename G, typename S>
 FOAM_FLATTEN void short_rows_block(P* p, const G* g, S* m, S* v, int64_t len, int64_t cols,
-                                   const MomentScalars& c, const UpdateScalars& us) {
+                                   int64_t len_next, const MomentScalars& c,
+                                   const UpdateScalars& us) {
   for (int64_t j = 0; j < cols; j += kChunk) {
     const int64_t k = std::min(kChunk, cols - j);
+    for (int64_t i = len; i < len + len_next; ++i) {
+      __builtin_prefetch(g + i * cols + j);
+      __builtin_prefetch(p + i * cols + j);
+    }
     Vec sum[2], sum_sq[2], x[2], mean[2], m_hat[2], v_hat[2];
     load2(g + j, k, sum[0], sum[1]);
     for (int h = 0; h < 2; ++h) sum_sq[h] = sum[h] * sum[h];
@@ -483,8 +491,9 @@ void step_along_short_rows(P* p, const G* g, S* m, S* v, int64_t rows, int64_t c
     at::parallel_for(0, nb, grain, [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
         const int64_t len = std::min(block, rows - b * block);
+        const int64_t len_next = b + 1 < end ? std::min(block, rows - (b + 1) * block) : 0;
         short_rows_block<kDecay, kSquares>(p + b * block * cols, g + b * block * cols,
-                                           m + b * cols, v + b * cols, len, cols,
+                                           m + b * cols, v + b * cols, len, cols, len_next,
                                            len == block ? full : tail, us);
       }
     });
