@@ -97,9 +97,11 @@ inline void store2(at::BFloat16* x, int64_t n, Vec a, Vec b) {
   at::vec::convert_float_bfloat16(a, b).store(x, n);
 }
 
-// Asks for the n entries at x to be brought into cache: issued a row (or a slice) ahead, it keeps
-// the gradient and parameter streams from memory going while a row's fold, which reads only the
-// gradient, and its update alternate.
+// Asks for the n entries at x to be brought into cache: issued a slice ahead (step_along_rows),
+// it keeps the gradient and parameter streams from memory going while a slice's fold, which
+// reads only the gradient, and its update alternate. The column fold reads whole rows in order,
+// which the hardware's prefetchers follow by themselves: a whole next row asked for at once there
+// made the step slower (LLaMA-60M's 512 x 1376 fp32 FOAM-2: 1.36 against 1.20 ns an entry).
 template <typename T>
 inline void prefetch(const T* x, int64_t n) {
   const char* bytes = reinterpret_cast<const char*>(x);
@@ -405,10 +407,6 @@ void step_along_cols(P* p, const G* g, S* m, S* v, int64_t rows, int64_t cols, i
         const G* g_row = g + r * cols;
         P* p_row = p + r * cols;
         S *m_row = m + r * nb, *v_row = v + r * nb;
-        if (r + 1 < end) {
-          prefetch(g_row + cols, cols);
-          prefetch(p_row + cols, cols);
-        }
         if constexpr (K > 0) group_sums<K, kSquares>(g_row, groups, sum.data(), sum_sq.data());
         for (int64_t b = grouped; b < nb; ++b) {
           block_sum<kSquares>(g_row + b * block, std::min(block, cols - b * block), &sum[b],
@@ -438,8 +436,8 @@ void step_along_cols(P* p, const G* g, S* m, S* v, int64_t rows, int64_t cols, i
 // Fold along the rows in blocks of at most kShortBlock rows (FOAM-1 to FOAM-3): a chunk of
 // columns at a time, the block's sums over its rows, its moments and the update of its rows,
 // all in registers. No per-column arrays are written and read back (as step_along_rows does
-// for longer blocks), which leaves the vector units the arithmetic alone; the block's rows are
-// read side by side, as many streams as the hardware prefetchers follow.
+// for longer blocks), which leaves the vector units the arithmetic alone (LLaMA-60M's 1376 x 512
+// fp32 FOAM-2 with its data in cache: 0.55 against 0.82 ns an entry).
 constexpr int64_t kShortBlock = 8;
 
 // One block of len rows of step_along_short_rows, starting at g, p, m and v. The next block's
