@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 import foam
+from foam.fused import cpu_vector_width
 from foam.profiling import peak_transient_bytes
 from models import available_models, build_model, load_model_config
 from tools import bench_floor
@@ -242,6 +243,16 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+def cpu_step(machine: Machine) -> str:
+    """Which vectors FOAM's C++ step was built for here: a ratio's meaning depends on them."""
+    if machine.device.type != "cpu":
+        return ""
+    width = cpu_vector_width()
+    if width is None:
+        return "FOAM's C++ step did not build here: FOAM took the eager step."
+    return f"FOAM's C++ step: {width}-wide float32 vectors (`foam.fused.cpu_vector_width()`)."
+
+
 def floor_report(args: argparse.Namespace, machine: Machine) -> str:
     """``--floor``: every method's best step on each model's matrices over its byte floor."""
     bandwidth_before = bench_floor.copy_bandwidth(machine.device, args.bandwidth_mib)
@@ -276,7 +287,9 @@ def floor_report(args: argparse.Namespace, machine: Machine) -> str:
         f"best of 5): {gbs[0]} GB/s before the steps, {gbs[1]} GB/s after; the floor takes "
         f"{bandwidth / 1e9:.1f}. Step: best of {args.rounds} interleaved rounds x {args.steps} "
         "steps, the matrices alone. Floor: (parameters read and written + gradients read + "
-        "states read and written) / bandwidth.\n\n" + "\n".join(headline) + "\n\n"
+        "states read and written) / bandwidth; above 1x is time the step spends beyond moving "
+        f"its bytes (computing, or waiting on memory it did not overlap). {cpu_step(machine)}"
+        "\n\n" + "\n".join(headline) + "\n\n"
     )
     return header + "\n".join(sections)
 
