@@ -685,6 +685,23 @@ def test_the_run_plan_is_the_only_reader_of_the_parallelism_rules():
     assert {path: names for path, names in readers.items() if names} == {}
 
 
+def stand_ins(monkeypatch, module, results: dict) -> dict[str, tuple]:
+    """Replace each name of ``results`` in ``module`` by a stand-in that records its last call's
+    ``(args, kwargs)`` in the returned dict and returns its result (called, if callable)."""
+    calls: dict[str, tuple] = {}
+
+    def stand_in(name, result):
+        def record(*args, **kwargs):
+            calls[name] = (args, kwargs)
+            return result(*args, **kwargs) if callable(result) else result
+
+        return record
+
+    for name, result in results.items():
+        monkeypatch.setattr(module, name, stand_in(name, result))
+    return calls
+
+
 @pytest.mark.parametrize("planned", ["ddp", "fsdp"])
 def test_a_changed_parallelism_reaches_every_reader_through_the_plan(monkeypatch, planned):
     """Two ranks, bf16_mixed, and a config that says the other parallelism than the plan: every
@@ -701,54 +718,32 @@ def test_a_changed_parallelism_reaches_every_reader_through_the_plan(monkeypatch
 
     other = {"ddp": "fsdp", "fsdp": "ddp"}[planned]
     cfg = cfg_for(
-        "+model=llama_tiny",
-        "+optim=adamw",
-        f"trainer.parallelism={other}",
-        "trainer.precision=bf16_mixed",
-        "trainer.max_steps=1",
-    )
+        "+model=llama_tiny", "+optim=adamw", f"trainer.parallelism={other}",
+        "trainer.precision=bf16_mixed", "trainer.max_steps=1",
+    )  # fmt: skip
     config = check_config(cfg, world_size=2)
     cpu, sharded = torch.device("cpu"), planned == "fsdp"
     plan = plan_run(dataclasses.replace(config.trainer, parallelism=planned), 2, cpu)
-    calls: dict[str, tuple] = {}
-
-    def spy(name, result=None):
-        def record(*args, **kwargs):
-            calls[name] = (args, kwargs)
-            return result(*args, **kwargs) if callable(result) else result
-
-        monkeypatch.setattr(pretrain, name, record)
-
-    spy("parallelize", lambda model, **kwargs: model)
-    spy("fill_from_rank0", lambda model, build_whole, device, is_main: model.to_empty(device=cpu))
-    spy("per_rank_memory_line", "")
-    spy("log_model_and_optimizer")
-    spy("train_step", (SimpleNamespace(), torch.tensor(0.0), {"lr": 1.0}))
-    spy("evaluate", {"val_ppl": 1.0})
-    spy("log_evaluation")
-    spy("estimate_step_time")
-    spy("run_summary", {})
-    spy("unsharded_model")
-    info = DistInfo(rank=1, world_size=2)  # not the main rank: nothing is written
-    model, replica, optimizer, scheduler = pretrain.build_model_and_optimizer(
-        config, info, cpu, plan
+    calls = stand_ins(
+        monkeypatch,
+        pretrain,
+        {
+            "parallelize": lambda model, **kwargs: model,
+            "fill_from_rank0": lambda model, *args, **kwargs: model.to_empty(device=cpu),
+            "per_rank_memory_line": "",
+            "log_model_and_optimizer": None,
+            "train_step": (SimpleNamespace(), torch.tensor(0.0), {"lr": 1.0}),
+            "evaluate": {"val_ppl": 1.0},
+            "log_evaluation": None,
+            "estimate_step_time": None,
+            "run_summary": {},
+            "unsharded_model": None,
+        },
     )
+    info = DistInfo(rank=1, world_size=2)  # not the main rank: nothing is written
+    built = pretrain.build_model_and_optimizer(config, info, cpu, plan)
     run = pretrain.Run(
-        cfg=config,
-        info=info,
-        device=cpu,
-        peaks=PhasePeaks(cpu),
-        run_dir=Path("."),
-        resume_from=[],
-        plan=plan,
-        model=model,
-        replica=replica,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        tokenizer=None,
-        train_loader=None,
-        val_batches=None,
-        test_batches=None,
+        config, info, cpu, PhasePeaks(cpu), Path("."), [], plan, *built, None, None, None, None
     )
     state = TrainState(world_size=2)
     guard = SimpleNamespace(policy=SimpleNamespace(reads_every_step=False))
