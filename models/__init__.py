@@ -1,6 +1,7 @@
 """LLaMA, Qwen2, GPT-2 and DeBERTa models for pre-training, built on transformers from ``configs/model/*.yaml``.
 
-Public API: :func:`load_model_config`, :func:`build_model`, :func:`count_params`
+Public API: :class:`ModelConfig` (the typed config; every function here also takes a plain
+mapping, :data:`ModelSpec`), :func:`load_model_config`, :func:`build_model`, :func:`count_params`
 (:class:`ParamCounts`), :func:`flops_per_token`, :func:`available_models`,
 :func:`enable_gradient_checkpointing`, :func:`materialize`, :func:`allocate_for_loading`,
 :func:`validate_model_config`, :func:`is_masked_lm`.
@@ -15,16 +16,21 @@ from .build import (
 )
 from .config import (
     CONFIG_DIR,
+    ModelConfig,
+    ModelSpec,
     available_models,
     head_dim,
     is_masked_lm,
     load_model_config,
+    model_fields,
     validate_model_config,
 )
 from .counting import ParamCounts, count_params, flops_per_token, matmul_params
 
 __all__ = [
     "CONFIG_DIR",
+    "ModelConfig",
+    "ModelSpec",
     "ParamCounts",
     "allocate_for_loading",
     "available_models",
@@ -38,5 +44,6 @@ __all__ = [
     "load_model_config",
     "materialize",
     "matmul_params",
+    "model_fields",
     "validate_model_config",
 ]

@@ -3,14 +3,11 @@ device (``"meta"`` included)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import torch
 import transformers
 from transformers import PretrainedConfig, PreTrainedModel
 
-from .config import validate_model_config
+from .config import ModelSpec, model_fields, validate_model_config
 from .families import family_of
 
 _OWN_KEYS = ("name", "family", "mask_token_id")
@@ -19,23 +16,14 @@ reads ``mask_token_id``: the protocol's T5 vocabulary has no mask token, so DeBE
 has one row more for it)."""
 
 
-def _plain(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """A plain dict from a dict or an OmegaConf DictConfig, without importing OmegaConf."""
-    if not type(cfg).__module__.startswith("omegaconf"):  # not a DictConfig
-        return dict(cfg)
-    from omegaconf import OmegaConf  # only reached when the caller already uses OmegaConf
-
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-
-
-def hf_config(cfg: Mapping[str, Any]) -> PretrainedConfig:
+def hf_config(cfg: ModelSpec) -> PretrainedConfig:
     """The transformers config for ``cfg``.
 
     Every key other than ``name``/``family`` is handed to the config class; keys the class does
     not know raise instead of being stored silently (transformers accepts any keyword), so a typo
     like ``num_kv_heads`` cannot fall back to a default shape.
     """
-    cfg = _plain(cfg)
+    cfg = model_fields(cfg)
     validate_model_config(cfg)
     family = family_of(cfg)
     config_cls = getattr(transformers, family.config_class)
@@ -53,7 +41,7 @@ def hf_config(cfg: Mapping[str, Any]) -> PretrainedConfig:
 
 
 def build_model(
-    cfg: Mapping[str, Any],
+    cfg: ModelSpec,
     *,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
@@ -68,7 +56,7 @@ def build_model(
     the same on every device for a given global seed (see there).
     """
     config = hf_config(cfg)
-    model_cls = getattr(transformers, family_of(_plain(cfg)).model_class)
+    model_cls = getattr(transformers, family_of(model_fields(cfg)).model_class)
     with torch.device("meta"):
         model = model_cls(config)
     if torch.device(device).type == "meta":

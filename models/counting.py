@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from .config import head_dim, kv_heads
+from .config import ModelSpec, head_dim, kv_heads, model_fields
 from .families import family_of
 
 
@@ -48,7 +46,7 @@ def count_params(model: nn.Module) -> ParamCounts:
     return ParamCounts(total=total, folded=folded, other=total - folded)
 
 
-def matmul_params(cfg: Mapping[str, Any]) -> int:
+def matmul_params(cfg: ModelSpec) -> int:
     """Parameters that take part in a matmul per token: the block matrices (q, k, v, o and the
     MLP's gate/up/down, or up/down without a gate) and the lm_head.
 
@@ -57,6 +55,7 @@ def matmul_params(cfg: Mapping[str, Any]) -> int:
     position projections act on the position table (not per token) and its MLM head's h x h
     transform is one matrix among a layer's dozen: both are left out.
     """
+    cfg = model_fields(cfg)
     h, inter = int(cfg["hidden_size"]), int(cfg["intermediate_size"])
     layers, vocab = int(cfg["num_hidden_layers"]), int(cfg["vocab_size"])
     q_width = int(cfg["num_attention_heads"]) * head_dim(cfg)
@@ -66,7 +65,7 @@ def matmul_params(cfg: Mapping[str, Any]) -> int:
     return layers * (attention + mlp) + vocab * h
 
 
-def flops_per_token(cfg: Mapping[str, Any], seq_len: int) -> int:
+def flops_per_token(cfg: ModelSpec, seq_len: int) -> int:
     """Training FLOPs per token (forward + backward), for MFU.
 
     ``6 * N_matmul + 12 * L * H_q * seq_len`` (PaLM, Chowdhery et al. 2022, Appendix B):
@@ -76,6 +75,7 @@ def flops_per_token(cfg: Mapping[str, Any], seq_len: int) -> int:
     The attention term is not halved for the causal mask (the common MFU convention, as PaLM and
     nanoGPT), and gradient-checkpointing recomputation is not counted (MFU, not HFU).
     """
+    cfg = model_fields(cfg)
     q_width = int(cfg["num_attention_heads"]) * head_dim(cfg)
     layers = int(cfg["num_hidden_layers"])
     return 6 * matmul_params(cfg) + 12 * layers * q_width * int(seq_len)

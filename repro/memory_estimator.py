@@ -161,7 +161,7 @@ def shard_as_trainer(net: torch.nn.Module, ranks: int, hparams: Mapping[str, Any
     (each matrix on the dim its fold does not run along, ``train.parallelism.parallelize``)."""
     parallelize(
         net,
-        parallelism="fsdp",
+        sharded=True,
         precision="fp32",
         device=torch.device("cpu"),
         world_size=ranks,

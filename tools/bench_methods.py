@@ -11,13 +11,14 @@ directly (their own directory is on the path), as they do ``methods``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from hydra import compose, initialize_config_dir
 
 from repro.methods import TABLE2, TABLE3_ONLY
 from train.config import CONFIG_DIR, build_optimizer, options
-from train.schema import register_configs
+from train.schema import register_configs, resolve_config
 
 Builder = Callable[[torch.nn.Module], torch.optim.Optimizer]
 
@@ -49,14 +50,15 @@ def available_labels() -> list[str]:
     return [*TORCH_ADAMW, *configs, *eager]
 
 
-def _compose_optim(model_name: str, config_name: str, overrides: list[str]):
+def _compose_optim(model_name: str, config_name: str, overrides: list[str]) -> dict[str, Any]:
+    """The optim config as the trainer resolves it (a plain dict; its lr the paper's)."""
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(
             "config",
             overrides=[f"+model={model_name}", f"+optim={config_name}", "logger=none", *overrides],
         )
-    return cfg.optim
+    return resolve_config(cfg).optim
 
 
 def builder(label: str, model_name: str) -> Builder:

@@ -157,7 +157,7 @@ def _run_methods(
         matrices = {name for name, _ in foam.split_params(model).matrices}
         if sharded:
             model = parallelize(
-                model, parallelism="fsdp", precision="fp32", device=torch.device("cpu"),
+                model, sharded=True, precision="fp32", device=torch.device("cpu"),
                 world_size=ranks,
             )  # fmt: skip
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,15 @@ from foam.schedule import check_schedule
 from foam.sharding import ShardingNotSupported
 from train.data.corpus import SOURCES
 from train.errors import ConfigError
-from train.schema import DESCRIPTIVE_OPTIM_KEYS, Precision, unknown_key_message
+from train.schema import (
+    DESCRIPTIVE_OPTIM_KEYS,
+    Config,
+    DataConfig,
+    Precision,
+    TrainerConfig,
+    resolve_config,
+    unknown_key_message,
+)
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 PARAM_DTYPES = {
@@ -41,10 +49,10 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
 
 
-def optimizer_hparams(optim: DictConfig) -> dict[str, Any]:
-    """The keywords for ``foam.build_optimizer``: the optim config minus its descriptive keys."""
-    hparams = OmegaConf.to_container(optim, resolve=True)
-    return {k: v for k, v in hparams.items() if k not in DESCRIPTIVE_OPTIM_KEYS}
+def optimizer_hparams(optim: Mapping[str, Any]) -> dict[str, Any]:
+    """The keywords for ``foam.build_optimizer``: the resolved optim config (``Config.optim``)
+    minus its descriptive keys."""
+    return {k: v for k, v in optim.items() if k not in DESCRIPTIVE_OPTIM_KEYS}
 
 
 def accumulation_steps(global_batch: int, micro_batch: int, world_size: int) -> int:
@@ -79,19 +87,23 @@ def _check_schema_keys(cfg: DictConfig) -> None:
                 raise ConfigError(unknown_key_message(f"{group}.{extra[0]}", schema))
 
 
-def check_config(cfg: DictConfig, world_size: int) -> None:
+def check_config(cfg: DictConfig, world_size: int) -> Config:
     """Raise ConfigError on the first problem found: what is selected and set, then each group's
-    own rules, the model's and the optimizer's from the library that owns them."""
+    own rules, the model's and the optimizer's from the library that owns them. Returns the
+    config typed and resolved (``train.schema.resolve_config``): what every later reader takes."""
     _check_composed(cfg)
+    config = resolve_config(cfg)
     try:
-        models.validate_model_config(cfg.model)
+        models.validate_model_config(config.model)
     except ValueError as err:
-        raise ConfigError(f"model={cfg.model.name}: {err}") from None
-    with _optimizer_errors(cfg.optim):  # its rules that need no model, before any data is read
-        foam.check_hparams(cfg.optim.name, **optimizer_hparams(cfg.optim))
-        foam.fold_axis_of(cfg.optim)  # the model is sharded for it before the optimizer exists
-    _check_trainer(cfg.trainer, world_size, data_name=cfg.data.name)
-    _check_data(cfg.data, max_positions=cfg.model.max_position_embeddings)
+        raise ConfigError(f"model={config.model.name}: {err}") from None
+    optim = config.optim
+    with _optimizer_errors(optim):  # its rules that need no model, before any data is read
+        foam.check_hparams(optim["name"], **optimizer_hparams(optim))
+        foam.fold_axis_of(optim)  # the model is sharded for it before the optimizer exists
+    _check_trainer(config.trainer, world_size, data_name=config.data.name)
+    _check_data(config.data, max_positions=config.model.max_position_embeddings)
+    return config
 
 
 def _check_composed(cfg: DictConfig) -> None:
@@ -107,15 +119,15 @@ def _check_composed(cfg: DictConfig) -> None:
     _check_schema_keys(cfg)
 
 
-def _check_trainer(t: DictConfig, world_size: int, data_name: str) -> None:
+def _check_trainer(t: TrainerConfig, world_size: int, data_name: str) -> None:
     """The run's protocol: device, schedule, batch arithmetic, intervals, budgets and seed."""
     _check_device(t.device)
     with _trainer_errors():
         check_schedule(t.max_steps, t.warmup_ratio, t.min_lr_ratio)
     accumulation_steps(t.global_batch_size, t.micro_batch_size, world_size)
     _require(t.grad_clip >= 0, f"trainer.grad_clip must be >= 0 (0 = off), got {t.grad_clip}")
-    for key in ("eval_every", "save_every", "keep_last", "log_every"):
-        _require(t[key] >= 0, f"trainer.{key} must be >= 0, got {t[key]}")
+    for key, value in _values(t, "eval_every", "save_every", "keep_last", "log_every"):
+        _require(value >= 0, f"trainer.{key} must be >= 0, got {value}")
     _require(
         t.save_every_minutes >= 0,
         f"trainer.save_every_minutes must be a number >= 0 (0 = off), got {t.save_every_minutes}",
@@ -135,21 +147,26 @@ def _check_trainer(t: DictConfig, world_size: int, data_name: str) -> None:
         "trainer.eval_micro_batch_size must be positive, or null for trainer.micro_batch_size, "
         f"got {t.eval_micro_batch_size}",
     )
-    for key in ("collective_timeout_s", "slow_io_timeout_s"):  # issue #75's options
-        _require(t[key] > 0, f"trainer.{key} must be a number of seconds > 0, got {t[key]}")
-    for key in ("spike_sigma", "spike_window", "max_skips_in_row"):
-        _require(t[key] > 0, f"trainer.{key} must be > 0, got {t[key]}")
+    for key, value in _values(t, "collective_timeout_s", "slow_io_timeout_s"):  # issue #75's
+        _require(value > 0, f"trainer.{key} must be a number of seconds > 0, got {value}")
+    for key, value in _values(t, "spike_sigma", "spike_window", "max_skips_in_row"):
+        _require(value > 0, f"trainer.{key} must be > 0, got {value}")
 
 
-def _check_data(data: DictConfig, max_positions: int) -> None:
+def _values(group: object, *keys: str) -> list[tuple[str, Any]]:
+    """(key, value) of a typed group's ``keys``, for the rules several keys share."""
+    return [(key, getattr(group, key)) for key in keys]
+
+
+def _check_data(data: DataConfig, max_positions: int) -> None:
     """Rows the model can take, reader settings, and a tokenizer named."""
     _require(
         1 < data.seq_len <= max_positions,
         f"data.seq_len must be in (1, model.max_position_embeddings={max_positions}], "
         f"got {data.seq_len}",
     )
-    for key in ("num_workers", "shuffle_buffer"):
-        _require(data[key] >= 0, f"data.{key} must be >= 0 (0 = off), got {data[key]}")
+    for key, value in _values(data, "num_workers", "shuffle_buffer"):
+        _require(value >= 0, f"data.{key} must be >= 0 (0 = off), got {value}")
     _require(
         data.tokenizer.strip() != "",
         "data.tokenizer is empty: name one (t5-base, spm for the project's SentencePiece, or a "
@@ -172,13 +189,13 @@ def _check_device(spec: str) -> None:
     )
 
 
-def build_optimizer(optim: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+def build_optimizer(optim: Mapping[str, Any], model: torch.nn.Module) -> torch.optim.Optimizer:
     """The run's optimizer. What the optimizer itself rejects at construction (a fold level
     beyond the model's matrices, a negative lr) becomes a config error before any compute,
     naming ``optim.<key>`` from the key its ``OptionError`` carries: the optimizer is the one
     place those rules live (``check_config`` applied those that need no model already)."""
     with _optimizer_errors(optim):
-        return foam.build_optimizer(optim.name, model, **optimizer_hparams(optim))
+        return foam.build_optimizer(optim["name"], model, **optimizer_hparams(optim))
 
 
 @contextlib.contextmanager
@@ -191,7 +208,7 @@ def _trainer_errors() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _optimizer_errors(optim: DictConfig) -> Iterator[None]:
+def _optimizer_errors(optim: Mapping[str, Any]) -> Iterator[None]:
     """What the optimizer refuses, as a config error naming the key to fix."""
     try:
         yield
@@ -200,9 +217,9 @@ def _optimizer_errors(optim: DictConfig) -> Iterator[None]:
     except OptionError as err:
         raise _config_error(err, optim) from None
     except (ValueError, TypeError) as err:
-        raise ConfigError(f"optim.name={optim.name}: {err}") from None
+        raise ConfigError(f"optim.name={optim['name']}: {err}") from None
 
 
-def _config_error(err: OptionError, optim: DictConfig) -> ConfigError:
+def _config_error(err: OptionError, optim: Mapping[str, Any]) -> ConfigError:
     """The optimizer's refusal as a config error naming ``optim.<the key it carries>``."""
     return ConfigError(f"optim.{err.key}={optim.get(err.key)}: {err}")

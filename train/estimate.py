@@ -33,15 +33,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from omegaconf import DictConfig
 
 import models
 from train import distributed as dist
 from train.config import build_optimizer
-from train.metrics import matmul_kind, peak_flops, synchronize
+from train.metrics import peak_flops, synchronize
 from train.objective import IGNORE_INDEX
 from train.parallelism import compile_decoder_layers
+from train.plan import RunPlan
 from train.schedule import build_scheduler
+from train.schema import Config
 from train.step import loss_sum_for, train_step
 
 log = logging.getLogger(__name__)
@@ -103,29 +104,26 @@ def flop_bound(
 class StepSetup:
     """How the run steps, which is what a trial copies."""
 
-    cfg: DictConfig
+    cfg: Config
     device: torch.device
-    dtype: torch.dtype
-    """The weights' dtype (fp32 under bf16_mixed)."""
-    accumulation: int
-    world_size: int
+    plan: RunPlan
+    """The run's: the weights' dtype, micro-batches per step, ranks, compiled or not, the matmuls'
+    kind (``train/plan.py``)."""
     autocast: Callable[[], contextlib.AbstractContextManager]
-    compiled: bool
-    """Whether the run compiles each decoder layer (the run plan's ``compiled``, ``train/plan.py``)."""
 
 
 def trial_step_seconds(setup: StepSetup) -> float:
     """The median time of ``TRIAL_STEPS`` steps of ``train_step`` after one warm-up, on a fresh
     copy of the run's model and optimizer (same dtype, device, checkpointing, compilation and
     micro-batch)."""
-    cfg, device = setup.cfg, setup.device
+    cfg, device, plan = setup.cfg, setup.device, setup.plan
     t = cfg.trainer
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        model = models.build_model(cfg.model, device=device, dtype=setup.dtype)
+        model = models.build_model(cfg.model, device=device, dtype=plan.param_dtype)
         model.train()
         if t.grad_checkpointing:
             models.enable_gradient_checkpointing(model)
-        if setup.compiled:  # after checkpointing, as the run orders them (train/parallelism.py)
+        if plan.compiled:  # after checkpointing, as the run orders them (train/parallelism.py)
             compile_decoder_layers(model)
         model.config.use_cache = False
         optimizer = build_optimizer(cfg.optim, model)
@@ -139,19 +137,19 @@ def trial_step_seconds(setup: StepSetup) -> float:
                 optimizer,
                 scheduler,
                 itertools.repeat(batch),
-                accumulation=setup.accumulation,
+                accumulation=plan.accumulation,
                 device=device,
-                world_size=setup.world_size,
+                world_size=plan.world_size,
                 autocast=setup.autocast,
                 grad_clip=t.grad_clip,
-                loss_sum=loss_sum_for(setup.compiled),
+                loss_sum=loss_sum_for(plan.compiled),
             )
             synchronize(device)
             times.append(time.perf_counter() - start)
     return statistics.median(times[1:])
 
 
-def trial_batch(cfg: DictConfig) -> dict[str, torch.Tensor]:
+def trial_batch(cfg: Config) -> dict[str, torch.Tensor]:
     """A random micro-batch shaped as the run's: unpacked data pads its short documents, so one
     token of the last row is padding (right padding: it reaches the model without a mask, as
     the run's batches do, see ``train.step.to_device``)."""
@@ -197,10 +195,9 @@ def estimate_step_time(setup: StepSetup, *, steps: int, is_main: bool) -> StepTi
     """The step time, logged by rank 0 with the run's duration of ``steps`` steps (collective; see
     the module docstring); on a CPU, a slow step points at the CPU presets."""
     cfg, device = setup.cfg, setup.device
-    t = cfg.trainer
-    slots = t.global_batch_size * cfg.data.seq_len // setup.world_size
+    slots = cfg.trainer.global_batch_size * cfg.data.seq_len // setup.plan.world_size
     flops_per_token = models.flops_per_token(cfg.model, cfg.data.seq_len)
-    bound, flops = flop_bound(flops_per_token, slots, device, matmul_kind(t.precision))
+    bound, flops = flop_bound(flops_per_token, slots, device, setup.plan.matmul_kind)
     if dist.broadcast_object(bound < TRIAL_BELOW_S and steps >= TRIAL_MIN_STEPS):
         seconds = trial_step_seconds(setup)
         how = f"timed on a copy of the model; the FLOP bound alone says {format_duration(bound)}"

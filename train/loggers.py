@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from train import metrics_history
+from train.schema import LoggerConfig
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,9 @@ def _wandb_logged_in() -> bool:
 class WandbLogger:
     """A thin wandb wrapper; ``mode: auto`` is online when logged in, else offline."""
 
-    def __init__(self, cfg: Any, run_dir: Path, run_id: str, config: dict[str, Any]) -> None:
+    def __init__(
+        self, cfg: LoggerConfig, run_dir: Path, run_id: str, config: dict[str, Any]
+    ) -> None:
         import wandb
 
         mode = cfg.mode
@@ -101,7 +104,7 @@ class MetricSink:
 
     def __init__(
         self,
-        cfg: Any,
+        cfg: LoggerConfig,
         run_dir: Path,
         state: Any,
         *,

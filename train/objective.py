@@ -19,14 +19,14 @@ checkpoints the count with the loader's position: a resumed run masks as an unin
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping, Sized
+from collections.abc import Iterator, Sized
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from models import is_masked_lm
+from models import ModelSpec, is_masked_lm, model_fields
 
 MLM_LABELS = "mlm_labels"
 IGNORE_INDEX = -100
@@ -49,10 +49,11 @@ class Masking:
     """Ids never masked (EOS, padding), as the collator's special-tokens mask."""
 
     @classmethod
-    def of(cls, model_cfg: Mapping[str, Any]) -> Masking | None:
+    def of(cls, model_cfg: ModelSpec) -> Masking | None:
         """The masking of a masked-LM model config; ``None`` for a causal LM."""
         if not is_masked_lm(model_cfg):
             return None
+        model_cfg = model_fields(model_cfg)
         special = (int(model_cfg["eos_token_id"]), int(model_cfg["pad_token_id"]))
         return cls(int(model_cfg["mask_token_id"]), int(model_cfg["vocab_size"]), special)
 

@@ -49,14 +49,6 @@ from torch.distributed.tensor import Shard
 import foam
 from foam.sharding import shard_dim
 from train.distributed import barrier_for_slow_io, wrap_ddp
-from train.schema import Parallelism
-
-PARALLELISMS = tuple(p.value for p in Parallelism)
-
-
-def check_parallelism(parallelism: str) -> None:
-    if parallelism not in PARALLELISMS:
-        raise ValueError(f"parallelism must be one of {PARALLELISMS}, got {parallelism!r}")
 
 
 def uses_autocast(parallelism: str, precision: str, world_size: int) -> bool:
@@ -106,23 +98,21 @@ def shards_parameters(parallelism: str, world_size: int) -> bool:
 def parallelize(
     model: nn.Module,
     *,
-    parallelism: str,
+    sharded: bool,
     precision: str,
     device: torch.device,
     world_size: int,
     fold_axis: str = "larger",
     compile_layers: bool = False,
 ) -> nn.Module:
-    """The module that trains: ``model`` itself (one rank, or sharded in place by FSDP2), or its
-    DDP wrapper. ``fold_axis`` is the optimizer's (FOAM's keyword) and picks each matrix's
-    sharded dim; ``compile_layers`` compiles each decoder layer first (``trainer.compile``)."""
-    check_parallelism(parallelism)
+    """The module that trains: ``model`` itself (one rank, or ``sharded`` in place by FSDP2 over
+    ``world_size`` ranks), or its DDP wrapper. ``sharded`` and ``compile_layers`` are the run
+    plan's (``train/plan.py``: ``shards_parameters``, ``compiles_layers``); ``fold_axis`` is the
+    optimizer's (FOAM's keyword) and picks each matrix's sharded dim."""
     if compile_layers:
         compile_decoder_layers(model)
-    if world_size == 1:
-        return model
-    if not shards_parameters(parallelism, world_size):
-        return wrap_ddp(model, device)
+    if not sharded:
+        return model if world_size == 1 else wrap_ddp(model, device)
     mesh = init_device_mesh(device.type, (world_size,))
     policy = MixedPrecisionPolicy()
     if precision == "bf16_mixed":

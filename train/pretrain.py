@@ -84,7 +84,6 @@ from train.metrics import (
     PhasePeaks,
     bytes_by_dtype,
     format_bytes,
-    matmul_kind,
     mfu,
     optimizer_state_tensors,
     peak_flops,
@@ -109,7 +108,7 @@ from train.preemption import (
 from train.replicas import ReplicasDiffer, check_replicas_agree
 from train.run_lock import RunLock, release_held
 from train.schedule import build_scheduler
-from train.schema import DataConfig, data_config, register_configs
+from train.schema import Config, TrainerConfig, config_record, register_configs
 from train.seeding import seed_everything
 from train.state import TrainState
 from train.step import LossSum, loss_sum_for, train_step
@@ -131,7 +130,8 @@ log = logging.getLogger("train.pretrain")
 class Run:
     """What one run is made of, built once by ``build_run``; ``TrainState`` holds what changes."""
 
-    cfg: DictConfig
+    cfg: Config
+    """The config, typed and resolved once (``train.config.check_config``)."""
     info: dist.DistInfo
     device: torch.device
     peaks: PhasePeaks
@@ -161,12 +161,8 @@ class Run:
     def flops_per_token(self) -> int:
         return models.flops_per_token(self.cfg.model, self.cfg.data.seq_len)
 
-    def matmul_kind(self) -> str:
-        """bf16, tf32 or fp32: the device peak the run's MFU is scored against."""
-        return matmul_kind(self.cfg.trainer.precision)
-
     def peak_flops(self) -> float | None:
-        return peak_flops(self.device, self.matmul_kind())
+        return peak_flops(self.device, self.plan.matmul_kind)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16_mixed under DDP or on one rank: fp32 weights under a bf16 autocast (FSDP2 casts
@@ -178,7 +174,7 @@ class Run:
     @functools.cached_property
     def data_fingerprint(self) -> dict:
         """The data this run trains on, kept in each checkpoint (``train/data/fingerprint.py``)."""
-        return fingerprint(data_config(self.cfg.data))
+        return fingerprint(self.cfg.data)
 
     @functools.cached_property
     def loss_sum(self) -> LossSum:
@@ -190,21 +186,11 @@ def train(cfg: DictConfig) -> dict:
     """One run, start (or resume) to summary; returns the summary."""
     info = dist.env_dist_info()
     state = TrainState(world_size=info.world_size)  # its clock starts now
-    check_config(cfg, info.world_size)
+    config = check_config(cfg, info.world_size)  # typed and resolved once: all below reads it
     faults.check_spec()  # a FOAM_FAULT that does not parse: one line before any step
-    run = build_run(cfg, info)
+    run = build_run(config, info)
     resumed = resume(run, state)
-    if info.is_main:  # after the resume: a refused one rewrites nothing
-        (run.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    config = OmegaConf.to_container(cfg, resolve=True)
-    sink = MetricSink(
-        cfg.logger,
-        run.run_dir,
-        state,
-        is_main=info.is_main,
-        resumed=resumed is not None,
-        config=config,
-    )
+    sink = open_sink(run, state, resumed=resumed is not None)
     track_update_cosine(run, state, sink)  # trainer.log_update_cosine: hooks on the optimizer
     try:
         step_time = train_loop(run, state, sink)
@@ -214,11 +200,33 @@ def train(cfg: DictConfig) -> dict:
             err = step_guard.repeated(err, run.run_dir, state.step)
             write_diverged(run.run_dir, state.step, str(err))
         raise err from None
+    return finish(run, state, sink, step_time)
+
+
+def open_sink(run: Run, state: TrainState, *, resumed: bool) -> MetricSink:
+    """Record the resolved config (``config.yaml``; after the resume, so that a refused one
+    rewrites nothing) and open the metric sinks with it."""
+    record = config_record(run.cfg)
+    if run.info.is_main:
+        (run.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(record))
+    return MetricSink(
+        run.cfg.logger,
+        run.run_dir,
+        state,
+        is_main=run.info.is_main,
+        resumed=resumed,
+        config=OmegaConf.to_container(record),
+    )
+
+
+def finish(run: Run, state: TrainState, sink: MetricSink, step_time: StepTimeEstimate) -> dict:
+    """The end of a run trained to ``max_steps``: the final evaluation (and test), the summary,
+    the model exported; returns the summary."""
     final = state.last_eval() or evaluate_and_log(run, state, sink)
     final_test = test_and_log(run, state, sink) if run.test_batches is not None else None
     summary = run_summary(run, state, final, final_test, step_time)
-    exported = unsharded_model(run.model, cfg.model, sharded=run.plan.sharded)  # a collective
-    if info.is_main:
+    exported = unsharded_model(run.model, run.cfg.model, sharded=run.plan.sharded)  # collective
+    if run.info.is_main:
         write_summary(run.run_dir, summary)
         export_hf(exported, run.tokenizer, run.run_dir / HF_DIR)
         log.info(
@@ -281,7 +289,7 @@ def run_summary(
         throughput=throughput(
             state,
             flops_per_token=run.flops_per_token(),
-            matmul_kind=run.matmul_kind(),
+            matmul_kind=run.plan.matmul_kind,
             peak_flops=run.peak_flops(),
         ),
         **params_counts(run.model),
@@ -294,7 +302,7 @@ def run_summary(
     )
 
 
-def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
+def build_run(cfg: Config, info: dist.DistInfo) -> Run:
     """Join the other ranks, then build model, optimizer, schedule and data. Rank 0's Hydra run
     directory is everyone's (the others were told not to create one, see distributed.py)."""
     t = cfg.trainer
@@ -316,8 +324,7 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
                 t.resume, run_dir, set_aside_newer=t.resume_set_aside_newer
             )
     resume_from = dist.broadcast_object(resume_from)
-    data = data_config(cfg.data)  # the data group, typed once for every reader below
-    log.info("%s", describe_source(data))
+    log.info("%s", describe_source(cfg.data))
     log.info(
         "run dir %s | %d rank(s) x %d micro-batch x %d accumulation = %d sequences/step",
         run_dir,
@@ -327,7 +334,7 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
         t.global_batch_size,
     )
     # first: data that cannot train stops the run in seconds
-    tokenizer, train_loader, val_batches, test_batches = build_data(cfg, data, info)
+    tokenizer, train_loader, val_batches, test_batches = build_data(cfg, info)
     model, replica, optimizer, scheduler = build_model_and_optimizer(
         cfg, info, device, plan, initialise=not resume_from
     )
@@ -351,7 +358,7 @@ def build_run(cfg: DictConfig, info: dist.DistInfo) -> Run:
 
 
 def build_model_and_optimizer(
-    cfg: DictConfig,
+    cfg: Config,
     info: dist.DistInfo,
     device: torch.device,
     plan: RunPlan,
@@ -381,7 +388,7 @@ def build_model_and_optimizer(
         )
     replica = parallelize(
         model,
-        parallelism=t.parallelism,
+        sharded=sharded,
         precision=t.precision,
         device=device,
         world_size=info.world_size,
@@ -412,13 +419,13 @@ def build_model_and_optimizer(
 
 
 def build_data(
-    cfg: DictConfig, data: DataConfig, info: dist.DistInfo
+    cfg: Config, info: dist.DistInfo
 ) -> tuple[Tokenizer, TrainLoader, ValBatches, ValBatches | None]:
     """Each rank reads its own shard of the stream; validation (and test, where asked) is a
     fixed token budget. The source is opened once, here, for the tokenizer and the loaders (the
     hub by rank 0 alone), and proven: usable records before the tokenizer, a full batch and a
     scoreable validation document after it (``train/data/corpus.py``, ``train/data/loader.py``)."""
-    t = cfg.trainer
+    t, data = cfg.trainer, cfg.data
     source = open_sources_on_ranks(data, info.is_main)
     tokenizer = build_tokenizer_on_ranks(
         data, cfg.model.vocab_size, source, local_rank=info.local_rank
@@ -463,19 +470,7 @@ def train_loop(run: Run, state: TrainState, sink: MetricSink) -> StepTimeEstimat
     ranks agree on a stop signal (any rank) or a wall-clock save: a stop ends the loop with a
     checkpoint (``RunPreempted``), at most ``log_every`` steps after the signal arrived."""
     t = run.cfg.trainer
-    estimate = estimate_step_time(
-        StepSetup(
-            run.cfg,
-            run.device,
-            run.plan.param_dtype,
-            run.plan.accumulation,
-            run.info.world_size,
-            run.autocast,
-            run.plan.compiled,
-        ),
-        steps=t.max_steps - state.step,
-        is_main=run.info.is_main,
-    )
+    estimate = estimate_steps(run, state)
     stats, stopper = StepStats(run.device), StopAndSave(t.save_every_minutes, run.device)
     guard = StepGuard(GuardPolicy.of(t), state)
     progress = tqdm(
@@ -515,6 +510,15 @@ def train_loop(run: Run, state: TrainState, sink: MetricSink) -> StepTimeEstimat
     return estimate
 
 
+def estimate_steps(run: Run, state: TrainState) -> StepTimeEstimate:
+    """The time the steps left will take, said before the first (``train/estimate.py``)."""
+    return estimate_step_time(
+        StepSetup(run.cfg, run.device, run.plan, run.autocast),
+        steps=run.cfg.trainer.max_steps - state.step,
+        is_main=run.info.is_main,
+    )
+
+
 @dataclass(frozen=True)
 class Due:
     """What the step just made is due for: a metrics line, an evaluation, a checkpoint."""
@@ -524,7 +528,7 @@ class Due:
     save: bool
 
     @classmethod
-    def at(cls, step: int, t: DictConfig) -> Due:
+    def at(cls, step: int, t: TrainerConfig) -> Due:
         last = step == t.max_steps
         return cls(
             log=step == 1 or last or bool(t.log_every and step % t.log_every == 0),
@@ -681,7 +685,7 @@ def log_evaluation(step: int, split: str, result: dict) -> None:
 
 
 def log_model_and_optimizer(
-    cfg: DictConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    cfg: Config, model: torch.nn.Module, optimizer: torch.optim.Optimizer
 ) -> None:
     counts = params_counts(model)
     log.info(
@@ -695,7 +699,7 @@ def log_model_and_optimizer(
     log.info(
         "optimizer %s (%s) %s | planned state: %.2fM elements",
         optim_choice(cfg),
-        cfg.optim.name,
+        cfg.optim["name"],
         optimizer_hparams(cfg.optim),
         foam.planned_state_numel(optimizer) / 1e6,
     )
@@ -706,9 +710,9 @@ def params_counts(model: torch.nn.Module) -> dict[str, int]:
     return {"params_total": counts.total, "params_folded": counts.folded}
 
 
-def optim_choice(cfg: DictConfig) -> str:
+def optim_choice(cfg: Config) -> str:
     """The optim config the user picked (``foam2``), not only the optimizer it builds (``foam``)."""
-    return HydraConfig.get().runtime.choices.get("optim", cfg.optim.name)
+    return HydraConfig.get().runtime.choices.get("optim", cfg.optim["name"])
 
 
 def refuse(message: str) -> NoReturn:

@@ -30,8 +30,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 import foam
 from foam.schedule import MIN_LR_RATIO, WARMUP_RATIO
+from models import ModelConfig
 from train.distributed import COLLECTIVE_TIMEOUT, SLOW_IO_TIMEOUT
-from train.step_guard import GuardPolicy, OnNonFinite, OnSpike
 
 # Keys of an optim config that describe it rather than being optimizer keywords.
 DESCRIPTIVE_OPTIM_KEYS = ("name", "paper_lr")
@@ -57,6 +57,20 @@ class Parallelism(StrEnum):
     fsdp = "fsdp"
 
 
+class OnNonFinite(StrEnum):
+    """``trainer.on_nonfinite``: what a non-finite loss or gradient norm does."""
+
+    stop = "stop"
+    skip = "skip"
+
+
+class OnSpike(StrEnum):
+    """``trainer.on_spike``: what a loss or gradient norm beyond ``spike_sigma`` does."""
+
+    allow = "allow"
+    skip = "skip"
+
+
 class LoggerName(StrEnum):
     """``logger.name``: the metric sink besides ``metrics.jsonl``."""
 
@@ -71,40 +85,6 @@ class WandbMode(StrEnum):
     online = "online"
     offline = "offline"
     disabled = "disabled"
-
-
-@dataclass
-class ModelConfig:
-    """A model size. The keys every family has are required; a family's own keys default to
-    null, and ``models.validate_model_config`` requires each family's (``models/config.py``):
-    ``configs/model/*.yaml`` are the size table, read there without Hydra too."""
-
-    name: str = MISSING
-    family: str = MISSING
-    hidden_size: int = MISSING
-    intermediate_size: int = MISSING
-    num_hidden_layers: int = MISSING
-    num_attention_heads: int = MISSING
-    vocab_size: int = MISSING
-    max_position_embeddings: int = MISSING
-    tie_word_embeddings: bool = MISSING
-    initializer_range: float = MISSING
-    bos_token_id: int = MISSING
-    eos_token_id: int = MISSING
-    pad_token_id: int = MISSING
-    # LLaMA / Qwen
-    num_key_value_heads: int | None = None
-    rope_theta: float | None = None
-    rms_norm_eps: float | None = None
-    # GPT-2 / DeBERTa
-    layer_norm_eps: float | None = None
-    # DeBERTa
-    relative_attention: bool | None = None
-    pos_att_type: list[str] | None = None
-    position_biased_input: bool | None = None
-    max_relative_positions: int | None = None
-    type_vocab_size: int | None = None
-    mask_token_id: int | None = None
 
 
 @dataclass
@@ -213,15 +193,15 @@ class TrainerConfig:
     slow_io_timeout_s: float = SLOW_IO_TIMEOUT.total_seconds()
     """The same bound for what waits on storage or rank 0's set-up (checkpoint save and load,
     opening the data, building the model): longer, see ``train.distributed.SLOW_IO_TIMEOUT``."""
-    on_nonfinite: OnNonFinite = GuardPolicy.on_nonfinite
+    on_nonfinite: OnNonFinite = OnNonFinite.stop
     """stop (exit 3 before anything after the bad step is saved) | skip the update (counted in
     ``skipped_steps``); ``train/step_guard.py`` says why and what each costs."""
-    on_spike: OnSpike = GuardPolicy.on_spike
+    on_spike: OnSpike = OnSpike.allow
     """allow | skip an update whose loss or gradient norm is beyond spike_sigma of the last
     spike_window landed steps (OLMo-core's rule)."""
-    spike_sigma: float = GuardPolicy.spike_sigma
-    spike_window: int = GuardPolicy.spike_window
-    max_skips_in_row: int = GuardPolicy.max_skips_in_row
+    spike_sigma: float = 6.0
+    spike_window: int = 128
+    max_skips_in_row: int = 8
     """Skipped updates in a row after which the run stops as a divergence (exit 3)."""
     # --- Checkpoint integrity, failed saves, one run per directory (issue #75; README "Faults",
     # train/checkpoint.py) ---
@@ -259,11 +239,15 @@ class LoggerConfig:
 
 @dataclass
 class Config:
-    """The primary config. ``model`` and ``optim`` are appended by ``+model=`` / ``+optim=``."""
+    """The primary config. ``model`` and ``optim`` are appended by ``+model=`` / ``+optim=``.
+    Composed, it is a DictConfig of this shape; ``resolve_config`` makes it an instance, once,
+    at the run's entry point, and everything after reads that."""
 
     model: ModelConfig = MISSING
     optim: Any = MISSING
-    """An ``optim_schema/<name>`` (see ``optim_schema``); its type depends on the optimizer."""
+    """Composed: an ``optim_schema/<name>`` (see ``optim_schema``), whose type depends on the
+    optimizer; resolved: a plain dict of its keys (the optimizer's keywords and the descriptive
+    ``DESCRIPTIVE_OPTIM_KEYS``)."""
     data: DataConfig = MISSING
     trainer: TrainerConfig = MISSING
     logger: LoggerConfig = MISSING
@@ -352,10 +336,35 @@ def register_configs() -> None:
         store.store(group=OPTIM_SCHEMA_GROUP, name=name, node=optim_schema(name, keywords))
 
 
+def resolve_config(cfg: DictConfig) -> Config:
+    """The composed config typed and resolved, once: each group its dataclass, every ``${...}``
+    (the paper's lr and steps for the model) resolved here rather than at each read. The optim
+    group becomes a plain dict: its schema is generated per method, so no reader could name its
+    type. Call after ``train.config``'s check that nothing required is left unset."""
+    config = OmegaConf.to_object(cfg)
+    config.optim = dataclasses.asdict(config.optim)
+    return config
+
+
+def config_record(config: Config) -> DictConfig:
+    """What a run records of its resolved config (``config.yaml``, the logger's config): the
+    typed config in OmegaConf's form, which writes as the composed config resolved did."""
+    return OmegaConf.structured(config)
+
+
 def data_config(cfg: DataConfig | DictConfig | Mapping[str, Any]) -> DataConfig:
     """A ``DataConfig`` from the composed ``cfg.data``, a loaded YAML or a plain mapping (scripts
     and tests), checked against the schema: an unknown key or a value of the wrong type raises
     naming the key, and values are converted as Hydra would (``"2048"`` for an int)."""
-    if isinstance(cfg, DataConfig):
+    return _typed(DataConfig, cfg)
+
+
+def model_config(cfg: ModelConfig | DictConfig | Mapping[str, Any]) -> ModelConfig:
+    """A ``ModelConfig`` from a model group read back (a run's ``config.yaml``), as ``data_config``."""
+    return _typed(ModelConfig, cfg)
+
+
+def _typed(schema: type, cfg: Any) -> Any:
+    if isinstance(cfg, schema):
         return cfg
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), cfg))
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))

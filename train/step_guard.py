@@ -34,52 +34,37 @@ import logging
 import math
 import statistics
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 
 from train.errors import TrainingDiverged
+from train.schema import OnNonFinite, OnSpike, TrainerConfig
 from train.state import TrainState
 from train.summary import DIVERGED_FILE
 
 log = logging.getLogger(__name__)
 
 
-class OnNonFinite(StrEnum):
-    """``trainer.on_nonfinite``: what a non-finite loss or gradient norm does."""
-
-    stop = "stop"
-    skip = "skip"
-
-
-class OnSpike(StrEnum):
-    """``trainer.on_spike``: what a loss or gradient norm beyond ``spike_sigma`` does."""
-
-    allow = "allow"
-    skip = "skip"
-
-
 @dataclass(frozen=True)
 class GuardPolicy:
-    """The trainer's options of the same names (``train/schema.py`` takes its defaults here)."""
+    """The trainer's options of the same names, with their defaults (``train/schema.py``)."""
 
-    on_nonfinite: OnNonFinite = OnNonFinite.stop
-    on_spike: OnSpike = OnSpike.allow
-    spike_sigma: float = 6.0
-    spike_window: int = 128
-    max_skips_in_row: int = 8
+    on_nonfinite: OnNonFinite = TrainerConfig.on_nonfinite
+    on_spike: OnSpike = TrainerConfig.on_spike
+    spike_sigma: float = TrainerConfig.spike_sigma
+    spike_window: int = TrainerConfig.spike_window
+    max_skips_in_row: int = TrainerConfig.max_skips_in_row
 
     @classmethod
-    def of(cls, trainer: DictConfig) -> GuardPolicy:
+    def of(cls, trainer: TrainerConfig) -> GuardPolicy:
         """The policy a run's ``cfg.trainer`` sets."""
         return cls(
-            OnNonFinite(trainer.on_nonfinite),
-            OnSpike(trainer.on_spike),
-            float(trainer.spike_sigma),
-            int(trainer.spike_window),
-            int(trainer.max_skips_in_row),
+            trainer.on_nonfinite,
+            trainer.on_spike,
+            trainer.spike_sigma,
+            trainer.spike_window,
+            trainer.max_skips_in_row,
         )
 
     @property

@@ -78,6 +78,7 @@ from typing import Any
 import torch
 
 from train.metrics import mfu
+from train.schema import Config
 from train.state import TrainState
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -148,7 +149,7 @@ def environment() -> dict[str, Any]:
 
 
 def build_summary(
-    cfg: Any,
+    cfg: Config,
     state: TrainState,
     *,
     final_eval: dict[str, Any],
@@ -188,7 +189,7 @@ def build_summary(
         "environment": environment(),
         "model": cfg.model.name,
         "optim": optim_choice,
-        "optim_name": cfg.optim.name,
+        "optim_name": cfg.optim["name"],
         "lr": hparams.get("lr"),
         "alpha": hparams.get("alpha"),
         "level": hparams.get("level"),

@@ -95,7 +95,7 @@ def train(
     model = tiny_model()
     replica = parallelize(
         model,
-        parallelism="fsdp" if sharded else "ddp",
+        sharded=sharded,
         precision="fp32",
         device=torch.device("cpu"),
         world_size=world if sharded else 1,

@@ -28,7 +28,7 @@ from train.config import (
 )
 from train.errors import ConfigError
 from train.plan import plan_run
-from train.schema import DESCRIPTIVE_OPTIM_KEYS, paper_value, register_configs
+from train.schema import DESCRIPTIVE_OPTIM_KEYS, config_record, paper_value, register_configs
 
 OPTIMS = options("optim")
 PAPER_OPTIMS = [
@@ -454,6 +454,25 @@ def test_a_choice_reads_and_records_as_its_string(tmp_path):
     assert json.loads(json.dumps(OmegaConf.to_container(cfg.logger)))["mode"] == "auto"
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("+model=llama_350m", "+optim=foam2", "trainer=paper"),  # lr and steps interpolated
+        ("+model=deberta_tiny", "+optim=galore_1_4", "trainer=cpu_debug", "logger=none"),
+    ],
+)
+def test_the_resolved_config_records_as_the_composed_one_resolved(overrides):
+    """The config is typed and resolved once (``check_config``); what a run records of it
+    (``config.yaml``, the logger's config) is what resolving the composed config gave."""
+    cfg = cfg_for(*overrides)
+    config = check_config(cfg, world_size=1)
+    record = config_record(config)
+    assert OmegaConf.to_yaml(record) == OmegaConf.to_yaml(cfg, resolve=True)
+    assert OmegaConf.to_container(record) == OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(config.model, models.ModelConfig) and isinstance(config.optim, dict)
+    assert optimizer_hparams(config.optim) == optimizer_hparams(cfg.optim)
+
+
 @pytest.mark.parametrize("device", ["cuda", "cuda:1"])
 def test_a_gpu_on_a_machine_without_one_is_refused_before_compute(monkeypatch, device):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -570,12 +589,12 @@ def test_under_fsdp_only_rank_0_builds_the_whole_model(monkeypatch, rank, resumi
 
     monkeypatch.setattr(pretrain, "fill_from_rank0", fill)
     cfg = cfg_for("+model=llama_tiny", "+optim=foam2", "trainer.parallelism=fsdp")
-    cpu = torch.device("cpu")
+    config, cpu = check_config(cfg, world_size=2), torch.device("cpu")
     model, *_ = pretrain.build_model_and_optimizer(
-        cfg,
+        config,
         DistInfo(rank=rank, world_size=2),
         cpu,
-        plan_run(cfg.trainer, 2, cpu),
+        plan_run(config.trainer, 2, cpu),
         initialise=not resuming,
     )
     whole = rank == 0 and not resuming
@@ -664,3 +683,78 @@ def test_the_run_plan_is_the_only_reader_of_the_parallelism_rules():
         if path.name not in homes
     }
     assert {path: names for path, names in readers.items() if names} == {}
+
+
+def stand_ins(monkeypatch, module, results: dict) -> dict[str, tuple]:
+    """Replace each name of ``results`` in ``module`` by a stand-in that records its last call's
+    ``(args, kwargs)`` in the returned dict and returns its result (called, if callable)."""
+    calls: dict[str, tuple] = {}
+
+    def stand_in(name, result):
+        def record(*args, **kwargs):
+            calls[name] = (args, kwargs)
+            return result(*args, **kwargs) if callable(result) else result
+
+        return record
+
+    for name, result in results.items():
+        monkeypatch.setattr(module, name, stand_in(name, result))
+    return calls
+
+
+@pytest.mark.parametrize("planned", ["ddp", "fsdp"])
+def test_a_changed_parallelism_reaches_every_reader_through_the_plan(monkeypatch, planned):
+    """Two ranks, bf16_mixed, and a config that says the other parallelism than the plan: every
+    reader of the trainer follows the plan (where the model is built and who fills it, what
+    ``parallelize`` does, the memory line, the step's and evaluation's autocast, evaluation's and
+    the export's gather, the step-time trial). A reader that re-derived a fact from
+    ``trainer.parallelism`` would follow the config instead."""
+    import dataclasses
+
+    from train import pretrain
+    from train.distributed import DistInfo
+    from train.metrics import PhasePeaks
+    from train.state import TrainState
+
+    other = {"ddp": "fsdp", "fsdp": "ddp"}[planned]
+    cfg = cfg_for(
+        "+model=llama_tiny", "+optim=adamw", f"trainer.parallelism={other}",
+        "trainer.precision=bf16_mixed", "trainer.max_steps=1",
+    )  # fmt: skip
+    config = check_config(cfg, world_size=2)
+    cpu, sharded = torch.device("cpu"), planned == "fsdp"
+    plan = plan_run(dataclasses.replace(config.trainer, parallelism=planned), 2, cpu)
+    calls = stand_ins(
+        monkeypatch,
+        pretrain,
+        {
+            "parallelize": lambda model, **kwargs: model,
+            "fill_from_rank0": lambda model, *args, **kwargs: model.to_empty(device=cpu),
+            "per_rank_memory_line": "",
+            "log_model_and_optimizer": None,
+            "train_step": (SimpleNamespace(), torch.tensor(0.0), {"lr": 1.0}),
+            "evaluate": {"val_ppl": 1.0},
+            "log_evaluation": None,
+            "estimate_step_time": None,
+            "run_summary": {},
+            "unsharded_model": None,
+        },
+    )
+    info = DistInfo(rank=1, world_size=2)  # not the main rank: nothing is written
+    built = pretrain.build_model_and_optimizer(config, info, cpu, plan)
+    run = pretrain.Run(
+        config, info, cpu, PhasePeaks(cpu), Path("."), [], plan, *built, None, None, None, None
+    )
+    state = TrainState(world_size=2)
+    guard = SimpleNamespace(policy=SimpleNamespace(reads_every_step=False))
+    pretrain.step_once(run, state, SimpleNamespace(add=lambda *args: None), guard)
+    pretrain.estimate_steps(run, state)
+    pretrain.finish(run, state, SimpleNamespace(log=dict, close=dict), None)
+
+    assert calls["parallelize"][1]["sharded"] is sharded
+    assert calls["per_rank_memory_line"][0][3] is sharded
+    assert ("fill_from_rank0" in calls) is sharded  # built on the meta device, filled by rank 0
+    assert calls["evaluate"][1]["sharded"] is calls["unsharded_model"][1]["sharded"] is sharded
+    assert calls["estimate_step_time"][0][0].plan is plan
+    for reader in ("train_step", "evaluate"):  # FSDP2 casts by itself: no autocast then
+        assert isinstance(calls[reader][1]["autocast"](), torch.autocast) is not sharded

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 
 import pytest
@@ -11,6 +12,8 @@ from hydra import compose, initialize_config_dir
 
 import models
 from train import estimate
+from train.config import check_config
+from train.plan import plan_run
 from train.schema import register_configs
 
 CPU = torch.device("cpu")
@@ -27,7 +30,9 @@ def estimate_for(
     cfg, monkeypatch, matmul_rate: float, compiled: bool = False
 ) -> estimate.StepTimeEstimate:
     monkeypatch.setattr(estimate, "measured_matmul_flops", lambda device, dtype: matmul_rate)
-    setup = estimate.StepSetup(cfg, CPU, torch.float32, 1, 1, contextlib.nullcontext, compiled)
+    config = check_config(cfg, world_size=1)
+    plan = dataclasses.replace(plan_run(config.trainer, 1, CPU), compiled=compiled)
+    setup = estimate.StepSetup(config, CPU, plan, contextlib.nullcontext)
     return estimate.estimate_step_time(setup, steps=1000, is_main=True)
 
 
@@ -82,7 +87,7 @@ def test_the_trial_batch_pads_a_token_unless_the_data_is_packed(pack):
     """Unpacked batches carry padding, hence an attention mask transformers keeps (another kernel
     and compiled graph than none); packed ones never do."""
     cfg = run_config("+model=llama_tiny", "data.seq_len=32", f"data.pack={str(pack).lower()}")
-    batch = estimate.trial_batch(cfg)
+    batch = estimate.trial_batch(check_config(cfg, world_size=1))
     assert batch["input_ids"].shape == (cfg.trainer.micro_batch_size, 32)
     assert int((batch["attention_mask"] == 0).sum()) == (0 if pack else 1)
     assert torch.equal(batch["labels"] == -100, batch["attention_mask"] == 0)

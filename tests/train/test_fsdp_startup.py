@@ -43,7 +43,7 @@ def _startup_worker(rank: int, port: int, out: dict) -> None:
             return tiny_build()
 
         model = models.build_model(models.load_model_config("llama_tiny"), device="meta")
-        parallelize(model, parallelism="fsdp", precision="fp32", device=cpu, world_size=2)
+        parallelize(model, sharded=True, precision="fp32", device=cpu, world_size=2)
         fill_from_rank0(model, slow_build, cpu, is_main=info.is_main)
         out[rank] = {
             name: t.full_tensor() if hasattr(t, "full_tensor") else t.clone()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -28,7 +27,7 @@ from train.checkpoint import (
     saved_model_dtype,
 )
 from train.data.tokenizer import HFTokenizer, SentencePieceTokenizer, Tokenizer, build_tokenizer
-from train.schema import data_config
+from train.schema import data_config, model_config
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +85,7 @@ def export_hf(model: PreTrainedModel, tokenizer: Tokenizer, out_dir: Path) -> Pa
 
 
 def unsharded_model(
-    model: PreTrainedModel, model_cfg: Any, *, sharded: bool
+    model: PreTrainedModel, model_cfg: models.ModelConfig, *, sharded: bool
 ) -> PreTrainedModel | None:
     """The model to export at the end of a run: ``model`` itself, or under FSDP2 (``sharded``,
     the run plan's) a whole copy on rank 0 (every rank calls this: the weights are all-gathered)
@@ -112,7 +111,7 @@ def checkpoint_model(checkpoint: Path) -> tuple[torch.nn.Module, DictConfig]:
     if not config.is_file():
         raise FileNotFoundError(f"no run config at {config} (the run directory of {checkpoint})")
     cfg = OmegaConf.load(config)
-    model = models.build_model(cfg.model, dtype=saved_model_dtype(checkpoint))
+    model = models.build_model(model_config(cfg.model), dtype=saved_model_dtype(checkpoint))
     load_model_weights(checkpoint, model)
     return model, cfg
 
