@@ -205,7 +205,7 @@ CONFIG_ERRORS = {
     "unknown-optim": ("+optim=fom2", "optim=fom2: no such optim config; did you mean foam2?"),
     "unknown-model": (
         "+optim=foam2 +model=lama_7b",
-        "model=lama_7b: no such model config; did you mean llama_7b? (options: llama_130m, ",
+        "model=lama_7b: no such model config; did you mean llama_7b? (options: ",
     ),
     "unknown-data": ("+optim=foam2 data=c5", "data=c5: no such data config (options: c4, "),
     "unknown-trainer": (

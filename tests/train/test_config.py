@@ -706,7 +706,7 @@ def stand_ins(monkeypatch, module, results: dict) -> dict[str, tuple]:
 def test_a_changed_parallelism_reaches_every_reader_through_the_plan(monkeypatch, planned):
     """Two ranks, bf16_mixed, and a config that says the other parallelism than the plan: every
     reader of the trainer follows the plan (where the model is built and who fills it, what
-    ``parallelize`` does, the memory line, the step's and evaluation's autocast, evaluation's and
+    ``parallelize`` does, the step's and evaluation's autocast, evaluation's and
     the export's gather, the step-time trial). A reader that re-derived a fact from
     ``trainer.parallelism`` would follow the config instead."""
     import dataclasses
@@ -752,7 +752,6 @@ def test_a_changed_parallelism_reaches_every_reader_through_the_plan(monkeypatch
     pretrain.finish(run, state, SimpleNamespace(log=dict, close=dict), None)
 
     assert calls["parallelize"][1]["sharded"] is sharded
-    assert calls["per_rank_memory_line"][0][3] is sharded
     assert ("fill_from_rank0" in calls) is sharded  # built on the meta device, filled by rank 0
     assert calls["evaluate"][1]["sharded"] is calls["unsharded_model"][1]["sharded"] is sharded
     assert calls["estimate_step_time"][0][0].plan is plan
