@@ -51,7 +51,7 @@ def _step(pieces: Sequence[Sequence[torch.Tensor]], steps: Sequence[torch.Tensor
     )
 
 
-def _stepped(data: Sequence[torch.Tensor], lengths: Sequence[int]) -> list[torch.Tensor]:
+def _stepped(data: Sequence[torch.Tensor], lengths: Sequence[int]) -> torch.Tensor:
     """``data`` (param, grad, exp_avg, exp_avg_sq of one length) stepped once in calls of
     ``lengths`` entries: the stacked (param, exp_avg, exp_avg_sq) after the step."""
     copies = [t.clone() for t in data]
@@ -61,10 +61,11 @@ def _stepped(data: Sequence[torch.Tensor], lengths: Sequence[int]) -> list[torch
 
 
 def _probe_width(dtype: torch.dtype) -> int | None:
-    """``W`` of the CPU kernel for ``dtype``, read off its results: entries that a long call
-    steps unlike one-entry calls (all scalar) are witnesses of the vector code; a call of
-    ``2 * unit - 1`` copies of a witness then ends in ``W - 1`` scalar entries. ``None`` when
-    no witness turns up, or the pattern is not the rule's."""
+    """``W`` of the CPU kernel for ``dtype``, read off its results: an entry that a long call
+    steps unlike a one-entry call (all scalar) is a witness of the vector code; a call of
+    ``length`` copies of it then steps its first ``length - length % W`` entries as the long
+    call and the rest as the one-entry call. ``None`` when no witness turns up or the results
+    do not follow that rule."""
     unit = TASK_BYTES // torch.empty((), dtype=dtype).element_size()
     n = 64 * unit
     generator = torch.Generator().manual_seed(0)
@@ -75,20 +76,18 @@ def _probe_width(dtype: torch.dtype) -> int | None:
     if not len(witnesses):
         return None
     i = int(witnesses[0])
-    for length in (2 * unit - 1, unit + 1):
+
+    def scalar_tail(length: int) -> int | None:
         out = _stepped([t[i : i + 1].repeat(length) for t in data], [length])
         is_scalar = (out == scalar[:, i : i + 1]).all(dim=0)
-        is_vector = (out == vector[:, i : i + 1]).all(dim=0)
         tail = int(is_scalar.sum())
-        if not (is_scalar[length - tail :].all() and is_vector[: length - tail].all()):
-            return None
-        if length == 2 * unit - 1:
-            width = tail + 1
-            if unit % width:
-                return None
-        elif tail != length % width:
-            return None
-    return width
+        is_vector = (out[:, : length - tail] == vector[:, i : i + 1]).all()
+        return tail if is_vector and is_scalar[length - tail :].all() else None
+
+    tail = scalar_tail(2 * unit - 1)  # W divides the unit: W - 1 scalar entries
+    if tail is None or unit % (tail + 1) or scalar_tail(unit + 1) != (unit + 1) % (tail + 1):
+        return None
+    return tail + 1
 
 
 @functools.cache
