@@ -114,3 +114,19 @@ def test_bfloat16_vectors_are_float32s_register():
     assert not torch.equal(vector, scalar)
     cut = 47 - 47 % width
     assert (mixed[:, :cut] == vector).all() and (mixed[:, cut:] == scalar).all()
+
+
+def test_threads_split_on_whole_vectors():
+    """The kernel gives threads runs of whole cache lines, so a call's results do not depend
+    on the thread count (the rule holds at any): 1 and 2 threads on 4099 entries."""
+    generator = torch.Generator().manual_seed(4)
+    data = [torch.randn(4099, generator=generator) for _ in range(4)]
+    data[3] = data[3].abs()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = shard_adamw._stepped(data, [4099])
+        torch.set_num_threads(2)
+        assert torch.equal(shard_adamw._stepped(data, [4099]), one)
+    finally:
+        torch.set_num_threads(threads)
