@@ -129,7 +129,7 @@ def _shard_pieces(
     whole tensor's path (the module docstring), and the padded ``(buffers, originals)`` to copy
     back after the step. One piece, the shard itself, where the rule does not apply."""
     shards = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
-    width = vector_width(p.dtype) if p.device.type == "cpu" else None
+    width = vector_width(p.dtype)
     tail = None if width is None else _global_tail_in_shard(p, p.numel() % width)
     if tail is None or not all(t.is_contiguous() for t in shards):
         return [tuple(shards)], []
