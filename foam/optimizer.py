@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.optim.adamw import adamw as functional_adamw
 
 from foam import fused as fused_foam
+from foam import shard_adamw
 from foam.batching import FoldedBatch, Routes, grad_key
 from foam.errors import OptionError
 from foam.folding import FoldPlan, folded_numel
@@ -327,21 +327,15 @@ class FOAM(DtypeFaithfulOptimizer):
                 state["step"] = state["step"].to(p.device)
             states.append(state)
         beta1, beta2 = group["betas"]
-        functional_adamw(
+        shard_adamw.fused_adamw(
             params,
-            [p.grad for p in params],
-            [s["exp_avg"] for s in states],
-            [s["exp_avg_sq"] for s in states],
-            [],
-            [s["step"] for s in states],  # the kernel increments them
-            fused=True,
+            states,  # the kernel increments their steps
             amsgrad=False,
             beta1=beta1,
             beta2=beta2,
             lr=group["lr"],
             weight_decay=group["weight_decay"],
             eps=group["eps"],
-            maximize=False,
         )
 
     def _init_state(

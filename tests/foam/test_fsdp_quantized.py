@@ -42,10 +42,10 @@ RUNS = RunCache()
 sharded, single = RUNS.sharded, RUNS.single
 
 _EMBED_ROWS, _WIDTH = 11, 256
-_NORM = 192
-"""A float state (under ``min_8bit_size``) in 96, 64 or 48 entries a rank: whole vectors of torch's
-fused AdamW (foam8bit's path for small states), which steps a shard's tail entries with another
-rounding than the whole's (86 of 256 at 3 ranks differ by an ulp)."""
+_NORM = 257
+"""A float state (under ``min_8bit_size``) in 129, 86 or 65 entries a rank, none a whole number of
+torch's fused AdamW vectors (foam8bit's path for small states): each shard is stepped as the
+whole tensor's call steps its entries (``foam/shard_adamw.py``), the whole's scalar tail too."""
 
 
 class _Layer(nn.Module):

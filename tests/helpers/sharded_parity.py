@@ -64,7 +64,8 @@ class Case:
         extra = ",".join(f"{k}={v}" for k, v in sorted(self.hparams.items()))
         on = "" if self.model is None else f"@{self.model.__name__}"
         wider = f"@{self.scale}" if self.scale != 1 else ""
-        return f"{self.method}[{extra}]x{self.micro_batches}{on}{wider}"
+        dtype = "" if self.dtype == torch.float64 else f"@{str(self.dtype).removeprefix('torch.')}"
+        return f"{self.method}[{extra}]x{self.micro_batches}{on}{wider}{dtype}"
 
     def build_model(self) -> nn.Module:
         if self.model is not None:
