@@ -53,7 +53,7 @@ def _worker(
         hparams = how.hparams(models.load_model_config(model_name))
         torch.manual_seed(0)
         model = models.build_model(models.load_model_config(model_name), dtype=torch.float32)
-        shard_as_trainer(model, world, hparams)
+        shard_as_trainer(model, world, how.optimizer, hparams)
         try:
             optimizer = foam.build_optimizer(how.optimizer, model, **hparams)
         except ShardingNotSupported as err:
