@@ -105,3 +105,25 @@ def test_a_layout_neither_dim_can_take_is_still_refused_in_one_line():
         "model.layers.0.mlp.down_proj.weight of shape (2048, 5461) is sharded by dim 0" in message
     )
     assert "\n" not in message
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("method", QUANTIZED)
+def test_the_trainer_shards_tall_matrices_by_rows_for_8bit_methods(tmp_path, method):
+    """``train/pretrain.py`` under FSDP2 on 2 ranks with a 1024 x 128 gate/up: FOAM's column
+    shards (64 columns a rank) would straddle 256-entry blocks and be refused; the trainer
+    shards them by rows (512 rows of 128) and follows its DDP run's losses."""
+    from tests.e2e.test_fsdp import torchrun
+    from tests.e2e.test_train_cli import command, run, train_losses
+
+    assert shard_dims(method, {})((1024, 128), 2) == 0
+    wider = ("model.hidden_size=128", "model.intermediate_size=1024")
+    steps = ("trainer.max_steps=3", "trainer.eval_every=0", "trainer.save_every=0", *wider)
+    losses = {}
+    for layout in ("ddp", "fsdp"):
+        cmd = command(tmp_path / layout, *steps, f"trainer.parallelism={layout}", optim=method)
+        run(torchrun(cmd))
+        losses[layout] = train_losses(tmp_path / layout)
+    assert sorted(losses["fsdp"]) == [1, 2, 3]
+    assert losses["fsdp"] == pytest.approx(losses["ddp"], rel=1e-5)
