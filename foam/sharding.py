@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -84,18 +84,34 @@ def check_supported(method: str, params: Iterable[torch.Tensor]) -> None:
     )
 
 
+LayoutCheck = Callable[[tuple[int, int], int, int], bool]
+"""Whether a method steps a matrix of ``shape`` sharded by ``dim`` over ``ranks`` exactly (its own
+layout rule, e.g. 8-bit blocks that must not straddle shards), called as ``(shape, dim, ranks)``."""
+
+
 def shard_dim(
-    shape: torch.Size | tuple[int, ...], fold_axis: str = PAPER_FOLD_AXIS, ranks: int = 1
+    shape: torch.Size | tuple[int, ...],
+    fold_axis: str = PAPER_FOLD_AXIS,
+    ranks: int = 1,
+    accepts: LayoutCheck | None = None,
 ) -> int:
     """The dim to shard a matrix by over ``ranks`` so that FOAM folds every shard locally, at any
     level: the one its fold does not run along (``fold_axis`` as FOAM's), unless that is a dim
     > 0 that ``ranks`` does not divide, which FSDP2 cannot shard: then 0, and the fold runs along
-    the sharded dim (``shard_fold`` says whether its blocks align with the shards). 0 for tensors
-    that are not 2-d."""
+    the sharded dim (``shard_fold`` says whether its blocks align with the shards). A method with
+    a layout rule (``accepts``) that refuses that dim gets the other one where FSDP2 can shard it
+    and the rule accepts it; where neither is accepted, FOAM's, which the method's build refuses
+    in one line naming the parameter. 0 for tensors that are not 2-d."""
     if len(shape) != 2:
         return 0
-    dim = 1 - fold_axis_index(shape, fold_axis)
-    return dim if fsdp_can_shard(shape, dim, ranks) else 0
+    preferred = 1 - fold_axis_index(shape, fold_axis)
+    dim = preferred if fsdp_can_shard(shape, preferred, ranks) else 0
+    if accepts is None or ranks == 1 or accepts(tuple(shape), dim, ranks):
+        return dim
+    other = 1 - dim
+    if fsdp_can_shard(shape, other, ranks) and accepts(tuple(shape), other, ranks):
+        return other
+    return dim
 
 
 def fsdp_can_shard(shape: torch.Size | tuple[int, ...], dim: int, ranks: int) -> bool:
@@ -149,6 +165,22 @@ class ShardFold:
         return math.prod(self.state_shape)
 
 
+def spans_ranks(plan: FoldPlan, dim: int, ranks: int) -> bool:
+    """Whether one fold block spans the whole axis sharded by ``dim`` over several ``ranks``
+    (FOAM-Mini along it): its mean is all-reduced and the folded state replicated."""
+    return plan.axis == dim and ranks > 1 and plan.block == plan.length
+
+
+def straddled(plan: FoldPlan, dim: int, ranks: int) -> int | None:
+    """FOAM's alignment rule for a fold ``plan`` of a matrix sharded by ``dim`` over ``ranks``:
+    the entries each rank holds along the fold axis when ``2**level`` does not divide them, so a
+    block would straddle two ranks; ``None`` when every block lies on one rank (or spans all)."""
+    if plan.axis != dim or ranks == 1 or spans_ranks(plan, dim, ranks):
+        return None
+    per_rank = math.ceil(plan.length / ranks)
+    return per_rank if per_rank % plan.block else None
+
+
 def shard_fold(p: torch.Tensor, plan: FoldPlan, where: str = "a parameter") -> ShardFold:
     """The fold of ``p``'s local shard for the whole-matrix fold ``plan``, or an error saying which
     parameter (``where``) breaks the block alignment and what to change."""
@@ -164,12 +196,10 @@ def shard_fold(p: torch.Tensor, plan: FoldPlan, where: str = "a parameter") -> S
     else:
         cols = p.to_local().shape[1]
     local_plan = dataclasses.replace(plan, rows=rows, cols=cols)
-    if plan.axis != dim or ranks == 1:
-        return ShardFold(plan, local_plan, placement=Shard(dim))
-    if plan.block == plan.length:  # FOAM-Mini along the sharded axis
+    if spans_ranks(plan, dim, ranks):
         mini = dataclasses.replace(local_plan, block=max(local_plan.length, 1))
         return ShardFold(plan, mini, across_ranks=True)
-    if per_rank % plan.block:
+    if straddled(plan, dim, ranks) is not None:
         other = 1 - dim
         if fsdp_can_shard(p.shape, other, ranks):
             instead = f"shard it by dim {other} (foam.sharding.shard_dim)"

@@ -22,8 +22,8 @@ the hparams in ``SPECS``:
   moments in every method (the paper's split, ``foam.split_params``).
 
 Under FSDP2 (``sharded_estimate``) the meta model is sharded over ``W`` ranks exactly as the
-trainer shards it (``train.parallelism.parallelize``: each matrix along
-``foam.sharding.shard_dim``) and the same ``foam.planned_state_numel`` is asked for one rank's
+trainer shards it (``train.parallelism.parallelize``: each matrix along the method's
+``foam.registry.shard_dims``) and the same ``foam.planned_state_numel`` is asked for one rank's
 share. That share is not the whole divided by ``W``: some states are replicated (a GaLore/APOLLO
 moment whose basis lies along the sharded dim, an Adam-mini block that spans ranks). An 8-bit
 method's share is the bytes the rank allocates (the optimizer's ``planned_state_bytes``: codes,
@@ -156,16 +156,19 @@ def _as_rank(rank: int, ranks: int) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def shard_as_trainer(net: torch.nn.Module, ranks: int, hparams: Mapping[str, Any]) -> None:
-    """Shard ``net`` over ``ranks`` as the trainer's FSDP2 does for a method with ``hparams``
-    (each matrix on the dim its fold does not run along, ``train.parallelism.parallelize``)."""
+def shard_as_trainer(
+    net: torch.nn.Module, ranks: int, optimizer: str, hparams: Mapping[str, Any]
+) -> None:
+    """Shard ``net`` over ``ranks`` as the trainer's FSDP2 does for ``optimizer`` with
+    ``hparams`` (``train.parallelism.parallelize``: each matrix on ``foam.registry.shard_dims``)."""
     parallelize(
         net,
         sharded=True,
         precision="fp32",
         device=torch.device("cpu"),
         world_size=ranks,
-        fold_axis=foam.fold_axis_of(hparams),
+        optimizer=optimizer,
+        hparams=hparams,
     )
 
 
@@ -186,7 +189,7 @@ def sharded_estimate(
     dtype = {BF16_BYTES: torch.bfloat16, 4: torch.float32}[value_bytes]
     with _as_rank(rank, ranks):
         net = models.build_model(models.load_model_config(model), device="meta", dtype=dtype)
-        shard_as_trainer(net, ranks, hparams)
+        shard_as_trainer(net, ranks, how.optimizer, hparams)
         try:
             optimizer = foam.build_optimizer(how.optimizer, net, **hparams)
         except ShardingNotSupported as err:

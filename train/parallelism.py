@@ -6,7 +6,10 @@ and then the root on a 1-d device mesh, so a rank holds ``1/N`` of each paramete
 its optimizer state, and all-gathers one layer's weights at a time. Each matrix is sharded along the
 dim FOAM does not fold where FSDP2 can (``foam.sharding.shard_dim``: a dim > 0 only when the
 ranks divide it), so FOAM folds every shard locally at any level; otherwise, and for the rest, by
-rows. Precision:
+rows. A method with its own layout rule (the 8-bit ones: shards of whole 256-entry blocks) whose
+rule refuses that dim gets the other one where FSDP2 can shard it and the rule accepts it (the
+tall MLP matrices by rows, e.g. LLaMA-7B's gate/up on 64 ranks: 172 rows x 4096 each); the
+choice is ``foam.registry.shard_dims``, which the memory estimator shares. Precision:
 
 * ``bf16`` (the paper's pure bf16): parameters are stored in bf16, gradients are reduced in bf16;
 * ``bf16_mixed``: fp32 parameters, computed in bf16 and reduced in fp32 through FSDP2's
@@ -36,7 +39,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -47,7 +51,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard
 
 import foam
-from foam.sharding import shard_dim
+from foam.registry import shard_dims
 from train.distributed import barrier_for_slow_io, wrap_ddp
 
 
@@ -102,13 +106,15 @@ def parallelize(
     precision: str,
     device: torch.device,
     world_size: int,
-    fold_axis: str = "larger",
+    optimizer: str = "foam",
+    hparams: Mapping[str, Any] | None = None,
     compile_layers: bool = False,
 ) -> nn.Module:
     """The module that trains: ``model`` itself (one rank, or ``sharded`` in place by FSDP2 over
     ``world_size`` ranks), or its DDP wrapper. ``sharded`` and ``compile_layers`` are the run
-    plan's (``train/plan.py``: ``shards_parameters``, ``compiles_layers``); ``fold_axis`` is the
-    optimizer's (FOAM's keyword) and picks each matrix's sharded dim."""
+    plan's (``train/plan.py``: ``shards_parameters``, ``compiles_layers``); ``optimizer`` and its
+    ``hparams`` (the resolved ``optim`` config's) pick each matrix's sharded dim
+    (``foam.registry.shard_dims``)."""
     if compile_layers:
         compile_decoder_layers(model)
     if not sharded:
@@ -118,9 +124,10 @@ def parallelize(
     if precision == "bf16_mixed":
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     matrices = {id(p) for _, p in foam.split_params(model).matrices}
+    dim_of = shard_dims(optimizer, hparams or {})
 
     def placement(p: nn.Parameter) -> Shard:
-        return Shard(shard_dim(p.shape, fold_axis, world_size) if id(p) in matrices else 0)
+        return Shard(dim_of(tuple(p.shape), world_size) if id(p) in matrices else 0)
 
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy, shard_placement_fn=placement)

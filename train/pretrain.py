@@ -392,7 +392,8 @@ def build_model_and_optimizer(
         precision=t.precision,
         device=device,
         world_size=info.world_size,
-        fold_axis=foam.fold_axis_of(cfg.optim),
+        optimizer=cfg.optim["name"],
+        hparams=optimizer_hparams(cfg.optim),
         compile_layers=compiled,
     )
     if sharded and not initialise:  # the checkpoint about to be loaded holds every weight

@@ -99,6 +99,7 @@ def train(
         precision="fp32",
         device=torch.device("cpu"),
         world_size=world if sharded else 1,
+        optimizer=name,
     )
     sharded_grads = grads_sharded_between_micro_batches(model) if sharded else []
     optimizer = foam.build_optimizer(name, model, lr=1e-2)
