@@ -95,7 +95,8 @@ def check_block_origins(
 ) -> None:
     """Refuse in one line an 8-bit state of global ``state_shape`` placed by ``placement`` on the
     mesh of ``p`` (the parameter, ``where``) whose shards would not begin on its blocks'
-    boundaries; before any state exists."""
+    boundaries; before any state exists. The state is ``p``'s own shape (adamw8bit), FOAM's
+    folded one (foam8bit) or GaLore's low-rank moment (galore8bit)."""
     if not isinstance(p, DTensor):
         return
     ranks = p.device_mesh.size()
@@ -103,10 +104,10 @@ def check_block_origins(
     if entries is None:
         return
     shape = tuple(p.shape)
-    folded = "" if tuple(state_shape) == shape else f" (its folded state {tuple(state_shape)})"
+    state = "" if tuple(state_shape) == shape else f" (its 8-bit state {tuple(state_shape)})"
     unit = "of each row " if placement.dim else ""
     raise ShardingNotSupported(
-        f"{method} under FSDP2: {where} of shape {shape}{folded} is sharded by dim "
+        f"{method} under FSDP2: {where} of shape {shape}{state} is sharded by dim "
         f"{placement.dim} over {ranks} ranks, {entries} entries {unit}a rank, not whole "
         f"{BLOCK}-entry blocks of its 8-bit state, so a block would straddle two ranks; use a "
         "world size whose shards are whole blocks, a min_8bit_size above "

@@ -21,7 +21,6 @@ refused when the optimizer is built).
 from __future__ import annotations
 
 import functools
-import math
 from types import ModuleType
 from typing import Any
 
@@ -31,7 +30,6 @@ from torch.distributed.tensor import Replicate, Shard
 from foam.param_groups import ParamSplit
 from foam.registry import adam_settings, register, two_groups
 from foam.shard_quantized import (
-    BLOCK,
     absmax_zeros,
     check_block_origins,
     kernel_absmax,
@@ -52,11 +50,6 @@ def bitsandbytes() -> ModuleType:
             "8-bit optimizers need bitsandbytes: pip install bitsandbytes (>= 0.50 runs on CPU)"
         ) from err
     return bnb
-
-
-def quantized_bytes(numel: int) -> int:
-    """Bytes of one block-wise quantised tensor: one code per value, one float32 absmax per block."""
-    return numel + 4 * math.ceil(numel / BLOCK)
 
 
 def placement_of(p: torch.Tensor) -> Shard | Replicate:

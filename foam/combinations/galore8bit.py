@@ -13,19 +13,24 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from foam.baselines.galore import GaLore
-from foam.baselines.quantized import BLOCK, MIN_8BIT_SIZE, bitsandbytes
+from foam.baselines.quantized import MIN_8BIT_SIZE, bitsandbytes, placement_of
 from foam.hparams import signature_defaults
 from foam.lowrank import project_back, resolve_rank
 from foam.numerics import resolve_dtype
 from foam.param_groups import ParamSplit
-from foam.quantized_shards import placement_dim, rank_blocks, zeros_scales
 from foam.registry import adam_settings, register, two_groups
-from foam.shard_blocks import chunk_range
+from foam.shard_blocks import local_shape
 from foam.shard_owners import layout_of
-from foam.sharding import ShardingNotSupported, local
+from foam.shard_quantized import (
+    absmax_zeros,
+    check_block_origins,
+    kernel_absmax,
+    quantized_state_bytes,
+)
+from foam.sharding import local
 
 MOMENTS = {"exp_avg": True, "exp_avg_sq": False}  # state key -> signed code book
 
@@ -49,8 +54,9 @@ class GaLore8bit(GaLore):
     and GaLore's ``basis`` (``state_dtype``).
 
     Under FSDP2 the step is GaLore's sharded one with the kernel on each rank's moments, whose
-    8-bit blocks must not straddle two ranks (``foam.quantized_shards``; checked when a group
-    is added, refused in one line otherwise).
+    8-bit blocks must not straddle two ranks (``foam.shard_quantized``, which also lays out the
+    scales to shard with the codes; checked when a group is added, refused in one line
+    otherwise).
     """
 
     float32_states = (*MOMENTS, *(f"{key}_absmax" for key in MOMENTS))
@@ -79,56 +85,38 @@ class GaLore8bit(GaLore):
 
     def moment_layout(
         self, p: torch.Tensor, group: dict[str, Any]
-    ) -> tuple[tuple[int, ...], int | None, int, int]:
-        """``(whole shape, sharded dim or None, ranks, this rank)`` of ``p``'s moments: GaLore's
-        layouts for a sharded projected matrix, ``p``'s own for an uncompressed one."""
-        shape = self.compressed_shape(p, group)
-        if not isinstance(p, DTensor):
-            return tuple(shape or p.shape), None, 1, 0
-        ranks, rank = p.device_mesh.size(), p.device_mesh.get_local_rank()
+    ) -> tuple[tuple[int, ...], Shard | Replicate]:
+        """``(whole shape, placement)`` of ``p``'s moments: GaLore's layouts for a sharded
+        projected matrix, ``p``'s own for an uncompressed one (``Replicate`` when not sharded)."""
         plan = self.plan_for(p, group)
-        if plan is None:
-            return tuple(p.shape), placement_dim(p), ranks, rank
-        layouts = {key: (s, dim) for key, s, dim in self.state_layouts(plan, layout_of(p))}
-        moment, dim = layouts["exp_avg"]
-        return tuple(moment), dim, ranks, rank
+        layout = None if plan is None else layout_of(p)
+        if layout is None:
+            return tuple(self.compressed_shape(p, group) or p.shape), placement_of(p)
+        layouts = {key: (shape, dim) for key, shape, dim in self.state_layouts(plan, layout)}
+        shape, dim = layouts["exp_avg"]
+        return tuple(shape), Replicate() if dim is None else Shard(dim)
 
     def validate_group(self, group: dict[str, Any]) -> None:
         """GaLore's checks, and (FSDP2) that no quantisation block of an 8-bit moment straddles
-        two ranks' shards (``foam.quantized_shards``): one line naming the parameter if one
-        would."""
+        two ranks' shards: one line naming the parameter if one would."""
         super().validate_group(group)
         names = group.get("param_names", [])
         for index, p in enumerate(group["params"]):
-            if not isinstance(p, DTensor) or not self.quantizes(p, group):
-                continue
-            shape, dim, ranks, _ = self.moment_layout(p, group)
-            if rank_blocks(shape, dim, ranks) is None:
-                name = names[index] if names else f"parameter {index}"
-                raise ShardingNotSupported(
-                    f"galore8bit under FSDP2: {name} of group {group.get('name')!r}, shape "
-                    f"{tuple(p.shape)} sharded by dim {placement_dim(p)} over {ranks} ranks, "
-                    f"has an 8-bit moment of shape {shape} sharded by dim {dim} whose "
-                    f"{BLOCK}-value quantisation blocks would straddle two ranks; use a number "
-                    f"of ranks whose shards of it start at block boundaries, min_8bit_size above "
-                    f"{math.prod(shape)}, or trainer.parallelism=ddp"
-                )
+            if isinstance(p, DTensor) and self.quantizes(p, group):
+                where = names[index] if names else f"parameter {index} of group {group.get('name')}"
+                check_block_origins(p, *self.moment_layout(p, group), "galore8bit", where)
 
     def planned_state_bytes(self, per_rank: bool = True) -> int:
         """Bytes of moments and bases once every parameter has stepped (step counters excluded),
-        on this rank (``per_rank``) or for the whole model."""
+        on this rank (``per_rank``) or for the whole model; 8-bit moments as ``_init_state``
+        allocates them (codes and scales, ``foam.shard_quantized``)."""
         total = 0
         for group in self.param_groups:
             for p in group["params"]:
-                shape, dim, ranks, rank = self.moment_layout(p, group)
-                numel = math.prod(shape)
-                if per_rank and dim is not None:  # this rank's torch.chunk share of dim
-                    start, stop = chunk_range(shape[dim], ranks, rank)
-                    numel = numel // shape[dim] * (stop - start) if shape[dim] else 0
+                shape, placement = self.moment_layout(p, group)
+                numel = math.prod(local_shape(p, shape, placement) if per_rank else shape)
                 if self.quantizes(p, group):
-                    blocks = rank_blocks(shape, dim, ranks) if per_rank else None
-                    scales = blocks[rank] if blocks else math.ceil(math.prod(shape) / BLOCK)
-                    total += 2 * (numel + 4 * scales)
+                    total += 2 * quantized_state_bytes(p, shape, placement, per_rank)
                 else:
                     total += 2 * 4 * numel
                 if self.compressed_shape(p, group) is not None:
@@ -161,7 +149,7 @@ class GaLore8bit(GaLore):
         for key in MOMENTS:
             if self.quantizes(p, group):
                 state[key] = torch.zeros_like(state[key], dtype=torch.uint8)
-                state[f"{key}_absmax"] = zeros_scales(state[key])
+                state[f"{key}_absmax"] = absmax_zeros(state[key])
             else:
                 state[key] = torch.zeros_like(state[key], dtype=torch.float32)
 
@@ -209,7 +197,8 @@ class GaLore8bit(GaLore):
             self.functional.optimizer_update_8bit_blockwise(
                 "adam", g, target, m, v, beta1, beta2, 0.0, 0.0, eps, t, lr,
                 self._code_book(target.device, True), self._code_book(target.device, False),
-                state["exp_avg_absmax"], state["exp_avg_sq_absmax"], weight_decay,
+                kernel_absmax(state["exp_avg_absmax"], m),
+                kernel_absmax(state["exp_avg_sq_absmax"], v), weight_decay,
             )  # fmt: skip
         else:
             self.functional.optimizer_update_32bit(

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.distributed.tensor import Shard
 
 import foam.sharding
-from foam.quantized_shards import rank_blocks
+from foam.shard_quantized import shard_entries
 from tests.helpers import sharded_parity
 from tests.helpers.sharded_parity import (
     Case,
@@ -47,31 +48,26 @@ EIGHT_BIT = [
 ]
 CASES = [*LDADAMW, Case("galore8bit", GALORE8BIT), *EIGHT_BIT]
 WORLDS = (2, 3, 4)
+Q_MOMENT = (320, 96)
+"""The ``scale=32`` model's attention moments: rank a quarter of the widest matrix's 384."""
 STRADDLES = {3}
-"""World sizes at which the ``scale=32`` model's attention moments (320 x 96: rank a quarter of
-the widest matrix's 384, sharded by rows) put a block across two ranks (107 rows of 96 a rank;
-160 and 80 rows at 2 and 4 ranks are 60 and 30 whole blocks)."""
+"""World sizes at which the attention moments (``Q_MOMENT``, sharded by rows) put a block across
+two ranks (107 rows of 96 a rank; 160 and 80 rows at 2 and 4 ranks are 60 and 30 whole
+blocks)."""
 
 
 # -- the block alignment, in one process ------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("shape", "dim", "ranks", "blocks"),
-    [
-        ((320, 80), 0, 2, [50, 50]),  # 160 rows x 80 = 50 blocks a rank
-        ((320, 80), 0, 4, [25, 25, 25, 25]),
-        ((320, 80), 0, 3, None),  # 107 rows x 80 = 33.4 blocks
-        ((10, 3), 0, 2, None),  # one block of 30 values across both ranks
-        ((5, 512), 0, 4, None),  # 2 rows a rank: blocks 4, 4, 2, 0, but chunks of 10 are 3, 3, 3, 1
-        ((3, 256), 0, 4, [1, 1, 1, 0]),  # an empty shard holds no block
-        ((2, 512), 1, 2, None),  # a column piece is two runs of the flat order
-        ((1, 512), 1, 2, [1, 1]),
-        ((10, 3), None, 4, [1, 1, 1, 1]),  # replicated: every rank quantises all of it
-    ],
-)
-def test_rank_blocks_are_whole_blocks_in_torch_chunk_pieces(shape, dim, ranks, blocks):
-    assert rank_blocks(shape, dim, ranks) == blocks
+@pytest.mark.parametrize("world", WORLDS)
+def test_the_refused_world_sizes_are_the_shared_8bit_rule(world):
+    """galore8bit's moments take the rule every 8-bit method shares (``foam.shard_quantized``,
+    checked against bitsandbytes' own blocks in ``tests/foam/test_fsdp_quantized.py``): q's
+    row-sharded moment straddles exactly at the world sizes the tests below expect refused."""
+    entries = shard_entries(Q_MOMENT, Shard(0), world)
+    assert (entries is not None) is (world in STRADDLES)
+    if entries is not None:
+        assert entries == 107 * 96
 
 
 def test_both_methods_declare_they_shard():
@@ -101,8 +97,10 @@ def test_sharded_step_is_the_single_process_step(sharded, single, case):
     if case.scale == 32 and world in STRADDLES:
         assert outcome.error.count("\n") == 0
         assert "layers.0.self_attn.q_proj.weight" in outcome.error
-        assert "shape (320, 320) sharded by dim 0 over 3 ranks" in outcome.error
-        assert "quantisation blocks would straddle two ranks" in outcome.error
+        shape = "of shape (320, 320) (its 8-bit state (320, 96)) is sharded by dim 0 over 3 ranks"
+        assert shape in outcome.error
+        assert "10272 entries a rank" in outcome.error
+        assert "so a block would straddle two ranks" in outcome.error
         return
     assert differences(outcome, single[case.name], atol=REORDERED) == [], f"{world} ranks"
     assert unsharded_states(outcome) == []  # every state a DTensor: DCP reshards it

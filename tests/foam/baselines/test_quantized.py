@@ -8,10 +8,9 @@ import sys
 import pytest
 import torch
 
-from foam.baselines.quantized import BLOCK
 from foam.combinations.foam8bit import FOAM8bit
 from foam.registry import build_optimizer
-from foam.shard_quantized import QuantBlocks
+from foam.shard_quantized import BLOCK, QuantBlocks
 from foam.state import planned_state_numel, state_bytes
 from tests.helpers.optim import random_grads, step_with, tiny_llama
 

@@ -7,8 +7,8 @@ import torch
 
 import foam.sharding
 from foam import build_optimizer, planned_state_numel, state_bytes
-from foam.baselines.quantized import quantized_bytes
 from foam.combinations.galore8bit import GaLore8bit
+from foam.shard_quantized import QuantBlocks, kernel_absmax
 from tests.helpers.optim import random_grads, random_params, step_with, tiny_llama
 
 pytest.importorskip("bitsandbytes")
@@ -58,9 +58,10 @@ def test_matches_reference_galore_adamw8bit_across_refreshes(monkeypatch):
             for key, ref_key in (("exp_avg", "state1"), ("exp_avg_sq", "state2")):
                 assert mine[key].dtype == theirs[ref_key].dtype
                 assert torch.equal(mine[key], theirs[ref_key])
-            if theirs["state1"].dtype == torch.uint8:
-                torch.testing.assert_close(mine["exp_avg_absmax"], theirs["absmax1"])
-                torch.testing.assert_close(mine["exp_avg_sq_absmax"], theirs["absmax2"])
+            if theirs["state1"].dtype == torch.uint8:  # our scales in bitsandbytes' order
+                for key, ref_key in (("exp_avg", "absmax1"), ("exp_avg_sq", "absmax2")):
+                    scales = kernel_absmax(mine[f"{key}_absmax"], mine[key])
+                    torch.testing.assert_close(scales, theirs[ref_key])
     for a, b in zip(ours_p[2:], ref_p[2:], strict=True):
         assert torch.equal(a, b)
     assert ours.state[ours_p[0]]["exp_avg"].dtype == torch.uint8
@@ -81,8 +82,9 @@ def test_state_bytes_are_the_plan_and_the_paper_split(dtype):
     embed = model.model.embed_tokens.weight
     assert all(opt.state[p]["exp_avg"].dtype == torch.uint8 for p in matrices)
     assert opt.state[embed]["exp_avg"].dtype == torch.uint8  # 8-bit Adam on the rest too
-    moment = opt.state[matrices[0]]["exp_avg"].numel()
-    assert opt.state[matrices[0]]["exp_avg_absmax"].numel() * 4 == quantized_bytes(moment) - moment
+    moment = opt.state[matrices[0]]["exp_avg"]
+    absmax = opt.state[matrices[0]]["exp_avg_absmax"]
+    assert absmax.shape == QuantBlocks.of(moment.shape).absmax_shape  # shards with the codes
 
 
 def test_registered_defaults_and_that_it_shards():
