@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import itertools
 import logging
+import os
 import platform
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
@@ -26,6 +27,11 @@ import torch
 
 from foam.folding import PAPER_FOLD_AXIS, FoldPlan, fold, make_plan
 from foam.update import StepScalars, eager_step_
+
+try:
+    import fcntl  # POSIX: the build's lock (build_cpu_extension)
+except ImportError:  # Windows: torch's lock file alone
+    fcntl = None
 
 if TYPE_CHECKING:
     from foam.triton_kernels import TritonGroup
@@ -50,12 +56,14 @@ def cpu_extension_name() -> str:
     meanwhile waits). Hashing the path and content gives each checkout its own build, made once.
     The CPU's instruction sets are hashed too: ``-march=native`` builds for this CPU alone, and a
     cache on a home directory that machines of several kinds share would otherwise hand an
-    AVX-512 build to a CPU without it (an illegal instruction, not an error).
+    AVX-512 build to a CPU without it (an illegal instruction, not an error). So are torch's and
+    Python's versions, whose headers and ABI the build is compiled against.
     """
     digest = hashlib.sha256(str(CPU_SOURCE.resolve()).encode())
     digest.update(CPU_SOURCE.read_bytes())
     digest.update(" ".join(CPU_CFLAGS).encode())
     digest.update(cpu_features().encode())
+    digest.update(f"{torch.__version__} {platform.python_version()}".encode())
     return f"foam_step_cpu_{digest.hexdigest()[:16]}"
 
 
@@ -94,15 +102,7 @@ def kernel_available(device_type: str) -> bool:
     if device_type != "cpu":
         return False
     try:
-        from torch.utils.cpp_extension import load
-
-        load(
-            name=cpu_extension_name(),
-            sources=[str(CPU_SOURCE)],
-            extra_cflags=list(CPU_CFLAGS),
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-        )
+        build_cpu_extension()
     except Exception as error:  # any build or load failure means: use the eager step
         log.warning(
             "foam: the fused CPU step could not be built (%s); using the eager step",
@@ -110,6 +110,45 @@ def kernel_available(device_type: str) -> bool:
         )
         return False
     return kernel_runs(torch.device("cpu"), "cpp")
+
+
+def cpu_build_directory() -> Path:
+    """Where the CPU operator is built: torch's extension cache (``TORCH_EXTENSIONS_DIR``, else
+    its default root), one directory per ``cpu_extension_name``."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    return Path(root) / cpu_extension_name()
+
+
+def build_cpu_extension() -> None:
+    """Build (once per machine) and load the CPU operator, holding an exclusive ``flock`` beside
+    its build directory meanwhile.
+
+    torch's own guard is a ``lock`` file in the build directory that its builder deletes when it
+    finishes; a builder that is killed (a timeout, a preempted job) leaves it, and every later
+    process waits on it forever. The ``flock`` dies with its holder, and every builder of this
+    operator takes it first, so a ``lock`` file found while holding it was left by a dead one
+    and is removed."""
+    from torch.utils.cpp_extension import load
+
+    build = cpu_build_directory()
+    build.mkdir(parents=True, exist_ok=True)
+    with open(build.with_name(build.name + ".flock"), "w") as guard:
+        if fcntl is not None:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+        stale = build / "lock"
+        if stale.exists():
+            log.warning("foam: removing %s, left by a build of the CPU step that died", stale)
+            stale.unlink()
+        load(
+            name=cpu_extension_name(),
+            sources=[str(CPU_SOURCE)],
+            extra_cflags=list(CPU_CFLAGS),
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build),
+            is_python_module=False,
+        )
 
 
 def cpu_vector_width() -> int | None:

@@ -158,7 +158,7 @@ def _run_methods(
         if sharded:
             model = parallelize(
                 model, sharded=True, precision="fp32", device=torch.device("cpu"),
-                world_size=ranks,
+                world_size=ranks, optimizer=method,
             )  # fmt: skip
         try:
             optimizer = foam.build_optimizer(method, model)

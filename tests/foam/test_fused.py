@@ -468,6 +468,32 @@ def test_each_cpu_kind_has_its_own_extension_build(monkeypatch):
     assert len({name, without_avx512, fused.cpu_extension_name()}) == 3
 
 
+def test_a_lock_left_by_a_killed_build_is_removed_before_building(tmp_path, monkeypatch, caplog):
+    """torch's ``lock`` file in the build directory outlives a builder that was killed, and
+    torch's ``load`` then waits on it forever; holding the build's ``flock``, nobody else is
+    building, so the file is stale and goes (``build_cpu_extension``)."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    build = fused.cpu_build_directory()
+    assert build.parent == tmp_path and build.name == fused.cpu_extension_name()
+    build.mkdir()
+    (build / "lock").touch()
+    loads = []
+
+    def load(**kwargs):
+        assert not (build / "lock").exists(), "torch's load would wait on the stale lock"
+        loads.append(kwargs["build_directory"])
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    with caplog.at_level("WARNING", logger="foam.fused"):
+        fused.build_cpu_extension()
+    assert loads == [str(build)]
+    assert "left by a build of the CPU step that died" in caplog.text
+    fused.build_cpu_extension()  # no lock: built (here: loaded) without a word
+    assert loads == [str(build)] * 2 and caplog.text.count("died") == 1
+
+
 def test_the_probe_compares_the_kernel_with_the_eager_step(monkeypatch, caplog):
     """A kernel that runs but computes nothing (here: leaves every tensor as it was) is caught
     by its probe, which says what differs; the real CPU kernel passes it."""
