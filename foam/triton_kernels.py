@@ -325,10 +325,8 @@ class Tiles:
         Rows whose width is no multiple of a vector (LLaMA-1B's 5461) start at addresses no
         128-bit access can reach, so their entries move one at a time, each with its own 64-bit
         address: those matrices get tiles of half the entries, which keeps the registers of a
-        thread within the occupancy bound. (A walk of such rows by phase in windows on 16-byte
-        boundaries, which kept 128-bit accesses, loaded and stored each block's moments row by
-        row and took 4.6x fused AdamW's time at FOAM-2 on an H200:
-        ``results/bench/gpu_nvidia_h200.md``.)"""
+        thread within the occupancy bound (a walk by phase that kept 128-bit accesses was slower:
+        ``results/bench/gpu_nvidia_h200.md``)."""
         along_cols = plan.axis == 1
         length, width = (plan.cols, plan.rows) if along_cols else (plan.rows, plan.cols)
         cols_multiple = math.gcd(plan.cols, VECTOR_ELEMENTS)

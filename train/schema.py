@@ -150,10 +150,9 @@ class TrainerConfig:
     compile: bool | None = None
     """torch.compile each decoder layer (``nn.Module.compile``: parameter and checkpoint names
     unchanged), before FSDP2 shards it (``train/parallelism.py``). Null: on a CUDA GPU only (of
-    compute capability 7.0 or newer, with Triton: what inductor builds for), where it gave
-    1.4-1.8x the tokens/s with 10-20% less peak memory (``results/bench/
-    train_compile_h100_*.md``); on a CPU it gains 1-2% (``train_compile_cpu.md``) for a compile
-    at every start."""
+    compute capability 7.0 or newer, with Triton: what inductor builds for), where it pays for
+    its compile (``results/bench/train_compile_h100_*.md``); on a CPU it does not
+    (``results/bench/train_compile_cpu.md``)."""
     eval_every: int = 1000
     """Optimizer steps between evaluations; 0 = only at the end."""
     eval_tokens: int = 10_000_000
