@@ -12,9 +12,9 @@ throwaway copy of the model and optimizer with a random batch, under ``torch.ran
 the run's weights, optimizer state and random stream are untouched. A run that compiles its
 decoder layers (``trainer.compile``, on by default on a GPU) has the copy's compiled too: the
 uncompiled step is far slower (``results/bench/train_compile_h100_*.md``), and the compiled code
-is not thrown away with the copy, since same-shaped layers share it (the run's own layers start without compiling again). The
-trial is a collective (the step all-reduces its token counts): every rank runs it, as rank 0
-decides.
+is not thrown away with the copy, since same-shaped layers share it (the run's own layers start
+without compiling again). The trial is a collective (the step all-reduces its token counts):
+every rank runs it, as rank 0 decides.
 
 After the first interval that does not hold step 1 (its warm-up is not a steady step) the log
 gives the measured time per step beside the estimate (``StepTimeEstimate.compare``).
