@@ -10,29 +10,23 @@ the key; the Adam keywords every method takes are checked here too, since torch'
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import Replicate, Shard
 
 from foam.composite import Composite
-from foam.folding import FoldSettings, make_plan
 from foam.hparams import signature_defaults, validate_adam_hparams, validate_muon_hparams
 from foam.optimizer import FOAM
 from foam.param_groups import ParamSplit, TargetModules, check_covers, split_params
-from foam.settings import fold_axis_of, resolve_semantics
-from foam.shard_quantized import shard_entries
+from foam.settings import fold_axis_of
 from foam.sharding import (
     LayoutCheck,
     check_supported,
     declare_sharded,
     shard_dim,
-    spans_ranks,
-    straddled,
 )
 
 COMMON_DEFAULTS: dict[str, Any] = signature_defaults(FOAM, "lr", "betas", "eps", "weight_decay")
@@ -55,16 +49,25 @@ class Method:
 
 
 _METHODS: dict[str, Method] = {}
+Layout = Callable[[Mapping[str, Any]], LayoutCheck]
+_LAYOUTS: dict[str, Layout] = {}
+"""The layout rule of each method that declared one where it registers."""
 
 
 def register(
-    name: str, from_model: FromModel = _nothing_from_model, shards: bool = False, **defaults: Any
+    name: str,
+    from_model: FromModel = _nothing_from_model,
+    shards: bool = False,
+    layout: Layout | None = None,
+    **defaults: Any,
 ) -> Callable[[Builder], Builder]:
     """Register ``build(split, hparams)`` under ``name``; ``defaults`` are its extra keywords.
 
     ``from_model(model)`` gives values for keywords whose setting is ``None`` (not given).
     ``shards`` declares that the method trains FSDP2 (DTensor) parameters exactly, tested against
-    its unsharded step; a method that does not is refused on them before any compute.
+    its unsharded step; a method that does not is refused on them before any compute. ``layout``
+    is the rule, for the method's settings, of the matrix layouts it can step sharded, which
+    ``shard_dims`` follows (the method's build refuses the others itself, naming the parameter).
     """
 
     def decorate(build: Builder) -> Builder:
@@ -73,6 +76,8 @@ def register(
         _METHODS[name] = Method(build, {**COMMON_DEFAULTS, **defaults}, from_model)
         if shards:
             declare_sharded(name)
+        if layout is not None:
+            _LAYOUTS[name] = layout
         return build
 
     return decorate
@@ -111,52 +116,10 @@ def shard_dims(name: str, hparams: Mapping[str, Any]) -> Callable[[tuple[int, ..
     ``hparams`` (``foam.sharding.shard_dim`` under the method's layout rule, if it has one): the
     one choice the trainer (``train.parallelism.parallelize``) and the memory estimator make."""
     settings = check_hparams(name, **hparams)
-    check_for = _LAYOUT_CHECKS.get(name)
+    check_for = _LAYOUTS.get(name)
     accepts = check_for(settings) if check_for is not None else None
     fold_axis = fold_axis_of(settings)
     return lambda shape, ranks: shard_dim(shape, fold_axis, ranks, accepts)
-
-
-def _whole_8bit_blocks(shape: tuple[int, ...], dim: int | None, ranks: int, smallest: int) -> bool:
-    """The 8-bit methods' rule (``foam.shard_quantized.check_block_origins``) for a state of
-    global ``shape`` sharded by ``dim`` (``None``: replicated): float below ``min_8bit_size``
-    (``smallest``), so any layout; else every rank's shard whole blocks."""
-    placement = Replicate() if dim is None else Shard(dim)
-    return math.prod(shape) < smallest or shard_entries(shape, placement, ranks) is None
-
-
-def _adamw8bit_layout(settings: Mapping[str, Any]) -> LayoutCheck:
-    """bitsandbytes' AdamW8bit quantises each moment shaped and placed as its parameter."""
-    smallest = settings["min_8bit_size"]
-    return lambda shape, dim, ranks: _whole_8bit_blocks(shape, dim, ranks, smallest)
-
-
-def _foam8bit_layout(settings: Mapping[str, Any]) -> LayoutCheck:
-    """FOAM 8-bit quantises the folded moments, placed as ``foam.sharding.shard_fold`` places
-    them, where FOAM's own rule (``2**level`` dividing the entries a rank holds along a sharded
-    fold axis) holds."""
-    group = dict(settings)
-    resolve_semantics(group)
-    fold, smallest = FoldSettings.of(group), settings["min_8bit_size"]
-
-    def accepts(shape: tuple[int, int], dim: int, ranks: int) -> bool:
-        if fold.level is None:
-            return _whole_8bit_blocks(shape, dim, ranks, smallest)
-        plan = make_plan(shape, fold.level, fold.fold_axis, fold.tail_block)
-        if straddled(plan, dim, ranks) is not None:
-            return False
-        placed = None if spans_ranks(plan, dim, ranks) else dim
-        return _whole_8bit_blocks(plan.folded_shape, placed, ranks, smallest)
-
-    return accepts
-
-
-_LAYOUT_CHECKS: dict[str, Callable[[Mapping[str, Any]], LayoutCheck]] = {
-    "adamw8bit": _adamw8bit_layout,
-    "foam8bit": _foam8bit_layout,
-}
-"""The layout rule, for its settings, of each method that refuses some FSDP2 layouts of a matrix
-(checked again, by the method itself, naming the parameter, when it is built)."""
 
 
 def build_optimizer(

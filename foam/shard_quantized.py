@@ -86,6 +86,15 @@ def shard_entries(shape: tuple[int, ...], placement: Shard | Replicate, ranks: i
     return None if entries % BLOCK == 0 else entries
 
 
+def whole_blocks(shape: tuple[int, ...], dim: int | None, ranks: int, smallest: int) -> bool:
+    """Whether an 8-bit state of global ``shape`` sharded by ``dim`` (``None``: replicated) over
+    ``ranks`` can be stepped (the layout rule ``foam.registry.shard_dims`` follows): a state
+    under ``min_8bit_size`` (``smallest``) stays float, any layout; else every shard is whole
+    blocks (what ``check_block_origins`` checks on the built optimizer)."""
+    placement = Replicate() if dim is None else Shard(dim)
+    return math.prod(shape) < smallest or shard_entries(shape, placement, ranks) is None
+
+
 def check_block_origins(
     p: torch.Tensor,
     state_shape: tuple[int, ...],

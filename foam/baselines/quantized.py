@@ -21,6 +21,7 @@ refused when the optimizer is built).
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
@@ -34,8 +35,9 @@ from foam.shard_quantized import (
     check_block_origins,
     kernel_absmax,
     quantized_state_bytes,
+    whole_blocks,
 )
-from foam.sharding import is_sharded, local
+from foam.sharding import LayoutCheck, is_sharded, local
 
 MIN_8BIT_SIZE = 4096  # bitsandbytes' default: smaller states are not worth quantising
 
@@ -146,7 +148,13 @@ def adamw8bit_class() -> type[torch.optim.Optimizer]:
     return AdamW8bit
 
 
-@register("adamw8bit", shards=True, alpha=1.0, min_8bit_size=MIN_8BIT_SIZE)
+def adamw8bit_layout(settings: Mapping[str, Any]) -> LayoutCheck:
+    """bitsandbytes' AdamW8bit quantises each moment shaped and placed as its parameter."""
+    smallest = settings["min_8bit_size"]
+    return lambda shape, dim, ranks: whole_blocks(shape, dim, ranks, smallest)
+
+
+@register("adamw8bit", shards=True, layout=adamw8bit_layout, alpha=1.0, min_8bit_size=MIN_8BIT_SIZE)
 def _adamw8bit(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """bitsandbytes AdamW8bit over the whole model, matrices at ``lr * alpha``."""
     base = adam_settings(hp)

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 from torch.distributed.tensor import Replicate, Shard
 
 from foam.baselines.quantized import MIN_8BIT_SIZE, bitsandbytes, placement_of
-from foam.folding import folded_numel
+from foam.folding import FoldSettings, folded_numel, make_plan
 from foam.numerics import resolve_dtype
 from foam.optimizer import FOAM
 from foam.param_groups import ParamSplit
 from foam.recipes import FOAM_DEFAULTS
 from foam.registry import register, two_groups
+from foam.settings import resolve_semantics
 from foam.shard_blocks import local_shape
 from foam.shard_quantized import (
     BLOCK,
@@ -24,8 +25,9 @@ from foam.shard_quantized import (
     kernel_absmax,
     placed_like,
     quantized_state_bytes,
+    whole_blocks,
 )
-from foam.sharding import local
+from foam.sharding import LayoutCheck, local, spans_ranks, straddled
 
 Placement = Shard | Replicate
 
@@ -160,7 +162,29 @@ class FOAM8bit(FOAM):
         state[key] = placed_like(values, codes)
 
 
-@register("foam8bit", shards=True, **FOAM_DEFAULTS, min_8bit_size=MIN_8BIT_SIZE)
+def foam8bit_layout(settings: Mapping[str, Any]) -> LayoutCheck:
+    """FOAM 8-bit quantises the folded moments, placed as ``foam.sharding.shard_fold`` places
+    them, where FOAM's own rule (``2**level`` dividing the entries a rank holds along a sharded
+    fold axis) holds."""
+    group = dict(settings)
+    resolve_semantics(group)
+    fold, smallest = FoldSettings.of(group), settings["min_8bit_size"]
+
+    def accepts(shape: tuple[int, int], dim: int, ranks: int) -> bool:
+        if fold.level is None:
+            return whole_blocks(shape, dim, ranks, smallest)
+        plan = make_plan(shape, fold.level, fold.fold_axis, fold.tail_block)
+        if straddled(plan, dim, ranks) is not None:
+            return False
+        placed = None if spans_ranks(plan, dim, ranks) else dim
+        return whole_blocks(plan.folded_shape, placed, ranks, smallest)
+
+    return accepts
+
+
+@register(
+    "foam8bit", shards=True, layout=foam8bit_layout, **FOAM_DEFAULTS, min_8bit_size=MIN_8BIT_SIZE
+)
 def _foam8bit(split: ParamSplit, hp: dict[str, Any]) -> FOAM8bit:
     """FOAM-l with 8-bit states; the non-matrix AdamW states are 8-bit too (above the size)."""
     names = {id(p): name for name, p in split.matrices + split.others}

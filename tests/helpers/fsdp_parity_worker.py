@@ -119,10 +119,10 @@ def train(
             grad_clip=CLIP,
         )
         losses.append(float(result.loss))
-    steps = sum(  # Muon keeps no step counter
+    steps = sum(  # Muon keeps no step counter, bitsandbytes a Python int
         local(s["step"]).numel() * s["step"].element_size()
         for s in optimizer.state.values()
-        if "step" in s
+        if isinstance(s.get("step"), torch.Tensor)
     )
     moments = foam.state_bytes(optimizer) - steps  # without step counters
     return losses, moments, sharded_grads, foam.steps_run(optimizer)
