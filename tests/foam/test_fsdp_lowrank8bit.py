@@ -29,6 +29,7 @@ from tests.helpers.sharded_parity import (
     Case,
     OwnPieceOnly,
     differences,
+    outcome_fixtures,
     run_resumed,
     run_sharded,
     run_single,
@@ -77,15 +78,7 @@ def test_both_methods_declare_they_shard():
 # -- equality with the single-process step ------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=WORLDS)
-def sharded(request):
-    world = request.param
-    return world, {c.name: o for c, o in zip(CASES, run_sharded(CASES, world), strict=True)}
-
-
-@pytest.fixture(scope="module")
-def single():
-    return {case.name: run_single(case) for case in CASES}
+sharded, single = outcome_fixtures(CASES, WORLDS)
 
 
 @pytest.mark.slow

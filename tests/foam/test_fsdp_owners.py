@@ -23,6 +23,7 @@ from tests.helpers.sharded_parity import (
     Case,
     OwnPieceOnly,
     differences,
+    outcome_fixtures,
     run_resumed,
     run_sharded,
     run_single,
@@ -93,15 +94,7 @@ def test_owners_go_round_robin_for_one_shape_and_balance_cost_across_shapes():
 # -- equality with the single-process step ------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=WORLDS)
-def sharded(request):
-    world = request.param
-    return world, {c.name: o for c, o in zip(CASES, run_sharded(CASES, world), strict=True)}
-
-
-@pytest.fixture(scope="module")
-def single():
-    return {case.name: run_single(case) for case in CASES}
+sharded, single = outcome_fixtures(CASES, WORLDS)
 
 
 @pytest.mark.slow

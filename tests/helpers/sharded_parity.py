@@ -29,6 +29,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -412,6 +413,22 @@ class OwnPieceOnly(Owners):
             self.layouts[i].cut(whole, self.rank).copy_(pieces[i])
             wholes[i] = whole
         return wholes
+
+
+def outcome_fixtures(cases: list[Case], worlds: Sequence[int]) -> tuple[Any, Any]:
+    """Module-scoped ``sharded`` (``(world, outcomes by case name)``, one spawn per world in
+    ``worlds``) and ``single`` (outcomes by case name) fixtures of ``cases``."""
+
+    @pytest.fixture(scope="module", params=worlds)
+    def sharded(request):
+        world = request.param
+        return world, {c.name: o for c, o in zip(cases, run_sharded(cases, world), strict=True)}
+
+    @pytest.fixture(scope="module")
+    def single():
+        return {case.name: run_single(case) for case in cases}
+
+    return sharded, single
 
 
 class RunCache:
