@@ -43,8 +43,23 @@ KERNELS = {"cpu": "cpp", "cuda": "triton"}
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 CPU_SOURCE = Path(__file__).with_name("csrc") / "foam_step.cpp"
 CPU_CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp")
+CPU_KERNEL_ENV = "FOAM_CPU_KERNEL"
+"""``native`` (the default): the CPU step on this CPU's vectors; ``portable``: on ATen's portable
+vectors and array shuffles, what a CPU without AVX2 or NEON runs (how the tests check that path on
+any machine)."""
+CPU_KERNEL_DEFINES = {"native": (), "portable": ("-DFOAM_PORTABLE",)}
 PROBE_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2**-6}
 """How far a probe's result may be from the eager step's, relative to its largest entry."""
+
+
+def cpu_cflags() -> tuple[str, ...]:
+    """The CPU step's compiler flags, for the build ``FOAM_CPU_KERNEL`` names."""
+    kernel = os.environ.get(CPU_KERNEL_ENV, "native")
+    if kernel not in CPU_KERNEL_DEFINES:
+        raise ValueError(
+            f"{CPU_KERNEL_ENV}={kernel!r}: expected one of {', '.join(CPU_KERNEL_DEFINES)}"
+        )
+    return CPU_CFLAGS + CPU_KERNEL_DEFINES[kernel]
 
 
 def cpu_extension_name() -> str:
@@ -61,7 +76,7 @@ def cpu_extension_name() -> str:
     """
     digest = hashlib.sha256(str(CPU_SOURCE.resolve()).encode())
     digest.update(CPU_SOURCE.read_bytes())
-    digest.update(" ".join(CPU_CFLAGS).encode())
+    digest.update(" ".join(cpu_cflags()).encode())
     digest.update(cpu_features().encode())
     digest.update(f"{torch.__version__} {platform.python_version()}".encode())
     return f"foam_step_cpu_{digest.hexdigest()[:16]}"
@@ -144,7 +159,7 @@ def build_cpu_extension() -> None:
         load(
             name=cpu_extension_name(),
             sources=[str(CPU_SOURCE)],
-            extra_cflags=list(CPU_CFLAGS),
+            extra_cflags=list(cpu_cflags()),
             extra_ldflags=["-fopenmp"],
             build_directory=str(build),
             is_python_module=False,

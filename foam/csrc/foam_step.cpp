@@ -7,21 +7,20 @@
 // and writes the parameter, which is less memory traffic than fused AdamW's. Arithmetic is float32;
 // parameters, gradients and states may each be float32 or bfloat16 (rounded to nearest even).
 //
-// The loops run on explicit vectors of the machine's width, ATen's at::vec::Vectorized<float>
-// (what torch's own fused AdamW uses), so no compiler's auto-vectoriser decides how fast the step
-// is. ATen picks a vector's instruction set from CPU_CAPABILITY_* macros, which torch's build sets
-// per kernel file and an extension does not: they are set below from what the compiler targets
-// (-march=native, foam/fused.py), and the vectors live in a namespace of their own so that no
-// symbol collides with libtorch's copies. Without AVX2/AVX-512 (an ARM CPU takes NEON by itself)
-// the vectors are ATen's portable ones.
+// The loops run on explicit vectors, ATen's at::vec::Vectorized<float> (what torch's own fused
+// AdamW uses), so no compiler's auto-vectoriser decides how fast the step is. ATen picks a
+// vector's instruction set from CPU_CAPABILITY_* macros, which torch's build sets per kernel file
+// and an extension does not: AVX2 is set below where the compiler targets it (-march=native,
+// foam/fused.py; an AVX-512 CPU too, since the block shuffles are written for 256-bit vectors),
+// and the vectors live in a namespace of their own so that no symbol collides with libtorch's
+// copies. Elsewhere (an ARM CPU takes NEON by itself), or built with FOAM_PORTABLE (which is how
+// the tests run that path on any machine), the vectors are ATen's portable ones and the block
+// shuffles go through arrays.
 //
 // Every per-step number (bias corrections, step size, decay, residual scales) is an argument, so
 // the Python side decides the semantics and this file only does the arithmetic.
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
-    defined(__AVX512VL__) && defined(__FMA__)
-#define CPU_CAPABILITY_AVX512
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if !defined(FOAM_PORTABLE) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define CPU_CAPABILITY_AVX2
 #endif
 #define CPU_CAPABILITY foam_native
@@ -64,7 +63,6 @@ inline Vec load1(const at::BFloat16* x) {
   return out;
 }
 inline void store1(float* x, Vec a) { a.store(x); }
-inline void store1(at::BFloat16* x, Vec a) { at::vec::convert_float_bfloat16(a, a).store(x, kW); }
 
 inline void load2(const float* x, Vec& a, Vec& b) {
   a = Vec::loadu(x);
@@ -97,6 +95,116 @@ inline void store2(at::BFloat16* x, int64_t n, Vec a, Vec b) {
   at::vec::convert_float_bfloat16(a, b).store(x, n);
 }
 
+// The layouts of a chunk of 2 * kW consecutive entries held as two float32 vectors. `natural`:
+// the first kW entries, then the next kW. `pairs`: the entries at even offsets, then those at odd
+// offsets, lane i of each holding pair i (entries 2i and 2i + 1). A bfloat16 chunk is one vector
+// of 32-bit words, each a pair, so its pairs are a shift and a mask apart (two operations, where
+// widening it in order takes a lane-crossing shuffle and two widenings), and a float32 chunk is a
+// de-interleave apart. Element-wise arithmetic does not care which layout it runs on, as long as
+// every tensor of a chunk (parameter, gradient, states) is held in the same one; and in `pairs`,
+// the sums of blocks of 2 entries along a row are one addition, lane i being block i.
+enum class Layout { natural, pairs };
+
+// The layout the step holds a parameter of type P's chunks in.
+template <typename P>
+constexpr Layout layout_of = std::is_same_v<P, at::BFloat16> ? Layout::pairs : Layout::natural;
+
+using IVec = at::vec::Vectorized<int32_t>;
+static_assert(IVec::size() == kW, "32-bit integer and float vectors have the same lanes");
+
+// A float vector's bits as 32-bit integers and back (no conversion).
+inline IVec bits_of(Vec x) {
+#if defined(CPU_CAPABILITY_AVX2)
+  return _mm256_castps_si256(x);
+#else
+  return at::vec::cast<int32_t>(x);
+#endif
+}
+inline Vec float_of(IVec x) {
+#if defined(CPU_CAPABILITY_AVX2)
+  return _mm256_castsi256_ps(x);
+#else
+  return at::vec::cast<float>(x);
+#endif
+}
+
+// x rounded to the nearest bfloat16, ties to even, as the high 16 bits of each lane (the low 16
+// are left over): what torch's conversion computes, NaN included (all ones, as ATen's vectors).
+inline IVec bfloat16_high_bits(Vec x) {
+  const IVec w = bits_of(x);
+  const IVec rounded = w + ((w >> IVec(16)) & IVec(1)) + IVec(0x7fff);
+  return IVec::blendv(rounded, IVec(-1), bits_of(x.isnan()));
+}
+
+// One vector stored as bfloat16: the rounded high halves packed (ATen's conversion takes two
+// vectors, so one vector through it pays for two).
+inline void store1(at::BFloat16* x, Vec a) {
+  const IVec halves = (bfloat16_high_bits(a) >> IVec(16)) & IVec(0xffff);
+#if defined(CPU_CAPABILITY_AVX2)
+  const __m256i h = halves;
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(x),
+                   _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+#else
+  int32_t words[kW];
+  halves.store(words);
+  for (int64_t i = 0; i < kW; ++i) {
+    x[i] = at::BFloat16(static_cast<uint16_t>(words[i]), at::BFloat16::from_bits());
+  }
+#endif
+}
+
+inline void load_chunk(Layout layout, const float* x, Vec& a, Vec& b) {
+  a = Vec::loadu(x);
+  b = Vec::loadu(x + kW);
+  if (layout == Layout::pairs) std::tie(a, b) = at::vec::deinterleave2(a, b);
+}
+inline void load_chunk(Layout layout, const at::BFloat16* x, Vec& a, Vec& b) {
+  if (layout == Layout::natural) return load2(x, a, b);
+  const IVec words = IVec::loadu(x);
+  a = float_of(words << IVec(16));
+  b = float_of(words & IVec(static_cast<int32_t>(0xffff0000u)));
+}
+inline void store_chunk(Layout layout, float* x, Vec a, Vec b) {
+  if (layout == Layout::pairs) std::tie(a, b) = at::vec::interleave2(a, b);
+  store2(x, a, b);
+}
+inline void store_chunk(Layout layout, at::BFloat16* x, Vec a, Vec b) {
+  if (layout == Layout::natural) return store2(x, a, b);
+  const IVec even = (bfloat16_high_bits(a) >> IVec(16)) & IVec(0xffff);
+  const IVec odd = bfloat16_high_bits(b) & IVec(static_cast<int32_t>(0xffff0000u));
+  (even | odd).store(x);
+}
+// The first n <= kChunk entries of a chunk, through a chunk-sized buffer (zeros beyond them).
+template <typename T>
+inline void load_chunk(Layout layout, const T* x, int64_t n, Vec& a, Vec& b) {
+  if (n == kChunk) return load_chunk(layout, x, a, b);
+  T buffer[kChunk] = {};
+  std::copy_n(x, n, buffer);
+  load_chunk(layout, buffer, a, b);
+}
+template <typename T>
+inline void store_chunk(Layout layout, T* x, int64_t n, Vec a, Vec b) {
+  if (n == kChunk) return store_chunk(layout, x, a, b);
+  T buffer[kChunk];
+  store_chunk(layout, buffer, a, b);
+  std::copy_n(buffer, n, x);
+}
+// One vector's first n <= kW entries (zeros beyond them).
+template <typename T>
+inline Vec load_vec(const T* x, int64_t n) {
+  if (n == kW) return load1(x);
+  T buffer[kW] = {};
+  std::copy_n(x, n, buffer);
+  return load1(buffer);
+}
+template <typename T>
+inline void store_vec(T* x, int64_t n, Vec a) {
+  if (n == kW) return store1(x, a);
+  T buffer[kW];
+  store1(buffer, a);
+  std::copy_n(buffer, n, x);
+}
+
 // Asks for the n entries at x to be brought into cache: issued a slice ahead (step_along_rows),
 // it keeps the gradient and parameter streams from memory going while a slice's fold, which
 // reads only the gradient, and its update alternate. The column fold reads whole rows in order,
@@ -117,7 +225,7 @@ inline Vec rounded_to(Vec x) {
   if constexpr (std::is_same_v<T, float>) {
     return x;
   } else {
-    return std::get<0>(at::vec::convert_bfloat16_float(at::vec::convert_float_bfloat16(x, x)));
+    return float_of(bfloat16_high_bits(x) & IVec(static_cast<int32_t>(0xffff0000u)));
   }
 }
 
@@ -188,26 +296,34 @@ struct MomentScalars {
 // of squares (a chunk), with the formulas of torch's lerp_ and mul_/addcmul_
 // (foam/numerics.py ema_). Gives each block's mean gradient and bias-corrected moments (from
 // the unrounded moments).
-template <bool kMeanOfSquares, typename S>
-inline void chunk_moments(const Vec* sum, const Vec* sum_sq, S* m, S* v, int64_t k,
-                          const MomentScalars& c, Vec* mean, Vec* m_hat, Vec* v_hat) {
-  Vec m_old[2], v_old[2], m_new[2], v_new[2];
-  load2(m, k, m_old[0], m_old[1]);
-  load2(v, k, v_old[0], v_old[1]);
-  for (int h = 0; h < 2; ++h) {
-    mean[h] = c.exact ? sum[h] * c.inv_count : sum[h] / c.count;
-    m_new[h] = m_old[h] + c.w1 * (mean[h] - m_old[h]);
-    if constexpr (kMeanOfSquares) {
-      const Vec mean_sq = c.exact ? sum_sq[h] * c.inv_count : sum_sq[h] / c.count;
-      v_new[h] = v_old[h] + c.w2 * (mean_sq - v_old[h]);
-    } else {
-      v_new[h] = v_old[h] * c.beta2 + c.w2 * mean[h] * mean[h];
-    }
-    m_hat[h] = m_new[h] * c.inv_c1;
-    v_hat[h] = v_new[h] * c.inv_c2;
+template <bool kMeanOfSquares>
+inline void moments(Vec sum, Vec sum_sq, Vec& m, Vec& v, const MomentScalars& c, Vec& mean,
+                    Vec& m_hat, Vec& v_hat) {
+  mean = c.exact ? sum * c.inv_count : sum / c.count;
+  m = m + c.w1 * (mean - m);
+  if constexpr (kMeanOfSquares) {
+    const Vec mean_sq = c.exact ? sum_sq * c.inv_count : sum_sq / c.count;
+    v = v + c.w2 * (mean_sq - v);
+  } else {
+    v = v * c.beta2 + c.w2 * mean * mean;
   }
-  store2(m, k, m_new[0], m_new[1]);
-  store2(v, k, v_new[0], v_new[1]);
+  m_hat = m * c.inv_c1;
+  v_hat = v * c.inv_c2;
+}
+
+// `moments` of a chunk of k <= kChunk blocks whose states at m and v are held in `layout`.
+template <bool kMeanOfSquares, typename S>
+inline void chunk_moments(Layout layout, const Vec* sum, const Vec* sum_sq, S* m, S* v,
+                          int64_t k, const MomentScalars& c, Vec* mean, Vec* m_hat,
+                          Vec* v_hat) {
+  Vec mv[2], vv[2];
+  load_chunk(layout, m, k, mv[0], mv[1]);
+  load_chunk(layout, v, k, vv[0], vv[1]);
+  for (int h = 0; h < 2; ++h) {
+    moments<kMeanOfSquares>(sum[h], sum_sq[h], mv[h], vv[h], c, mean[h], m_hat[h], v_hat[h]);
+  }
+  store_chunk(layout, m, k, mv[0], mv[1]);
+  store_chunk(layout, v, k, vv[0], vv[1]);
 }
 
 // chunk_moments over n blocks of len entries, their sums and block values in arrays of n.
@@ -221,7 +337,7 @@ FOAM_FLATTEN void update_moments(const float* sum, const float* sum_sq, int64_t 
     Vec mu[2], sq[2], mv[2], mh[2], vh[2];
     load2(sum + b, k, mu[0], mu[1]);
     if constexpr (kMeanOfSquares) load2(sum_sq + b, k, sq[0], sq[1]);
-    chunk_moments<kMeanOfSquares>(mu, sq, m + b, v + b, k, c, mv, mh, vh);
+    chunk_moments<kMeanOfSquares>(Layout::natural, mu, sq, m + b, v + b, k, c, mv, mh, vh);
     store2(mean + b, k, mv[0], mv[1]);
     store2(m_hat + b, k, mh[0], mh[1]);
     store2(v_hat + b, k, vh[0], vh[1]);
@@ -313,119 +429,306 @@ FOAM_FLATTEN inline void apply_block(P* p, const G* g, float mean, float m_hat, 
   }
 }
 
-// The sums of kW blocks of K entries from the K vectors of their consecutive entries (which it
-// overwrites): pairs of vectors are de-interleaved and added, which sums neighbouring entries
-// and keeps their order, until one entry per block is left.
-template <int64_t K>
-inline Vec block_totals(Vec* x) {
-#pragma GCC unroll 4
-  for (int64_t n = K; n > 1; n /= 2) {
-#pragma GCC unroll 8
+// Blocks of K = 2, 4 or 8 entries along a row are taken kW blocks (a group) at a time, in
+// registers, from the group's vectors of items: its entries (the `natural` layout) or its pairs'
+// sums (`pairs`, where a block of 2 is one item). Items are summed with their neighbours level by
+// level, two vectors into one, with shuffles that stay inside each 128-bit lane (a lane-crossing
+// shuffle costs several times as much on some CPUs: ATen's de-interleave made LLaMA-60M's
+// 512 x 512 fp32 FOAM-3 step 1.6 times slower): neighbour_sums(u, v) holds, in each 128-bit lane
+// of four floats, [u0 + u1, u2 + u3, v0 + v1, v2 + v3]. The additions are the eager fold's
+// ((g0 + g1) + (g2 + g3)) ...; the lanes end up holding the group's blocks in an order that
+// block_order works out at compile time, into which the folded states are permuted after their
+// load and out of which before their store (the only lane-crossing shuffles). spread_low and
+// spread_high undo one level: each sum's value back over the two lanes it came from, of u or v.
+static_assert(kW % 4 == 0, "the shuffles work on 128-bit lanes of four floats");
+
+#if defined(CPU_CAPABILITY_AVX2)
+inline Vec neighbour_sums(Vec u, Vec v) {
+  return _mm256_add_ps(_mm256_shuffle_ps(u, v, 0x88), _mm256_shuffle_ps(u, v, 0xdd));
+}
+inline Vec spread_low(Vec h) { return _mm256_unpacklo_ps(h, h); }
+inline Vec spread_high(Vec h) { return _mm256_unpackhi_ps(h, h); }
+inline Vec gather_lanes(Vec x, const std::array<int32_t, kW>& index) {
+  return _mm256_permutevar8x32_ps(
+      x, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(index.data())));
+}
+inline Vec halves_sum(Vec u, Vec v) {
+  return _mm256_add_ps(_mm256_permute2f128_ps(u, v, 0x20), _mm256_permute2f128_ps(u, v, 0x31));
+}
+inline Vec low_half_twice(Vec h) { return _mm256_permute2f128_ps(h, h, 0x00); }
+inline Vec high_half_twice(Vec h) { return _mm256_permute2f128_ps(h, h, 0x11); }
+#else
+// The same lane arithmetic through arrays, for any vector width (a FOAM_PORTABLE build takes it
+// on any CPU, which is how the tests check it).
+inline Vec neighbour_sums(Vec u, Vec v) {
+  float a[kW], b[kW], h[kW];
+  u.store(a);
+  v.store(b);
+  for (int64_t q = 0; q < kW; q += 4) {
+    h[q] = a[q] + a[q + 1];
+    h[q + 1] = a[q + 2] + a[q + 3];
+    h[q + 2] = b[q] + b[q + 1];
+    h[q + 3] = b[q + 2] + b[q + 3];
+  }
+  return Vec::loadu(h);
+}
+inline Vec spread_half(Vec h, int64_t half) {
+  float a[kW], out[kW];
+  h.store(a);
+  for (int64_t q = 0; q < kW; q += 4) {
+    out[q] = out[q + 1] = a[q + 2 * half];
+    out[q + 2] = out[q + 3] = a[q + 2 * half + 1];
+  }
+  return Vec::loadu(out);
+}
+inline Vec spread_low(Vec h) { return spread_half(h, 0); }
+inline Vec spread_high(Vec h) { return spread_half(h, 1); }
+inline Vec gather_lanes(Vec x, const std::array<int32_t, kW>& index) {
+  float a[kW], out[kW];
+  x.store(a);
+  for (int64_t i = 0; i < kW; ++i) out[i] = a[index[i]];
+  return Vec::loadu(out);
+}
+inline Vec halves_sum(Vec u, Vec v) {
+  float a[kW], b[kW], out[kW];
+  u.store(a);
+  v.store(b);
+  for (int64_t i = 0; i < kW / 2; ++i) {
+    out[i] = a[i] + a[i + kW / 2];
+    out[i + kW / 2] = b[i] + b[i + kW / 2];
+  }
+  return Vec::loadu(out);
+}
+inline Vec half_twice(Vec h, int64_t half) {
+  float a[kW], out[kW];
+  h.store(a);
+  for (int64_t i = 0; i < kW / 2; ++i) out[i] = out[i + kW / 2] = a[i + half * kW / 2];
+  return Vec::loadu(out);
+}
+inline Vec low_half_twice(Vec h) { return half_twice(h, 0); }
+inline Vec high_half_twice(Vec h) { return half_twice(h, 1); }
+#endif
+
+// The block each lane holds after L levels of neighbour_sums over 2^L vectors of consecutive
+// items (blocks of 2^L items), and the inverse permutation.
+template <int L>
+constexpr std::array<int32_t, kW> block_order() {
+  std::array<std::array<int32_t, kW>, (1 << L)> first{};  // each lane's first item
+  for (int64_t t = 0; t < (1 << L); ++t) {
+    for (int64_t i = 0; i < kW; ++i) first[t][i] = static_cast<int32_t>(t * kW + i);
+  }
+  for (int64_t n = (1 << L); n > 1; n /= 2) {
     for (int64_t t = 0; t < n / 2; ++t) {
-      const auto [even, odd] = at::vec::deinterleave2(x[2 * t], x[2 * t + 1]);
-      x[t] = even + odd;
+      const auto u = first[2 * t], v = first[2 * t + 1];
+      for (int64_t q = 0; q < kW; q += 4) {
+        first[t][q] = u[q];
+        first[t][q + 1] = u[q + 2];
+        first[t][q + 2] = v[q];
+        first[t][q + 3] = v[q + 2];
+      }
     }
+  }
+  std::array<int32_t, kW> order{};
+  for (int64_t i = 0; i < kW; ++i) order[i] = first[0][i] >> L;
+  return order;
+}
+template <int L>
+constexpr std::array<int32_t, kW> natural_order() {
+  std::array<int32_t, kW> inverse{};
+  const auto order = block_order<L>();
+  for (int64_t i = 0; i < kW; ++i) inverse[order[i]] = static_cast<int32_t>(i);
+  return inverse;
+}
+
+// A group's kW folded-state values (natural order) into its sums' lane order, and back.
+template <int L>
+inline Vec to_lane_order(Vec x) {
+  if constexpr (L == 0) {
+    return x;
+  } else {
+    static constexpr auto order = block_order<L>();
+    return gather_lanes(x, order);
+  }
+}
+template <int L>
+inline Vec to_natural_order(Vec x) {
+  if constexpr (L == 0) {
+    return x;
+  } else {
+    static constexpr auto order = natural_order<L>();
+    return gather_lanes(x, order);
+  }
+}
+
+// The block sums of a group from its 2^L item vectors (which it overwrites).
+template <int L>
+inline Vec sum_up(Vec* x) {
+#pragma GCC unroll 4
+  for (int64_t n = (1 << L); n > 1; n /= 2) {
+#pragma GCC unroll 4
+    for (int64_t t = 0; t < n / 2; ++t) x[t] = neighbour_sums(x[2 * t], x[2 * t + 1]);
   }
   return x[0];
 }
 
-// The vector of the entries of kW / K consecutive blocks of K entries, from their values: each
-// value broadcast and blended in over the lanes from its block's first entry on (no
-// lane-crossing shuffle, which costs several cycles on some CPUs).
-template <int64_t K, int64_t J = 1>
-inline Vec spread(const float* values, Vec acc) {
-  if constexpr (J * K >= kW) {
-    return acc;
-  } else {
-    constexpr int64_t mask = ((int64_t{1} << kW) - 1) & ~((int64_t{1} << (J * K)) - 1);
-    return spread<K, J + 1>(values, Vec::template blend<mask>(acc, Vec(values[J])));
-  }
-}
-
-// The K vectors of the entries of kW blocks of K entries, from their values.
-template <int64_t K>
-inline std::array<Vec, K> entries_of(const float* values) {
-  constexpr int64_t kBlocks = kW / K;  // blocks per vector
-  std::array<Vec, K> y;
-  for (int64_t t = 0; t < K; ++t) y[t] = spread<K>(values + t * kBlocks, Vec(values[t * kBlocks]));
-  return y;
-}
-
-// Sums (and sums of squares) of the `groups` groups of kW blocks of a compile-time K <= kW
-// entries that start g: each group is K vectors.
-template <int64_t K, bool kSquares, typename G>
-FOAM_FLATTEN inline void group_sums(const G* g, int64_t groups, float* sum, float* sum_sq) {
-  for (int64_t q = 0; q < groups; ++q) {
-    Vec x[K], x_sq[K];
-    for (int64_t t = 0; t < K / 2; ++t) load2(g + q * K * kW + t * kChunk, x[2 * t], x[2 * t + 1]);
-    if constexpr (kSquares) {
-      for (int64_t t = 0; t < K; ++t) x_sq[t] = x[t] * x[t];
-      block_totals<K>(x_sq).store(sum_sq + q * kW);
+// The 2^L item vectors' values from their blocks' values (sum_up's way back).
+template <int L>
+inline std::array<Vec, (1 << L)> spread_down(Vec values) {
+  std::array<Vec, (1 << L)> out;
+  out[0] = values;
+#pragma GCC unroll 4
+  for (int64_t n = 1; n < (1 << L); n *= 2) {
+#pragma GCC unroll 4
+    for (int64_t t = n - 1; t >= 0; --t) {
+      const Vec h = out[t];
+      out[2 * t] = spread_low(h);
+      out[2 * t + 1] = spread_high(h);
     }
-    block_totals<K>(x).store(sum + q * kW);
   }
+  return out;
 }
 
-// The update of `groups` groups of kW blocks of a compile-time K <= kW entries (see group_sums).
-template <int64_t K, typename P, typename G, bool kDecay>
-FOAM_FLATTEN inline void group_update(P* p, const G* g, const float* mean, const float* m_hat,
-                         const float* v_hat, int64_t groups, const UpdateScalars& s) {
-  for (int64_t q = 0; q < groups; ++q) {
-    const auto mv = entries_of<K>(mean + q * kW);
-    const auto mh = entries_of<K>(m_hat + q * kW);
-    const auto vh = entries_of<K>(v_hat + q * kW);
-    for (int64_t t = 0; t < K / 2; ++t) {
-      const int64_t at = q * K * kW + t * kChunk;
-      Vec pv[2], gv[2];
-      load2(p + at, pv[0], pv[1]);
-      load2(g + at, gv[0], gv[1]);
+constexpr int log2_of(int64_t n) { return n > 1 ? 1 + log2_of(n / 2) : 0; }
+
+// A group's sums, their lane order and their way back, over 2^L item vectors, or with kHalves
+// over two sets of 2^L (= 4) whose last two vectors' 128-bit halves are added: blocks of eight
+// float32 entries on an 8-wide vector, which then come out in their natural order.
+template <int L, bool kHalves>
+struct GroupTree {
+  static constexpr int64_t kItems = (int64_t{1} << L) * (kHalves ? 2 : 1);
+  static Vec sum(Vec* items) {
+    if constexpr (kHalves) {
+      const Vec low = sum_up<L>(items);
+      return halves_sum(low, sum_up<L>(items + kItems / 2));
+    } else {
+      return sum_up<L>(items);
+    }
+  }
+  static std::array<Vec, kItems> spread(Vec values) {
+    if constexpr (kHalves) {
+      const auto low = spread_down<L>(low_half_twice(values));
+      const auto high = spread_down<L>(high_half_twice(values));
+      std::array<Vec, kItems> out;
+      std::copy(low.begin(), low.end(), out.begin());
+      std::copy(high.begin(), high.end(), out.begin() + kItems / 2);
+      return out;
+    } else {
+      return spread_down<L>(values);
+    }
+  }
+  static Vec to_lanes(Vec x) { return kHalves ? x : to_lane_order<L>(x); }
+  static Vec to_natural(Vec x) { return kHalves ? x : to_natural_order<L>(x); }
+};
+
+// One group of `blocks` <= kW blocks of K entries (see neighbour_sums); kWhole: blocks == kW,
+// which leaves the group's loads and stores without a count to check.
+template <int64_t K, bool kDecay, bool kSquares, bool kWhole, typename P, typename G, typename S>
+FOAM_FLATTEN inline void short_blocks_group(P* p, const G* g, S* m, S* v, int64_t blocks,
+                                            const MomentScalars& c, const UpdateScalars& us) {
+  // Items of the parameter's own layout; float32 blocks of 8 in halves where the vector has two
+  // (kW = 8), else in pairs (a de-interleave) as four items.
+  constexpr bool kHalves = layout_of<P> == Layout::natural && K == 8 && kW == 8;
+  constexpr Layout layout = K == 8 && !kHalves ? Layout::pairs : layout_of<P>;
+  constexpr bool kPairs = layout == Layout::pairs;
+  constexpr int L = log2_of(kPairs ? K / 2 : K) - (kHalves ? 1 : 0);
+  static_assert(L <= 2, "neighbour_sums pairs lanes within 128 bits: at most four items a block");
+  using Tree = GroupTree<L, kHalves>;
+  constexpr int64_t kItems = Tree::kItems;                   // item vectors of a group
+  constexpr int64_t kChunks = kPairs ? kItems : kItems / 2;  // the chunks they come from
+  if constexpr (kWhole) blocks = kW;
+  const int64_t entries = blocks * K;
+  const auto count = [&](int64_t t) {
+    return kWhole ? kChunk : std::clamp<int64_t>(entries - t * kChunk, 0, kChunk);
+  };
+  Vec items[kItems], squares[kItems];
+  for (int64_t t = 0; t < kChunks; ++t) {
+    Vec x[2];
+    load_chunk(layout, g + t * kChunk, count(t), x[0], x[1]);
+    if constexpr (kPairs) {
+      items[t] = x[0] + x[1];
+      if constexpr (kSquares) squares[t] = x[0] * x[0] + x[1] * x[1];
+    } else {
       for (int h = 0; h < 2; ++h) {
-        const int64_t i = 2 * t + h;
-        pv[h] = updated<P, kDecay>(pv[h], gv[h], mv[i], mh[i], vh[i], s);
+        items[2 * t + h] = x[h];
+        if constexpr (kSquares) squares[2 * t + h] = x[h] * x[h];
       }
-      store2(p + at, pv[0], pv[1]);
     }
+  }
+  const Vec sum = Tree::sum(items);
+  const Vec sum_sq = kSquares ? Tree::sum(squares) : Vec(0.0f);
+  Vec mv = Tree::to_lanes(load_vec(m, blocks)), vv = Tree::to_lanes(load_vec(v, blocks));
+  Vec mean, m_hat, v_hat;
+  moments<kSquares>(sum, sum_sq, mv, vv, c, mean, m_hat, v_hat);
+  store_vec(m, blocks, Tree::to_natural(mv));
+  store_vec(v, blocks, Tree::to_natural(vv));
+  const auto means = Tree::spread(mean), m_hats = Tree::spread(m_hat);
+  const auto v_hats = Tree::spread(v_hat);
+  for (int64_t t = 0; t < kChunks; ++t) {
+    const int64_t n = count(t);
+    if (n == 0) break;
+    Vec pv[2], gv[2];
+    load_chunk(layout, p + t * kChunk, n, pv[0], pv[1]);
+    load_chunk(layout, g + t * kChunk, n, gv[0], gv[1]);
+    for (int h = 0; h < 2; ++h) {
+      const int64_t i = kPairs ? t : 2 * t + h;  // the item vector this half's values are of
+      pv[h] = updated<P, kDecay>(pv[h], gv[h], means[i], m_hats[i], v_hats[i], us);
+    }
+    store_chunk(layout, p + t * kChunk, n, pv[0], pv[1]);
+  }
+}
+
+// The `full` blocks of K entries at the start of a row, a group at a time.
+template <int64_t K, bool kDecay, bool kSquares, typename P, typename G, typename S>
+FOAM_FLATTEN void row_of_short_blocks(P* p, const G* g, S* m, S* v, int64_t full,
+                                      const MomentScalars& c, const UpdateScalars& us) {
+  int64_t b = 0;
+  for (; b + kW <= full; b += kW) {
+    short_blocks_group<K, kDecay, kSquares, true>(p + b * K, g + b * K, m + b, v + b, kW, c, us);
+  }
+  if (b < full) {
+    short_blocks_group<K, kDecay, kSquares, false>(p + b * K, g + b * K, m + b, v + b,
+                                                   full - b, c, us);
   }
 }
 
 // Fold along the columns: blocks of `block` consecutive entries of a row, the last one possibly
-// shorter. K > 0 is a block size up to the vector width, known at compile time: kW blocks at a
-// time are then summed and updated as K vectors (group_sums, group_update); K = 0 takes each
-// block on its own, whole vectors of it at a time.
+// shorter. K > 0 is a block size of 2, 4 or 8 known at compile time, whose whole blocks are
+// taken in registers (row_of_short_blocks); the rest (every block when K = 0, else the shorter
+// last one) each on its own, whole vectors of it at a time, through arrays of a row's blocks.
 template <int64_t K, typename P, typename G, typename S>
 void step_along_cols(P* p, const G* g, S* m, S* v, int64_t rows, int64_t cols, int64_t block,
                      const Scalars& s, float bc1, float bc2) {
   const int64_t full = cols / block, tail = cols - full * block, nb = full + (tail > 0);
-  const int64_t groups = K > 0 ? full / kW : 0, grouped = groups * kW;
+  const int64_t in_registers = K > 0 ? full : 0, rest = nb - in_registers;
   const int64_t grain = std::max<int64_t>(1, 32768 / cols);
   const UpdateScalars us(s);
+  const MomentScalars c(s, block, bc1, bc2);
   with_flags(s, [&](auto decays, auto squares) {
     constexpr bool kDecay = decltype(decays)::value, kSquares = decltype(squares)::value;
     at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-      std::vector<float> sum(nb), sum_sq(nb), mean(nb), m_hat(nb), v_hat(nb);
+      std::vector<float> sum(rest), sum_sq(rest), mean(rest), m_hat(rest), v_hat(rest);
       for (int64_t r = begin; r < end; ++r) {
         const G* g_row = g + r * cols;
         P* p_row = p + r * cols;
         S *m_row = m + r * nb, *v_row = v + r * nb;
-        if constexpr (K > 0) group_sums<K, kSquares>(g_row, groups, sum.data(), sum_sq.data());
-        for (int64_t b = grouped; b < nb; ++b) {
-          block_sum<kSquares>(g_row + b * block, std::min(block, cols - b * block), &sum[b],
-                              &sum_sq[b]);
-        }
-        update_moments<kSquares>(sum.data(), sum_sq.data(), full, block, m_row, v_row, s, bc1,
-                                 bc2, mean.data(), m_hat.data(), v_hat.data());
-        if (tail) {
-          update_moments<kSquares>(&sum[full], &sum_sq[full], 1, tail, m_row + full,
-                                   v_row + full, s, bc1, bc2, &mean[full], &m_hat[full],
-                                   &v_hat[full]);
-        }
         if constexpr (K > 0) {
-          group_update<K, P, G, kDecay>(p_row, g_row, mean.data(), m_hat.data(), v_hat.data(),
-                                        groups, us);
+          row_of_short_blocks<K, kDecay, kSquares>(p_row, g_row, m_row, v_row, full, c, us);
         }
-        for (int64_t b = grouped; b < nb; ++b) {
-          const int64_t at = b * block;
-          apply_block<P, G, kDecay>(p_row + at, g_row + at, mean[b], m_hat[b], v_hat[b],
+        for (int64_t b = in_registers; b < nb; ++b) {
+          block_sum<kSquares>(g_row + b * block, std::min(block, cols - b * block),
+                              &sum[b - in_registers], &sum_sq[b - in_registers]);
+        }
+        update_moments<kSquares>(sum.data(), sum_sq.data(), full - in_registers, block,
+                                 m_row + in_registers, v_row + in_registers, s, bc1, bc2,
+                                 mean.data(), m_hat.data(), v_hat.data());
+        if (tail) {
+          update_moments<kSquares>(&sum[rest - 1], &sum_sq[rest - 1], 1, tail, m_row + full,
+                                   v_row + full, s, bc1, bc2, &mean[rest - 1], &m_hat[rest - 1],
+                                   &v_hat[rest - 1]);
+        }
+        for (int64_t b = in_registers; b < nb; ++b) {
+          const int64_t at = b * block, i = b - in_registers;
+          apply_block<P, G, kDecay>(p_row + at, g_row + at, mean[i], m_hat[i], v_hat[i],
                                     std::min(block, cols - at), us);
         }
       }
@@ -445,38 +748,57 @@ constexpr int64_t kShortBlock = 8;
 // column meanwhile: the hardware's prefetchers did not keep up with a block's rows read side by
 // side (LLaMA-60M's 1376 x 512 bf16 FOAM-2 beyond the cache: 1.64 ns an entry without it, 1.08
 // with it).
+// One chunk of k <= kChunk columns of short_rows_block (kWhole: k == kChunk).
+template <bool kDecay, bool kSquares, bool kWhole, typename P, typename G, typename S>
+FOAM_FLATTEN inline void short_rows_chunk(P* p, const G* g, S* m, S* v, int64_t len,
+                                          int64_t cols, int64_t k, const MomentScalars& c,
+                                          const UpdateScalars& us) {
+  constexpr Layout layout = layout_of<P>;
+  if constexpr (kWhole) k = kChunk;
+  Vec sum[2], sum_sq[2], x[2], mean[2], m_hat[2], v_hat[2];
+  load_chunk(layout, g, k, sum[0], sum[1]);
+  if constexpr (kSquares) {
+    for (int h = 0; h < 2; ++h) sum_sq[h] = sum[h] * sum[h];
+  }
+  for (int64_t i = 1; i < len; ++i) {
+    load_chunk(layout, g + i * cols, k, x[0], x[1]);
+    for (int h = 0; h < 2; ++h) {
+      sum[h] = sum[h] + x[h];
+      if constexpr (kSquares) sum_sq[h] = sum_sq[h] + x[h] * x[h];
+    }
+  }
+  chunk_moments<kSquares>(layout, sum, sum_sq, m, v, k, c, mean, m_hat, v_hat);
+  for (int64_t i = 0; i < len; ++i) {
+    Vec pv[2], gv[2];
+    load_chunk(layout, p + i * cols, k, pv[0], pv[1]);
+    load_chunk(layout, g + i * cols, k, gv[0], gv[1]);
+    for (int h = 0; h < 2; ++h) {
+      pv[h] = updated<P, kDecay>(pv[h], gv[h], mean[h], m_hat[h], v_hat[h], us);
+    }
+    store_chunk(layout, p + i * cols, k, pv[0], pv[1]);
+  }
+}
+
 template <bool kDecay, bool kSquares, typename P, typename G, typename S>
 FOAM_FLATTEN void short_rows_block(P* p, const G* g, S* m, S* v, int64_t len, int64_t cols,
                                    int64_t len_next, const MomentScalars& c,
                                    const UpdateScalars& us) {
-  for (int64_t j = 0; j < cols; j += kChunk) {
-    const int64_t k = std::min(kChunk, cols - j);
+  const auto prefetch_next = [&](int64_t j) {
     for (int64_t i = len; i < len + len_next; ++i) {
       __builtin_prefetch(g + i * cols + j);
       __builtin_prefetch(p + i * cols + j);
     }
-    Vec sum[2], sum_sq[2], x[2], mean[2], m_hat[2], v_hat[2];
-    load2(g + j, k, sum[0], sum[1]);
-    if constexpr (kSquares) {
-      for (int h = 0; h < 2; ++h) sum_sq[h] = sum[h] * sum[h];
-    }
-    for (int64_t i = 1; i < len; ++i) {
-      load2(g + i * cols + j, k, x[0], x[1]);
-      for (int h = 0; h < 2; ++h) {
-        sum[h] = sum[h] + x[h];
-        if constexpr (kSquares) sum_sq[h] = sum_sq[h] + x[h] * x[h];
-      }
-    }
-    chunk_moments<kSquares>(sum, sum_sq, m + j, v + j, k, c, mean, m_hat, v_hat);
-    for (int64_t i = 0; i < len; ++i) {
-      Vec pv[2], gv[2];
-      load2(p + i * cols + j, k, pv[0], pv[1]);
-      load2(g + i * cols + j, k, gv[0], gv[1]);
-      for (int h = 0; h < 2; ++h) {
-        pv[h] = updated<P, kDecay>(pv[h], gv[h], mean[h], m_hat[h], v_hat[h], us);
-      }
-      store2(p + i * cols + j, k, pv[0], pv[1]);
-    }
+  };
+  int64_t j = 0;
+  for (; j + kChunk <= cols; j += kChunk) {
+    prefetch_next(j);
+    short_rows_chunk<kDecay, kSquares, true>(p + j, g + j, m + j, v + j, len, cols, kChunk, c,
+                                             us);
+  }
+  if (j < cols) {
+    prefetch_next(j);
+    short_rows_chunk<kDecay, kSquares, false>(p + j, g + j, m + j, v + j, len, cols, cols - j,
+                                              c, us);
   }
 }
 
@@ -561,20 +883,19 @@ void step_along_rows(P* p, const G* g, S* m, S* v, int64_t rows, int64_t cols, i
   });
 }
 
-// The column fold with the block size a compile-time constant where it is at most the vector
-// width (such blocks share a vector, or fill one).
+// The column fold with the block size a compile-time constant where it takes its blocks in
+// registers (short_blocks_group).
 template <typename P, typename G, typename S>
 void step_along_cols_any(P* p, const G* g, S* m, S* v, int64_t rows, int64_t cols,
                          int64_t block, const Scalars& s, float bc1, float bc2) {
   const auto as = [&](auto size) {
     constexpr int64_t K = decltype(size)::value;
-    step_along_cols<K <= kW ? K : 0>(p, g, m, v, rows, cols, block, s, bc1, bc2);
+    step_along_cols<K>(p, g, m, v, rows, cols, block, s, bc1, bc2);
   };
   switch (block) {
     case 2: return as(std::integral_constant<int64_t, 2>{});
     case 4: return as(std::integral_constant<int64_t, 4>{});
     case 8: return as(std::integral_constant<int64_t, 8>{});
-    case 16: return as(std::integral_constant<int64_t, 16>{});
     default: return as(std::integral_constant<int64_t, 0>{});
   }
 }
