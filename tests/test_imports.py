@@ -255,3 +255,56 @@ def test_finetuning_imports_only_the_named_pieces_of_pretraining():
         for name, _ in imported_modules(p)
         if name.startswith("train.finetune")
     ], "pre-training imports fine-tuning"
+
+
+def imported_test_modules(source: str, package: tuple[str, ...]) -> set[str]:
+    """The ``test_*`` modules under tests/ that the source of a module in ``package`` imports,
+    absolute or relative, at module level or inside a function (``from tests.e2e import test_x``
+    and ``from .test_x import y`` both count)."""
+    imported = []  # dotted names as parts; ``from a import b`` gives a.b (b: module or name)
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imported += [alias.name.split(".") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = [*package[: len(package) + 1 - node.level]] if node.level else []
+            base += node.module.split(".") if node.module else []
+            imported += [[*base, alias.name] for alias in node.names]
+    return {
+        ".".join(parts[:end])
+        for parts in imported
+        for end in range(1, len(parts) + 1)
+        if parts[end - 1].startswith("test_")
+        and ROOT.joinpath(*parts[:end]).with_suffix(".py").is_file()
+    }
+
+
+def test_no_test_module_is_imported_as_a_library():
+    """What several test modules share lives in tests/helpers/: importing a test module runs its
+    module-level code in the importer, and moving or renaming a test breaks unrelated ones."""
+    bad = [
+        f"{path.relative_to(ROOT)}: {module}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for module in sorted(
+            imported_test_modules(path.read_text(), path.relative_to(ROOT).parent.parts)
+        )
+    ]
+    assert not bad, (
+        f"test modules imported as libraries (their helpers go in tests/helpers/): {bad}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "found"),
+    [
+        ("from tests.e2e.test_train_cli import TINY", {"tests.e2e.test_train_cli"}),
+        ("import tests.foam.test_fused as fused", {"tests.foam.test_fused"}),
+        ("def f():\n    from .test_train_cli import run", {"tests.e2e.test_train_cli"}),
+        ("from ..foam import test_fused", {"tests.foam.test_fused"}),
+        ("from . import test_missing, test_ctrl_c", {"tests.e2e.test_ctrl_c"}),
+        ("from tests.helpers.cli import TINY, test_like_name", set()),
+        ("import test_fused", set()),  # not a module under tests/ (found only on a changed path)
+    ],
+)
+def test_the_check_finds_test_modules_however_they_are_imported(source, found):
+    """Seen from a module in tests/e2e/."""
+    assert imported_test_modules(source, ("tests", "e2e")) == found
