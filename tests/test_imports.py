@@ -278,31 +278,63 @@ def imported_test_modules(source: str, package: tuple[str, ...]) -> set[str]:
     }
 
 
+AWAITING_THEIR_BRANCH = {
+    "tests/e2e/test_fsdp.py": {"tests.e2e.test_train_cli"},
+    "tests/foam/test_fsdp_quantized.py": {"tests.e2e.test_fsdp", "tests.e2e.test_train_cli"},
+}
+"""Files being changed on another branch as tests/helpers/cli.py arrived: their imports of
+``command``, ``run``, ``train_losses``, ``TINY`` and ``torchrun`` move to tests.helpers.cli when
+the branches meet, and then this goes (an entry that no longer holds fails the check)."""
+
+
 def test_no_test_module_is_imported_as_a_library():
     """What several test modules share lives in tests/helpers/: importing a test module runs its
     module-level code in the importer, and moving or renaming a test breaks unrelated ones."""
-    bad = [
-        f"{path.relative_to(ROOT)}: {module}"
-        for path in sorted((ROOT / "tests").rglob("*.py"))
-        for module in sorted(
-            imported_test_modules(path.read_text(), path.relative_to(ROOT).parent.parts)
+    found = {
+        path.relative_to(ROOT).as_posix(): imported_test_modules(
+            path.read_text(), path.relative_to(ROOT).parent.parts
         )
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+    }
+    bad = [
+        f"{path}: {module}"
+        for path, modules in found.items()
+        for module in sorted(modules - AWAITING_THEIR_BRANCH.get(path, set()))
     ]
     assert not bad, (
         f"test modules imported as libraries (their helpers go in tests/helpers/): {bad}"
     )
+    stale = sorted(
+        path for path, modules in AWAITING_THEIR_BRANCH.items() if found.get(path) != modules
+    )
+    assert not stale, f"drop these from AWAITING_THEIR_BRANCH: {stale}"
 
 
 @pytest.mark.parametrize(
     ("source", "found"),
     [
-        ("from tests.e2e.test_train_cli import TINY", {"tests.e2e.test_train_cli"}),
-        ("import tests.foam.test_fused as fused", {"tests.foam.test_fused"}),
-        ("def f():\n    from .test_train_cli import run", {"tests.e2e.test_train_cli"}),
-        ("from ..foam import test_fused", {"tests.foam.test_fused"}),
-        ("from . import test_missing, test_ctrl_c", {"tests.e2e.test_ctrl_c"}),
-        ("from tests.helpers.cli import TINY, test_like_name", set()),
-        ("import test_fused", set()),  # not a module under tests/ (found only on a changed path)
+        pytest.param(
+            "from tests.e2e.test_train_cli import TINY", {"tests.e2e.test_train_cli"}, id="absolute"
+        ),
+        pytest.param(
+            "import tests.foam.test_fused as fused", {"tests.foam.test_fused"}, id="aliased"
+        ),
+        pytest.param(
+            "def f():\n    from .test_train_cli import run",
+            {"tests.e2e.test_train_cli"},
+            id="relative-in-a-function",
+        ),
+        pytest.param(
+            "from ..foam import test_fused", {"tests.foam.test_fused"}, id="parent-package"
+        ),
+        pytest.param(
+            "from . import test_missing, test_ctrl_c",
+            {"tests.e2e.test_ctrl_c"},
+            id="one-of-several",
+        ),
+        pytest.param("from tests.helpers.cli import TINY, test_like_name", set(), id="a-helper"),
+        # tests/foam/test_fused.py imports itself so in a child process; no module under tests/
+        pytest.param("import test_fused", set(), id="not-under-tests"),
     ],
 )
 def test_the_check_finds_test_modules_however_they_are_imported(source, found):
