@@ -28,7 +28,7 @@ import models
 from foam import fused
 from foam.folding import make_plan
 from foam.update import StepScalars, bias_corrections
-from tests.foam.test_fused import assert_agree
+from tests.helpers.agreement import assert_agree
 from tests.helpers.optim import TINY_LLAMA, build, tiny_llama
 from train.distributed import wrap_ddp
 from train.metrics import PhasePeaks

@@ -3,7 +3,7 @@ command resumes."""
 
 import signal
 
-from tests.e2e.test_train_cli import checkpoint_steps, command, logged_steps, run, stop_with
+from tests.helpers.cli import checkpoint_steps, command, logged_steps, run, stop_with
 from train.preemption import CTRL_C_ANSWERS, PREEMPTED_EXIT_STATUS
 
 

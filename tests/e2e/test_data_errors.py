@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_train_cli import command, one_line_error, run
+from tests.helpers.cli import command, one_line_error, run
 from tests.helpers.data_pipeline import random_bytes_file, shakespeare_or_skip
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.e2e.test_train_cli import ENV, REPO, command, train_losses, wait_for
 from tests.helpers.checkpoint import live, save
+from tests.helpers.cli import ENV, REPO, command, torchrun, train_losses, wait_for
 from train import checkpoint as ckpt
 from train import manifest, run_lock
 from train.data.fingerprint import check_unchanged, fingerprint
@@ -245,15 +245,9 @@ def test_a_failed_save_can_be_trained_past(whole, tmp_path):
     assert train_losses(run_dir) == train_losses(whole)
 
 
-def torchrun(run_dir: Path, *overrides: str) -> list[str]:
-    runner = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    return [
-        runner,
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        *command(run_dir, *STEPS, *QUICK, *overrides, optim="adamw")[1:],
-    ]
+def on_two_ranks(run_dir: Path, *overrides: str) -> list[str]:
+    """The quick AdamW run of these tests under torchrun on 2 ranks."""
+    return torchrun(command(run_dir, *STEPS, *QUICK, *overrides, optim="adamw"))
 
 
 @pytest.mark.slow
@@ -277,7 +271,7 @@ def test_one_ranks_failed_save_stops_every_rank_in_seconds(tmp_path, fault, fail
     run_dir = tmp_path / "run"
     started = time.monotonic()
     proc = subprocess.run(
-        torchrun(run_dir, "trainer.global_batch_size=8"),
+        on_two_ranks(run_dir, "trainer.global_batch_size=8"),
         cwd=REPO,
         env={**ENV, "FOAM_FAULT": fault},
         capture_output=True,
@@ -562,7 +556,7 @@ def test_an_async_save_that_fails_stops_the_run_at_the_next_save(tmp_path):
 def test_async_saves_on_two_ranks_resume_the_same_run(tmp_path):
     """The background writes' collectives run on a group of their own while the ranks train."""
     run_dir = tmp_path / "run"
-    two_ranks = torchrun(run_dir, "trainer.global_batch_size=8", "trainer.async_save=true")
+    two_ranks = on_two_ranks(run_dir, "trainer.global_batch_size=8", "trainer.async_save=true")
     subprocess.run(two_ranks, cwd=REPO, env=ENV, capture_output=True, timeout=600, check=True)
     assert names(run_dir) == ["step_00000002", "step_00000004", "step_00000006"]
     for path in (run_dir / "checkpoints").iterdir():

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -26,7 +25,7 @@ import torch.multiprocessing as mp
 
 import foam
 import models
-from tests.e2e.test_train_cli import ENV, TINY, checkpoint_steps, train_losses
+from tests.helpers.cli import ENV, TINY, TORCHRUN, checkpoint_steps, train_losses
 from train import elastic
 from train.errors import TrainingDiverged
 from train.replicas import ReplicasDiffer, check_replicas_agree
@@ -40,7 +39,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 CPU = torch.device("cpu")
 VOCAB, T = 128, 16
-TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
 RESTARTABLE = ("trainer.max_steps=8", "trainer.save_every=2", "trainer.eval_every=0")
 
 

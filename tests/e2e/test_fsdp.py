@@ -538,7 +538,7 @@ def test_each_rank_steps_its_shards_with_the_fused_kernel_as_the_eager_step(tmp_
     the axis the shard keeps whole (or in blocks that fit the shard), and ends where the eager
     sharded step ends; only FOAM-Mini along the sharded dim, whose block mean is all-reduced,
     stays eager. ``foam_steps`` says so."""
-    from tests.foam.test_fused import assert_agree
+    from tests.helpers.agreement import assert_agree
 
     results = mp.Manager().dict()
     context = mp.spawn(

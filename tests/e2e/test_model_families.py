@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from tests.e2e.test_train_cli import TINY, command, run
+from tests.helpers.cli import TINY, command, run
 
 
 @pytest.mark.parametrize(("model", "objective"), [("gpt2_tiny", "causal"), ("deberta_tiny", "mlm")])

@@ -2,7 +2,6 @@
 
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -15,20 +14,22 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from foam import fused
+from tests.helpers.cli import (
+    ENV,
+    REPO,
+    TINY,
+    checkpoint_steps,
+    command,
+    logged_steps,
+    one_line_error,
+    records,
+    run,
+    stop_with,
+    torchrun,
+    train_losses,
+)
 from train.summary import DIVERGED_FILE
 
-REPO = Path(__file__).resolve().parents[2]
-TINY = [
-    "+model=llama_tiny",
-    "trainer=cpu_debug",
-    "logger=none",
-    "data.seq_len=64",
-    "trainer.global_batch_size=4",
-    "trainer.micro_batch_size=2",
-    "trainer.eval_tokens=2000",
-    "data.num_workers=0",
-    "data.allow_small_tokenizer=true",  # the project's SentencePiece for llama_tiny's 32000 ids
-]
 SUMMARY_KEYS = {
     "tokenizer",
     "final_val_loss",
@@ -51,34 +52,6 @@ SUMMARY_KEYS = {
     "seed",
     "eval_history",
 }
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-
-
-def command(
-    run_dir: Path, *overrides: str, optim: str | None = "foam2", tiny: bool = True
-) -> list[str]:
-    return [
-        sys.executable,
-        "train/pretrain.py",
-        *([f"+optim={optim}"] if optim else []),
-        *(TINY if tiny else []),
-        f"hydra.run.dir={run_dir}",
-        *overrides,
-    ]
-
-
-def run(cmd: list[str], expect_rc: int = 0) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == expect_rc, proc.stderr[-4000:]
-    return proc
-
-
-def records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def train_losses(run_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in records(run_dir) if "loss" in r}
 
 
 def test_tiny_run_writes_its_run_directory(tmp_path):
@@ -158,12 +131,6 @@ def test_batch_that_does_not_divide_fails_before_compute(tmp_path):
         "trainer.global_batch_size=4" in proc.stderr and "trainer.micro_batch_size=3" in proc.stderr
     )
     assert not (tmp_path / "run").exists()
-
-
-def one_line_error(proc: subprocess.CompletedProcess) -> str:
-    """The run's error line: the last line of stderr, and no traceback."""
-    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
-    return proc.stderr.strip().splitlines()[-1]
 
 
 def test_missing_data_path_is_one_line_naming_the_key(tmp_path):
@@ -502,16 +469,7 @@ def test_two_rank_torchrun_matches_one_rank(tmp_path):
     )
     one, two = tmp_path / "one", tmp_path / "two"
     run(command(one, *overrides, optim="adamw"))
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    run(
-        [
-            torchrun,
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            *command(two, *overrides, optim="adamw")[1:],
-        ]
-    )
+    run(torchrun(command(two, *overrides, optim="adamw")))
     l1, l2 = train_losses(one), train_losses(two)
     assert sorted(l1) == sorted(l2) == [1, 2, 3]
     for step in l1:
@@ -531,46 +489,6 @@ def test_wandb_offline_run_is_continued_on_resume(tmp_path):
     runs = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(name.endswith(f"-{run_id}") for name in runs)
     assert sorted(train_losses(run_dir)) == [1, 2, 3]
-
-
-def checkpoint_steps(run_dir: Path) -> list[int]:
-    return sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*"))
-
-
-def wait_for(condition, proc: subprocess.Popen, what: str, timeout_s: float = 300) -> None:
-    """Poll ``condition`` until it holds; fail if the run ends or the time runs out first."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert proc.poll() is None, f"the run ended (status {proc.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
-        time.sleep(0.05)
-
-
-def logged_steps(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    return max(train_losses(run_dir), default=0) if path.exists() else 0
-
-
-def stop_with(
-    cmd: list[str], run_dir: Path, sig: signal.Signals, at_step: int, **extra_wait
-) -> subprocess.CompletedProcess:
-    """Start ``cmd``, send ``sig`` twice (the second while the first is being handled) once
-    metrics.jsonl shows ``at_step``, and return the finished process."""
-    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        wait_for(lambda: logged_steps(run_dir) >= at_step, proc, f"step {at_step}")
-        for condition, what in extra_wait.values():
-            wait_for(condition, proc, what)
-        proc.send_signal(sig)
-        time.sleep(0.2)
-        if proc.poll() is None:
-            proc.send_signal(sig)
-        stdout, stderr = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout.decode(), stderr.decode())
 
 
 def test_sigterm_saves_the_step_reached_and_exits_with_the_preemption_status(tmp_path):
@@ -626,17 +544,10 @@ def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_resumes(tmp_path):
     """torchrun forwards SIGTERM to its workers; both finish the same step, save together and
     exit with the preemption status (torchrun itself then exits 1); the resumed run continues
     the uninterrupted run's losses."""
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     overrides = ("trainer.max_steps=8", "trainer.save_every=0", "trainer.eval_every=0")
 
     def two_ranks(run_dir: Path) -> list[str]:
-        return [
-            torchrun,
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            *command(run_dir, *overrides)[1:],
-        ]
+        return torchrun(command(run_dir, *overrides))
 
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     run(two_ranks(whole))

@@ -21,6 +21,7 @@ import torch
 
 from foam import FOAM, OptionError, fused, steps_run
 from foam.folding import make_plan
+from tests.helpers.agreement import assert_agree
 
 # wide, tall, non-divisible, 3-d; then blocks of 16 (level 4) with a shorter tail, not run at
 # "mini": one 40-entry block without R^2 in V divides by |block mean|, so two summation orders of
@@ -52,20 +53,6 @@ CASES = [
 def needs_cpu_kernel() -> None:
     if not fused.kernel_available("cpu"):
         pytest.fail("the fused CPU kernel did not build (see the log)")
-
-
-def assert_agree(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
-    """fp32: 1e-6 relative; bf16: one bf16 unit in the last place; both plus 1e-6 of the
-    tensor's largest entry, for entries that cancel to almost nothing."""
-    actual, expected = actual.float(), expected.float()
-    scale = expected.abs().max().item()
-    if dtype == torch.float32:
-        bound = 1e-6 * expected.abs() + 1e-6 * scale
-    else:
-        magnitude = expected.abs().clamp_min(torch.finfo(torch.float32).tiny)
-        bound = torch.exp2(torch.floor(torch.log2(magnitude)) - 7) + 2**-8 * scale
-    excess = (actual - expected).abs() - bound
-    assert excess.max() <= 0, f"off by {(actual - expected).abs().max().item():.3g}"
 
 
 def starts(shapes, dtype) -> list[torch.Tensor]:
@@ -393,8 +380,8 @@ def test_a_warm_launch_is_the_same_launch_at_every_step(monkeypatch):
 def interpreted(call: str) -> str:
     """What ``test_fused.CALL`` prints, run with Triton's CPU interpreter in a fresh process."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    tests_dir = Path(__file__).parent
-    env["PYTHONPATH"] = os.pathsep.join([str(tests_dir), env.get("PYTHONPATH", "")])
+    here, repo = Path(__file__).parent, Path(__file__).parents[2]  # test_fused; tests.helpers
+    env["PYTHONPATH"] = os.pathsep.join([str(here), str(repo), env.get("PYTHONPATH", "")])
     done = subprocess.run(
         [sys.executable, "-c", f"import test_fused; test_fused.{call}"],
         env=env,

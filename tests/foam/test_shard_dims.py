@@ -114,8 +114,7 @@ def test_the_trainer_shards_tall_matrices_by_rows_for_8bit_methods(tmp_path, met
     """``train/pretrain.py`` under FSDP2 on 2 ranks with a 1024 x 128 gate/up: FOAM's column
     shards (64 columns a rank) would straddle 256-entry blocks and be refused; the trainer
     shards them by rows (512 rows of 128) and follows its DDP run's losses."""
-    from tests.e2e.test_fsdp import torchrun
-    from tests.e2e.test_train_cli import command, run, train_losses
+    from tests.helpers.cli import command, run, torchrun, train_losses
 
     assert shard_dims(method, {})((1024, 128), 2) == 0
     wider = ("model.hidden_size=128", "model.intermediate_size=1024")

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.cli import REPO, TORCHRUN
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
 WORKER = "tests/helpers/fsdp_parity_worker.py"
 
 

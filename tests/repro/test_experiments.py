@@ -16,7 +16,7 @@ from repro import experiments, sweep
 from repro.memory_estimator import memory_matched, planned_numel
 from repro.points import load_points
 from repro.tables.experiments import experiment_outputs
-from tests.e2e.test_train_cli import ENV, TINY
+from tests.helpers.cli import ENV, TINY
 from train.metrics import peak_flops_for_name
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from repro import sweep
-from tests.e2e.test_train_cli import TINY
+from tests.helpers.cli import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.test_train_cli import TINY
+from tests.helpers.cli import TINY
 from tools import thread_check
 from tools.thread_check import (
     Numbers,

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
-from tests.e2e.test_train_cli import command, records, run
+from tests.helpers.cli import command, records, run
 from train.errors import ConfigError
 from train.update_cosine import UpdateCosine, averages, track_update_cosine
 

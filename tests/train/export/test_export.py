@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import models
-from tests.e2e.test_train_cli import REPO, command, run
+from tests.helpers.cli import REPO, command, run
 from train.checkpoint import load_model_weights
 from train.data.tokenizer import HFTokenizer
 from train.data.val_batches import build_val_batches
