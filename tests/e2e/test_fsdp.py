@@ -22,8 +22,8 @@ import torch.multiprocessing as mp
 
 from foam import fused
 from foam.sharding import shard_dim
-from tests.e2e.test_train_cli import TINY, command, run, train_losses
-from tests.helpers.fsdp_parity import ENV, REPO, TORCHRUN, sharded_and_single
+from tests.helpers.cli import TINY, command, run, torchrun, train_losses
+from tests.helpers.fsdp_parity import ENV, REPO, sharded_and_single
 from train.parallelism import compiles_layers, uses_autocast
 
 PARITY = ["adamw", "foam", "foam_mini"]
@@ -96,10 +96,6 @@ RUN = (
     # the rotary frequencies change: a resume that got them wrong would pass for exact.
     "model.initializer_range=0.2",
 )
-
-
-def torchrun(cmd: list[str], ranks: int = 2) -> list[str]:
-    return [TORCHRUN, "--standalone", "--nproc_per_node", str(ranks), *cmd[1:]]
 
 
 @pytest.fixture(scope="module")

@@ -256,8 +256,7 @@ def test_two_rank_fsdp_training_follows_the_ddp_losses(tmp_path, optim, override
     reordering. The 32000 x 64 embedding and head are 8-bit in both; adamw8bit's
     ``min_8bit_size`` keeps the 172 x 64 MLP matrices, which no 2-rank shard cuts into whole
     blocks (32 columns, or 86 rows of 64, a rank), in float32 (foam8bit folds them below 4096)."""
-    from tests.e2e.test_fsdp import torchrun
-    from tests.e2e.test_train_cli import command, run, train_losses
+    from tests.helpers.cli import command, run, torchrun, train_losses
 
     steps = ("trainer.max_steps=4", "trainer.eval_every=0", "trainer.save_every=2", *overrides)
     losses = {}
