@@ -253,6 +253,17 @@ def cpu_step(machine: Machine) -> str:
     return f"FOAM's C++ step: {width}-wide float32 vectors (`foam.fused.cpu_vector_width()`)."
 
 
+def arithmetic_line(sqrt_div: float | None) -> str:
+    """What the report's square-root-and-division column was measured from."""
+    if sqrt_div is None:
+        return "Square root and division alone: not measured (no C compiler, or not a CPU)."
+    return (
+        f"Square root and division alone (`tools/bench_floor.sqrt_div_ns`: an exact float32 "
+        f"`num / (sqrt(v) + eps)` over arrays in the first-level cache, one core): "
+        f"{sqrt_div:.3f} ns an entry; the column gives one of each an entry over the floor."
+    )
+
+
 def floor_report(args: argparse.Namespace, machine: Machine) -> str:
     """``--floor``: every method's best step on each model's matrices over its byte floor."""
     bandwidth_before = bench_floor.copy_bandwidth(machine.device, args.bandwidth_mib)
@@ -272,10 +283,11 @@ def floor_report(args: argparse.Namespace, machine: Machine) -> str:
             gc.collect()
     bandwidth_after = bench_floor.copy_bandwidth(machine.device, args.bandwidth_mib)
     bandwidth = max(bandwidth_before, bandwidth_after)
+    sqrt_div = bench_floor.sqrt_div_ns() if machine.device.type == "cpu" else None
     sections, headline = [], []
     for label, results, moved, numel in measured:
         floors = [
-            bench_floor.Floor(r.method, r.best_ms, moved[r.method], numel, bandwidth)
+            bench_floor.Floor(r.method, r.best_ms, moved[r.method], numel, bandwidth, sqrt_div)
             for r in results
         ]
         sections.append(bench_floor.markdown(label, floors, BASELINE))
@@ -288,8 +300,11 @@ def floor_report(args: argparse.Namespace, machine: Machine) -> str:
         f"{bandwidth / 1e9:.1f}. Step: best of {args.rounds} interleaved rounds x {args.steps} "
         "steps, the matrices alone. Floor: (parameters read and written + gradients read + "
         "states read and written) / bandwidth; above 1x is time the step spends beyond moving "
-        f"its bytes (computing, or waiting on memory it did not overlap). {cpu_step(machine)}"
-        "\n\n" + "\n".join(headline) + "\n\n"
+        f"its bytes (computing, or waiting on memory it did not overlap). {cpu_step(machine)} "
+        + arithmetic_line(sqrt_div)
+        + "\n\n"
+        + "\n".join(headline)
+        + "\n\n"
     )
     return header + "\n".join(sections)
 

@@ -179,7 +179,33 @@ def test_a_steps_byte_floor_counts_parameter_gradient_and_state_traffic():
     frozen = torch.zeros(3)  # no gradient: no step, no bytes
     assert bench_floor.step_bytes([p, frozen], state_bytes=40) == 2 * 64 + 64 + 2 * 40
     floor = bench_floor.Floor("m", best_ms=3.0, bytes_moved=2_000_000, params=1, bandwidth=1e9)
-    assert floor.floor_ms == 2.0 and floor.ratio == 1.5
+    assert floor.floor_ms == 2.0 and floor.ratio == 1.5 and floor.arithmetic_ratio is None
+
+
+def test_a_step_whose_square_roots_and_divisions_exceed_its_floor_is_said_to_be_out_of_reach():
+    """A million entries at 3 ns of square root and division each: 3 ms, 1.5x a 2 ms floor
+    (flagged); at 2 ns, 1.0x (not flagged)."""
+    slow, fast = (
+        bench_floor.Floor("m", 4.0, 2_000_000, params=10**6, bandwidth=1e9, sqrt_div_ns=ns)
+        for ns in (3.0, 2.0)
+    )
+    assert slow.arithmetic_ratio == pytest.approx(1.5) and fast.arithmetic_ratio == 1.0
+    lines = bench_floor.headline("x", [slow, fast])
+    assert lines[0] == (
+        "* x: m step = 2.00x its byte floor (its square roots and divisions alone take 1.50x: "
+        "no exact step is within 1.25x here)"
+    )
+    assert lines[1] == "* x: m step = 2.00x its byte floor"
+    assert "| m | 4.00 | 2.0 | 2.00 | 2.00 | 1.50 | 1.00 |" in bench_floor.markdown(
+        "x", [slow], "m"
+    )
+
+
+def test_sqrt_div_is_timed_where_a_compiler_builds_it_and_skipped_where_none_does(monkeypatch):
+    ns = bench_floor.sqrt_div_ns(repeats=200, rounds=2)
+    assert ns is not None and 0 < ns < 100
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert bench_floor.sqrt_div_ns(repeats=1, rounds=1) is None
 
 
 def test_bench_optim_floor_reports_each_step_over_its_bytes(tmp_path):
@@ -206,3 +232,9 @@ def test_bench_optim_floor_reports_each_step_over_its_bytes(tmp_path):
         half = 0.005  # the table's rounding of both times
         assert (best - half) / (floor + half) <= ratio <= (best + half) / max(floor - half, 1e-9)
         assert f"* llama_tiny fp32: {method} step = {cells[4]}x its byte floor" in report
+        assert float(cells[5]) > 0  # square roots and divisions over the floor: measured
+    assert re.search(
+        r"Square root and division alone \(`tools/bench_floor.sqrt_div_ns`.*\): "
+        r"[0-9.]+ ns an entry",
+        report,
+    )
