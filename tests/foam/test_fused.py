@@ -377,9 +377,10 @@ def test_a_warm_launch_is_the_same_launch_at_every_step(monkeypatch):
     assert all(isinstance(a, torch.Tensor) for a in warm)  # no number to freeze
 
 
-def interpreted(call: str) -> str:
-    """What ``test_fused.CALL`` prints, run with Triton's CPU interpreter in a fresh process."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+def in_fresh_process(call: str, **env: str) -> str:
+    """What ``test_fused.CALL`` prints, run in a fresh process with ``env`` added (settings that
+    must be chosen before triton or the CPU step loads)."""
+    env = {**os.environ, **env}
     here, repo = Path(__file__).parent, Path(__file__).parents[2]  # test_fused; tests.helpers
     env["PYTHONPATH"] = os.pathsep.join([str(here), str(repo), env.get("PYTHONPATH", "")])
     done = subprocess.run(
@@ -391,6 +392,43 @@ def interpreted(call: str) -> str:
     )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     return done.stdout
+
+
+def interpreted(call: str) -> str:
+    """What ``test_fused.CALL`` prints, run with Triton's CPU interpreter in a fresh process."""
+    return in_fresh_process(call, TRITON_INTERPRET="1")
+
+
+def check_cpu_kernel_at_vector_tails() -> None:
+    """Every vector-tail case of the CPU step against the eager step, in whichever build
+    ``FOAM_CPU_KERNEL`` chose."""
+    needs_cpu_kernel()
+    width = fused.cpu_vector_width()
+    cases = 0
+    for kind, level, fold_axis in VECTOR_CASES:
+        for dtype in DTYPES:
+            for options in ({}, HEAVY):
+                settings = {"level": level, "fold_axis": fold_axis, **options}
+                shape = vector_shape(kind, level, width)
+                expected = run("eager", shape, dtype, **settings)
+                for a, e in zip(run("fused", shape, dtype, **settings), expected, strict=True):
+                    assert_agree(a, e, dtype)
+                cases += 1
+    print(f"{cases} cases agree on {width}-wide vectors")
+
+
+@pytest.mark.slow
+def test_the_portable_cpu_kernel_matches_eager_at_vector_tails():
+    """The build a CPU without AVX2 runs (ATen's portable vectors, the block shuffles through
+    arrays), checked on this one. Slow once: building it takes minutes; cached, seconds."""
+    out = in_fresh_process("check_cpu_kernel_at_vector_tails()", FOAM_CPU_KERNEL="portable")
+    assert f"{len(VECTOR_CASES) * len(DTYPES) * 2} cases agree on 8-wide vectors" in out
+
+
+def test_an_unknown_cpu_kernel_build_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setenv("FOAM_CPU_KERNEL", "fastest")
+    with pytest.raises(ValueError, match=r"^FOAM_CPU_KERNEL='fastest': expected one of native, "):
+        fused.cpu_cflags()
 
 
 needs_triton = pytest.mark.skipif(
