@@ -326,28 +326,33 @@ inline void chunk_moments(Layout layout, const Vec* sum, const Vec* sum_sq, S* m
   store_chunk(layout, v, k, vv[0], vv[1]);
 }
 
-// chunk_moments over n blocks of len entries, their sums and block values in arrays of n.
+// chunk_moments over n blocks of len entries, their sums and block values in arrays of n
+// rounded up to whole chunks. The arrays hold each chunk's two vectors as they are (lane i of
+// the first at i, of the second at kW + i), so that with states in `pairs` they stay in the order
+// of the chunks they came from; a last partial chunk's lanes beyond its blocks are zeros.
 template <bool kMeanOfSquares, typename S>
-FOAM_FLATTEN void update_moments(const float* sum, const float* sum_sq, int64_t n, int64_t len,
-                                 S* m, S* v, const Scalars& s, float bc1, float bc2, float* mean,
-                                 float* m_hat, float* v_hat) {
+FOAM_FLATTEN void update_moments(Layout layout, const float* sum, const float* sum_sq, int64_t n,
+                                 int64_t len, S* m, S* v, const Scalars& s, float bc1, float bc2,
+                                 float* mean, float* m_hat, float* v_hat) {
   const MomentScalars c(s, len, bc1, bc2);
   for (int64_t b = 0; b < n; b += kChunk) {
     const int64_t k = std::min(kChunk, n - b);
     Vec mu[2], sq[2], mv[2], mh[2], vh[2];
-    load2(sum + b, k, mu[0], mu[1]);
-    if constexpr (kMeanOfSquares) load2(sum_sq + b, k, sq[0], sq[1]);
-    chunk_moments<kMeanOfSquares>(Layout::natural, mu, sq, m + b, v + b, k, c, mv, mh, vh);
-    store2(mean + b, k, mv[0], mv[1]);
-    store2(m_hat + b, k, mh[0], mh[1]);
-    store2(v_hat + b, k, vh[0], vh[1]);
+    load2(sum + b, mu[0], mu[1]);
+    if constexpr (kMeanOfSquares) load2(sum_sq + b, sq[0], sq[1]);
+    chunk_moments<kMeanOfSquares>(layout, mu, sq, m + b, v + b, k, c, mv, mh, vh);
+    store2(mean + b, mv[0], mv[1]);
+    store2(m_hat + b, mh[0], mh[1]);
+    store2(v_hat + b, vh[0], vh[1]);
   }
 }
 
 // Sum (and with kSquares the sum of squares) of the n entries of one block of any length:
-// chunks, then one vector, then a partial one, so that a block of one vector is one load.
+// chunks (in `layout`: a sum takes its entries in any order), then one vector, then a partial
+// one, so that a block of one vector is one load.
 template <bool kSquares, typename G>
-FOAM_FLATTEN inline void block_sum(const G* g, int64_t n, float* sum, float* sum_sq) {
+FOAM_FLATTEN inline void block_sum(Layout layout, const G* g, int64_t n, float* sum,
+                                   float* sum_sq) {
   Vec acc[2] = {Vec(0.0f), Vec(0.0f)}, acc_sq[2] = {Vec(0.0f), Vec(0.0f)};
   const auto add = [&](int h, Vec x) {
     acc[h] = acc[h] + x;
@@ -356,7 +361,7 @@ FOAM_FLATTEN inline void block_sum(const G* g, int64_t n, float* sum, float* sum
   int64_t j = 0;
   for (; j + kChunk <= n; j += kChunk) {
     Vec x[2];
-    load2(g + j, x[0], x[1]);
+    load_chunk(layout, g + j, x[0], x[1]);
     add(0, x[0]);
     add(1, x[1]);
   }
@@ -374,32 +379,22 @@ FOAM_FLATTEN inline void block_sum(const G* g, int64_t n, float* sum, float* sum
   if constexpr (kSquares) *sum_sq = at::vec::vec_reduce_all<float>(plus, acc_sq[0] + acc_sq[1]);
 }
 
-// The update of n contiguous entries whose block values are given per entry (arrays of n).
+// The update of n contiguous entries whose block values are given per entry (arrays of n, held
+// as update_moments leaves them for chunks in the parameter's layout).
 template <typename P, typename G, bool kDecay>
 FOAM_FLATTEN inline void apply_update(P* p, const G* g, const float* mean, const float* m_hat,
-                         const float* v_hat, int64_t n, const UpdateScalars& s) {
+                                      const float* v_hat, int64_t n, const UpdateScalars& s) {
+  constexpr Layout layout = layout_of<P>;
   for (int64_t j = 0; j < n; j += kChunk) {
     const int64_t k = std::min(kChunk, n - j);
     Vec pv[2], gv[2], mv[2], mh[2], vh[2];
-    if (k == kChunk) {
-      load2(p + j, pv[0], pv[1]);
-      load2(g + j, gv[0], gv[1]);
-      load2(mean + j, mv[0], mv[1]);
-      load2(m_hat + j, mh[0], mh[1]);
-      load2(v_hat + j, vh[0], vh[1]);
-    } else {
-      load2(p + j, k, pv[0], pv[1]);
-      load2(g + j, k, gv[0], gv[1]);
-      load2(mean + j, k, mv[0], mv[1]);
-      load2(m_hat + j, k, mh[0], mh[1]);
-      load2(v_hat + j, k, vh[0], vh[1]);
-    }
+    load_chunk(layout, p + j, k, pv[0], pv[1]);
+    load_chunk(layout, g + j, k, gv[0], gv[1]);
+    load2(mean + j, mv[0], mv[1]);
+    load2(m_hat + j, mh[0], mh[1]);
+    load2(v_hat + j, vh[0], vh[1]);
     for (int h = 0; h < 2; ++h) pv[h] = updated<P, kDecay>(pv[h], gv[h], mv[h], mh[h], vh[h], s);
-    if (k == kChunk) {
-      store2(p + j, pv[0], pv[1]);
-    } else {
-      store2(p + j, k, pv[0], pv[1]);
-    }
+    store_chunk(layout, p + j, k, pv[0], pv[1]);
   }
 }
 
@@ -408,14 +403,15 @@ FOAM_FLATTEN inline void apply_update(P* p, const G* g, const float* mean, const
 template <typename P, typename G, bool kDecay>
 FOAM_FLATTEN inline void apply_block(P* p, const G* g, float mean, float m_hat, float v_hat,
                                      int64_t n, const UpdateScalars& s) {
+  constexpr Layout layout = layout_of<P>;  // one value for every entry: any order will do
   const Vec mv(mean), mh(m_hat), vh(v_hat);
   int64_t j = 0;
   for (; j + kChunk <= n; j += kChunk) {
     Vec pv[2], gv[2];
-    load2(p + j, pv[0], pv[1]);
-    load2(g + j, gv[0], gv[1]);
+    load_chunk(layout, p + j, pv[0], pv[1]);
+    load_chunk(layout, g + j, gv[0], gv[1]);
     for (int h = 0; h < 2; ++h) pv[h] = updated<P, kDecay>(pv[h], gv[h], mv, mh, vh, s);
-    store2(p + j, pv[0], pv[1]);
+    store_chunk(layout, p + j, pv[0], pv[1]);
   }
   if (j + kW <= n) {
     store1(p + j, updated<P, kDecay>(load1(p + j), load1(g + j), mv, mh, vh, s));
@@ -706,7 +702,8 @@ void step_along_cols(P* p, const G* g, S* m, S* v, int64_t rows, int64_t cols, i
   with_flags(s, [&](auto decays, auto squares) {
     constexpr bool kDecay = decltype(decays)::value, kSquares = decltype(squares)::value;
     at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-      std::vector<float> sum(rest), sum_sq(rest), mean(rest), m_hat(rest), v_hat(rest);
+      const int64_t room = rest + kChunk;  // update_moments takes whole chunks
+      std::vector<float> sum(room, 0.0f), sum_sq(room, 0.0f), mean(room), m_hat(room), v_hat(room);
       for (int64_t r = begin; r < end; ++r) {
         const G* g_row = g + r * cols;
         P* p_row = p + r * cols;
@@ -715,14 +712,16 @@ void step_along_cols(P* p, const G* g, S* m, S* v, int64_t rows, int64_t cols, i
           row_of_short_blocks<K, kDecay, kSquares>(p_row, g_row, m_row, v_row, full, c, us);
         }
         for (int64_t b = in_registers; b < nb; ++b) {
-          block_sum<kSquares>(g_row + b * block, std::min(block, cols - b * block),
+          block_sum<kSquares>(layout_of<P>, g_row + b * block, std::min(block, cols - b * block),
                               &sum[b - in_registers], &sum_sq[b - in_registers]);
         }
-        update_moments<kSquares>(sum.data(), sum_sq.data(), full - in_registers, block,
+        update_moments<kSquares>(Layout::natural, sum.data(), sum_sq.data(), full - in_registers,
+                                 block,
                                  m_row + in_registers, v_row + in_registers, s, bc1, bc2,
                                  mean.data(), m_hat.data(), v_hat.data());
         if (tail) {
-          update_moments<kSquares>(&sum[rest - 1], &sum_sq[rest - 1], 1, tail, m_row + full,
+          update_moments<kSquares>(Layout::natural, &sum[rest - 1], &sum_sq[rest - 1], 1, tail,
+                                   m_row + full,
                                    v_row + full, s, bc1, bc2, &mean[rest - 1], &m_hat[rest - 1],
                                    &v_hat[rest - 1]);
         }
@@ -844,19 +843,16 @@ void step_along_rows(P* p, const G* g, S* m, S* v, int64_t rows, int64_t cols, i
         const int64_t b = item / slices, c0 = (item % slices) * slice;
         const int64_t width = std::min(slice, cols - c0);
         const int64_t r0 = b * block, len = std::min(block, rows - r0);
-        std::fill_n(sum.data(), width, 0.0f);
-        std::fill_n(sum_sq.data(), width, 0.0f);
+        const int64_t chunks = (width + kChunk - 1) / kChunk * kChunk;  // whole chunks, as held
+        std::fill_n(sum.data(), chunks, 0.0f);
+        std::fill_n(sum_sq.data(), chunks, 0.0f);
         for (int64_t i = 0; i < len; ++i) {
           const G* g_row = g + (r0 + i) * cols + c0;
           prefetch(p + (r0 + i) * cols + c0, width);
           for (int64_t j = 0; j < width; j += kChunk) {
             const int64_t k = std::min(kChunk, width - j);
             Vec x[2], acc[2], acc_sq[2];
-            if (k == kChunk) {
-              load2(g_row + j, x[0], x[1]);
-            } else {
-              load2(g_row + j, k, x[0], x[1]);
-            }
+            load_chunk(layout_of<P>, g_row + j, k, x[0], x[1]);
             load2(sum.data() + j, acc[0], acc[1]);
             store2(sum.data() + j, acc[0] + x[0], acc[1] + x[1]);
             if constexpr (kSquares) {
@@ -866,8 +862,8 @@ void step_along_rows(P* p, const G* g, S* m, S* v, int64_t rows, int64_t cols, i
           }
         }
         const int64_t at = b * cols + c0;
-        update_moments<kSquares>(sum.data(), sum_sq.data(), width, len, m + at, v + at, s, bc1,
-                                 bc2, mean.data(), m_hat.data(), v_hat.data());
+        update_moments<kSquares>(layout_of<P>, sum.data(), sum_sq.data(), width, len, m + at,
+                                 v + at, s, bc1, bc2, mean.data(), m_hat.data(), v_hat.data());
         const int64_t next = item + 1, b_next = next / slices, c_next = (next % slices) * slice;
         const int64_t r_next = b_next * block, len_next = std::min(block, rows - r_next);
         for (int64_t i = 0; i < len; ++i) {
