@@ -36,10 +36,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 import foam
 from models import build_model, load_model_config
 from tools.bench_report import Machine, command_line, publish
+from train.distributed import shutdown
+from train.parallelism import parallelize  # FSDP2 before any group: see shutdown's docstring
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 COUNTED = (
@@ -112,8 +115,6 @@ def build(model_name: str, layers: int | None, dtype: torch.dtype) -> torch.nn.M
 
 
 def seeded_gradients(model: torch.nn.Module, step: int) -> None:
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
     for i, p in enumerate(model.parameters()):
         g = torch.randn(p.shape, generator=torch.Generator().manual_seed(1000 * step + i))
         g = g.to(p.dtype)
@@ -144,8 +145,6 @@ def _run_methods(
     methods: list[str], model_name: str, layers: int | None, dtype: torch.dtype, steps: int
 ) -> dict[str, dict]:
     """Each method's steps on the current process group (or unsharded, without one)."""
-    from train.parallelism import parallelize
-
     results = {}
     sharded = dist.is_initialized()
     ranks = dist.get_world_size() if sharded else 1
@@ -189,7 +188,7 @@ def _worker(rank: int, ranks: int, init_file: str, args: tuple, out: str) -> Non
     dist.all_gather_object(every, results)
     if rank == 0:
         torch.save(every, out)
-    dist.destroy_process_group()
+    shutdown(require_stopped=True)
 
 
 def run_sharded(ranks: int, args: tuple) -> list[dict]:
