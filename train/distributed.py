@@ -29,7 +29,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor.debug import _clear_sharding_prop_cache as clear_sharding_caches
+from torch.distributed.tensor import _redistribute
+from torch.distributed.tensor._collective_utils import MeshTopoInfo
+from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 from torch.nn.parallel import DistributedDataParallel
 
 from train import elastic
@@ -169,8 +171,7 @@ def shutdown(require_stopped: bool = False) -> None:
     ``main`` one of them may still be dropping the tensors of the last collective when the
     interpreter finalizes; the GIL it needs for that ends the thread inside a ``noexcept``
     destructor, and the rank dies of SIGABRT ("terminate called without an active exception").
-    So before the destruction: DTensor's sharding-propagation caches are cleared (their specs
-    keep every mesh a DTensor op saw, and a mesh its group, for the life of the process),
+    So before the destruction: DTensor's caches are emptied (``release_dtensor_caches``),
     garbage is collected (FSDP2's modules and optimizer states that went out of scope hold the
     meshes through reference cycles), and our own reference is dropped. Two references no
     teardown frees: a model or mesh the caller still holds, and ``torch.distributed.nn``'s
@@ -181,7 +182,7 @@ def shutdown(require_stopped: bool = False) -> None:
     global _slow_io_group
     _slow_io_group = None
     if dist.is_initialized():
-        clear_sharding_caches()
+        release_dtensor_caches()
         gc.collect()
         dist.destroy_process_group()
     left = gloo_threads() if require_stopped else []
@@ -192,6 +193,17 @@ def shutdown(require_stopped: bool = False) -> None:
             "torch.distributed.nn imported after init_process_group), and such a thread can "
             "abort the process at exit"
         )
+
+
+def release_dtensor_caches() -> None:
+    """Empty DTensor's caches that last as long as the process, whose entries keep every device
+    mesh a DTensor op or redistribution saw, and with it the mesh's process group: the sharding
+    propagation's (Python and C++), the redistribution planners, their transform plans and the
+    meshes' topologies (torch 2.13; ``shutdown(require_stopped=True)`` finds one missed)."""
+    _clear_sharding_prop_cache()
+    _redistribute.clear_redistribute_planner_cache()
+    _redistribute._gen_transform_infos.cache_clear()
+    MeshTopoInfo.build_from_mesh.cache_clear()
 
 
 def gloo_threads() -> list[str]:

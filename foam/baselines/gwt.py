@@ -65,10 +65,10 @@ def approx_width(width: int, level: int) -> int:
 
 def transforms_alone(shape: tuple[int, ...], dim: int, ranks: int, level: int) -> bool:
     """Whether each rank's shard of a ``shape`` matrix sharded by ``dim`` over ``ranks`` takes
-    its level-``level`` wavelet alone: a row shard always (each row is its own signal); a column
-    shard when its width is a multiple of ``2**level`` (no pair straddles two ranks, no level
-    pads)."""
-    return dim == 0 or (shape[1] // ranks) % 2**level == 0
+    its level-``level`` wavelet alone: a row shard always (each row is its own signal), as does
+    one rank's; a column shard when its width is a multiple of ``2**level`` (no pair straddles
+    two ranks, no level pads)."""
+    return dim == 0 or ranks == 1 or (shape[1] // ranks) % 2**level == 0
 
 
 def wavelet_layout(level: int | str | None) -> LayoutCheck:

@@ -91,6 +91,7 @@ def test_a_column_shard_is_local_only_with_whole_pairs():
     assert not transforms_alone((16, 12), 1, 2, 2)  # 6 columns a rank
     assert not transforms_alone((1376, 512), 1, 2, mini_level(512))
     assert transforms_alone((1376, 512), 0, 4, mini_level(512))  # rows: always
+    assert transforms_alone(GATE, 1, 1, mini_level(12))  # one rank holds whole rows
     assert shard_dims("gwt", {"level": None})(GATE, 2) == 1  # no wavelet: FOAM's columns
 
 
