@@ -3,7 +3,7 @@ method, against the gradient reduce-scatter FSDP2 runs every step anyway.
 
 For each world size W it spawns W gloo ranks on the CPU, builds the model (``llama_60m`` shapes
 by default), shards it as the trainer does (``train.parallelism.parallelize``: each matrix along
-``foam.sharding.shard_dim``), feeds seeded gradients and runs ``--steps`` optimizer steps of each
+``foam.registry.shard_dims``, the method's dim), feeds seeded gradients and runs ``--steps`` optimizer steps of each
 method, counting every ``torch.distributed`` collective the step calls (by wrapping them) and the
 bytes each rank sends in the bandwidth-optimal algorithm of each (``all_to_all``: what leaves the
 rank; ``all_reduce``: ``2 (W-1)/W`` of the tensor; ``broadcast``: the tensor). Step 1 (where the
