@@ -2,8 +2,9 @@
 single-process step of the same optimizer, for any registered method.
 
 A small seeded model of 2-d matrices (and the embedding and norms every method leaves to AdamW)
-is sharded with ``fully_shard`` on ``W`` gloo ranks (CPU, one thread each), each matrix along the
-dim the trainer picks (``foam.sharding.shard_dim``, as ``train/parallelism.py``); seeded
+is sharded with ``fully_shard`` on ``W`` gloo ranks (CPU, one thread each), each matrix along
+FOAM's dim (``foam.sharding.shard_dim``) or, for a case that asks (``Case.method_layout``), the
+method's, as ``train/parallelism.py`` does (``foam.registry.shard_dims``); seeded
 gradients (summed over micro-batches when a case asks) feed several steps; the whole parameters
 and optimizer states (``full_tensor()``) come back to compare with ``run_single``'s.
 
@@ -15,7 +16,8 @@ trainer shards their 12 columns), attention heads of 2 rows (``n_heads=5`` over 
 row shards cut at 2 and 4 ranks, and a vocabulary of 11 rows.
 
 One spawn per world size runs every case given (a case whose optimizer refuses the layout comes
-back with its one-line error), so a suite pays the start-up of the ranks once.
+back with its one-line error), so a suite pays the start-up of the ranks once. Each rank ends
+with ``train.distributed.shutdown``, which fails the run where a gloo thread outlives it.
 """
 
 from __future__ import annotations
