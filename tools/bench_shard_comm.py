@@ -3,7 +3,7 @@ method, against the gradient reduce-scatter FSDP2 runs every step anyway.
 
 For each world size W it spawns W gloo ranks on the CPU, builds the model (``llama_60m`` shapes
 by default), shards it as the trainer does (``train.parallelism.parallelize``: each matrix along
-``foam.sharding.shard_dim``), feeds seeded gradients and runs ``--steps`` optimizer steps of each
+``foam.registry.shard_dims``, the method's dim), feeds seeded gradients and runs ``--steps`` optimizer steps of each
 method, counting every ``torch.distributed`` collective the step calls (by wrapping them) and the
 bytes each rank sends in the bandwidth-optimal algorithm of each (``all_to_all``: what leaves the
 rank; ``all_reduce``: ``2 (W-1)/W`` of the tensor; ``broadcast``: the tensor). Step 1 (where the
@@ -36,10 +36,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 import foam
 from models import build_model, load_model_config
 from tools.bench_report import Machine, command_line, publish
+from train.distributed import shutdown
+from train.parallelism import parallelize  # FSDP2 before any group: see shutdown's docstring
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 COUNTED = (
@@ -112,8 +115,6 @@ def build(model_name: str, layers: int | None, dtype: torch.dtype) -> torch.nn.M
 
 
 def seeded_gradients(model: torch.nn.Module, step: int) -> None:
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
     for i, p in enumerate(model.parameters()):
         g = torch.randn(p.shape, generator=torch.Generator().manual_seed(1000 * step + i))
         g = g.to(p.dtype)
@@ -144,8 +145,6 @@ def _run_methods(
     methods: list[str], model_name: str, layers: int | None, dtype: torch.dtype, steps: int
 ) -> dict[str, dict]:
     """Each method's steps on the current process group (or unsharded, without one)."""
-    from train.parallelism import parallelize
-
     results = {}
     sharded = dist.is_initialized()
     ranks = dist.get_world_size() if sharded else 1
@@ -189,7 +188,7 @@ def _worker(rank: int, ranks: int, init_file: str, args: tuple, out: str) -> Non
     dist.all_gather_object(every, results)
     if rank == 0:
         torch.save(every, out)
-    dist.destroy_process_group()
+    shutdown(require_stopped=True)
 
 
 def run_sharded(ranks: int, args: tuple) -> list[dict]:

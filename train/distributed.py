@@ -17,16 +17,21 @@ reading a checkpoint on slow shared storage, rank 0 opening the data.
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import _redistribute
+from torch.distributed.tensor._collective_utils import MeshTopoInfo
+from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 from torch.nn.parallel import DistributedDataParallel
 
 from train import elastic
@@ -157,11 +162,58 @@ def is_initialized() -> bool:
     return dist.is_initialized()
 
 
-def shutdown() -> None:
+def shutdown(require_stopped: bool = False) -> None:
+    """Destroy every process group (the slow-I/O one included) so that gloo's threads stop here,
+    while the interpreter is whole.
+
+    ``destroy_process_group`` only forgets the groups: a group lives on while anything still
+    refers to it, and so do its gloo threads (two workers and an event loop). Past the end of
+    ``main`` one of them may still be dropping the tensors of the last collective when the
+    interpreter finalizes; the GIL it needs for that ends the thread inside a ``noexcept``
+    destructor, and the rank dies of SIGABRT ("terminate called without an active exception").
+    So before the destruction: DTensor's caches are emptied (``release_dtensor_caches``),
+    garbage is collected (FSDP2's modules and optimizer states that went out of scope hold the
+    meshes through reference cycles), and our own reference is dropped. Two references no
+    teardown frees: a model or mesh the caller still holds, and ``torch.distributed.nn``'s
+    defaults (``group=group.WORLD``, bound when it is first imported, e.g. through
+    ``torch.distributed.fsdp`` or ``.checkpoint``: import those before the group exists).
+    ``require_stopped`` (tests, benchmarks) raises where gloo threads outlive the teardown; the
+    trainer leaves it off, so that its exit status stays the run's."""
     global _slow_io_group
-    if dist.is_initialized():
-        dist.destroy_process_group()  # every group, the slow-I/O one included
     _slow_io_group = None
+    if dist.is_initialized():
+        release_dtensor_caches()
+        gc.collect()
+        dist.destroy_process_group()
+    left = gloo_threads() if require_stopped else []
+    if left:
+        raise RuntimeError(
+            f"{len(left)} gloo threads outlived destroy_process_group: something "
+            "still refers to a process group (a model or mesh kept past the teardown, or "
+            "torch.distributed.nn imported after init_process_group), and such a thread can "
+            "abort the process at exit"
+        )
+
+
+def release_dtensor_caches() -> None:
+    """Empty DTensor's caches that last as long as the process, whose entries keep every device
+    mesh a DTensor op or redistribution saw, and with it the mesh's process group: the sharding
+    propagation's (Python and C++), the redistribution planners, their transform plans and the
+    meshes' topologies (torch 2.13; ``shutdown(require_stopped=True)`` finds one missed)."""
+    _clear_sharding_prop_cache()
+    _redistribute.clear_redistribute_planner_cache()
+    _redistribute._gen_transform_infos.cache_clear()
+    MeshTopoInfo.build_from_mesh.cache_clear()
+
+
+def gloo_threads() -> list[str]:
+    """The names of this process's threads that belong to gloo process groups (``[]`` where
+    ``/proc`` does not list them)."""
+    names = []
+    for path in Path("/proc/self/task").glob("*/comm"):
+        with contextlib.suppress(OSError):  # the thread ended meanwhile
+            names.append(path.read_text().strip())
+    return [name for name in names if name.startswith(("pt_gloo", "gloo_"))]
 
 
 def wrap_ddp(model: nn.Module, device: torch.device) -> DistributedDataParallel:

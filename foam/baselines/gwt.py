@@ -7,7 +7,7 @@ GitHub-only; tests compare against golden trajectories in ``tests/data/``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -30,7 +30,7 @@ from foam.registry import (
 from foam.shard_blocks import local_shape, mesh_group, placed_zeros
 from foam.shard_sums import PartialSums
 from foam.sharded_steps import apply_update, normalized_moments
-from foam.sharding import ShardingNotSupported, is_sharded, local
+from foam.sharding import LayoutCheck, ShardingNotSupported, is_sharded, local
 from foam.state import count_step, new_step_counter, run_closure
 
 _SQRT_HALF = math.sqrt(0.5)
@@ -61,6 +61,24 @@ def approx_width(width: int, level: int) -> int:
     for _ in range(level):
         width = (width + 1) // 2
     return width
+
+
+def transforms_alone(shape: tuple[int, ...], dim: int, ranks: int, level: int) -> bool:
+    """Whether each rank's shard of a ``shape`` matrix sharded by ``dim`` over ``ranks`` takes
+    its level-``level`` wavelet alone: a row shard always (each row is its own signal), as does
+    one rank's; a column shard when its width is a multiple of ``2**level`` (no pair straddles
+    two ranks, no level pads)."""
+    return dim == 0 or ranks == 1 or (shape[1] // ranks) % 2**level == 0
+
+
+def wavelet_layout(level: int | str | None) -> LayoutCheck:
+    """The FSDP2 layout rule (``foam.registry.shard_dims``) of GWT at ``level``: columns only
+    where ``transforms_alone``, else rows, which any level steps exactly."""
+
+    def accepts(shape: tuple[int, ...], dim: int, ranks: int) -> bool:
+        return level is None or transforms_alone(shape, dim, ranks, resolve_level(level, shape[1]))
+
+    return accepts
 
 
 def haar_dwt(x: torch.Tensor, level: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -196,10 +214,11 @@ class GWT(CompressedAdamW):
         level pads): otherwise one line says what fits."""
         for index, p in enumerate(group["params"]):
             level = self.level_for(p, group)
-            if level is None or not is_sharded(p) or p.placements[0] != Shard(1):
+            if level is None or not is_sharded(p) or not isinstance(p.placements[0], Shard):
                 continue
-            width = p.shape[1] // p.device_mesh.size()
-            if width % 2**level:
+            ranks = p.device_mesh.size()
+            if not transforms_alone(tuple(p.shape), p.placements[0].dim, ranks, level):
+                width = p.shape[1] // ranks
                 raise ShardingNotSupported(
                     f"GWT under FSDP2: parameter {index} of group {group.get('name', '')!r} "
                     f"(shape {tuple(p.shape)}) is sharded by the columns its level-{level} "
@@ -284,13 +303,21 @@ def _build(split: ParamSplit, hp: dict[str, Any], level: int | str) -> torch.opt
     return with_adamw_for_others(split, gwt, hp, eps=COMMON_DEFAULTS["eps"])
 
 
-@register("gwt", shards=True, **signature_defaults(GWT, "level"), **_DEFAULTS)
+def _gwt_layout(settings: Mapping[str, Any]) -> LayoutCheck:
+    return wavelet_layout(settings["level"])
+
+
+def _gwt_mini_layout(settings: Mapping[str, Any]) -> LayoutCheck:
+    return wavelet_layout("mini")
+
+
+@register("gwt", shards=True, layout=_gwt_layout, **signature_defaults(GWT, "level"), **_DEFAULTS)
 def _gwt(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """GWT on the attention/MLP matrices (level 2, alpha 0.25: the paper's and the GWT scripts')."""
     return _build(split, hp, hp["level"])
 
 
-@register("gwt_mini", shards=True, **_DEFAULTS)
+@register("gwt_mini", shards=True, layout=_gwt_mini_layout, **_DEFAULTS)
 def _gwt_mini(split: ParamSplit, hp: dict[str, Any]) -> torch.optim.Optimizer:
     """GWT-Mini: GWT at the level that leaves one state per row (an assumption, see ``GWT``)."""
     return _build(split, hp, "mini")

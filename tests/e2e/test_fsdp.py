@@ -1,6 +1,7 @@
 """FSDP2 (``trainer.parallelism=fsdp``) on CPU with gloo: sharded training equals unsharded
-training, FOAM's states are sharded with the weights, and a layout a method cannot take (GWT-Mini's
-wavelet along the trainer's column shards) is refused before any compute."""
+training, FOAM's states are sharded with the weights, a method's layout rule picks another dim
+where FOAM's would cut its states (GWT-Mini's wavelet pairs), and a layout no dim serves (8-bit
+Adam's blocks on llama_tiny) is refused before any compute."""
 
 from __future__ import annotations
 
@@ -240,6 +241,25 @@ def test_fsdp_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_path, curv
     assert sorted(losses) == list(range(1, 7))
     for step, loss in reference.items():
         assert losses[step] == pytest.approx(loss, rel=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_gwt_mini_trains_under_fsdp_with_gate_and_up_by_rows(tmp_path, corpus):
+    """llama_tiny's 172 x 64 gate/up on 2 ranks: FOAM's 32 columns a rank would cut GWT-Mini's
+    pairs of 64 (it was refused); the trainer shards them by rows (86 a rank) and the run follows
+    its DDP run's losses (2e-7 apart at most, measured)."""
+    from foam.registry import shard_dims
+
+    assert shard_dims("gwt_mini", {})((172, 64), 2) == 0
+    steps = ("trainer.max_steps=3", "trainer.save_every=0", "trainer.eval_every=0")
+    losses = {}
+    for layout in ("ddp", "fsdp"):
+        cmd = command(tmp_path / layout, *corpus[:3], *steps, f"trainer.parallelism={layout}")
+        run(torchrun([*cmd[:2], "+optim=gwt_mini", *cmd[3:]]))
+        losses[layout] = train_losses(tmp_path / layout)
+    assert sorted(losses["fsdp"]) == [1, 2, 3]
+    assert losses["fsdp"] == pytest.approx(losses["ddp"], rel=1e-5)
 
 
 @pytest.mark.slow

@@ -207,10 +207,11 @@ def test_harness_sees_a_difference():
 
 # -- the trainer's sharding and step: a 2-rank llama_tiny run against the unsharded one ---------
 
-TRAINED = ["adam_mini", "foam_adam_mini", "apollo", "apollo_mini", "gwt"]
-"""GWT's float32 run drifts from the unsharded one by up to 1.1e-4 of the loss by step 5
+TRAINED = ["adam_mini", "foam_adam_mini", "apollo", "apollo_mini", "gwt", "gwt_mini"]
+"""GWT-Mini's gate/up are sharded by rows (``tests/foam/test_fsdp_gwt.py``). GWT's float32 run
+drifts from the unsharded one by up to 1.1e-4 of the loss by step 5, GWT-Mini's by 3.4e-5
 (measured): its step divides by sqrt(v) + 1e-6 (sign-like at the first steps) and limits the norm,
-which amplifies the reduce-scatter's reordering; with the model in float64 (no clipping) the
+which amplifies the reduce-scatter's reordering; with the model in float64 (no clipping) GWT's
 two runs agree to 1e-7 of the loss, as AdamW's do, so the tolerance is GWT's alone."""
 
 
@@ -230,6 +231,6 @@ def test_two_rank_fsdp_training_follows_the_one_rank_losses(trained, name):
     sharded, single = trained
     assert "refused" not in sharded[name], sharded[name]
     assert len(single[name]["losses"]) == 5
-    rel = 3e-4 if name == "gwt" else 1e-5
+    rel = 3e-4 if name.startswith("gwt") else 1e-5
     assert sharded[name]["losses"] == pytest.approx(single[name]["losses"], rel=rel)
     assert sharded[name]["sharded_grads_between_micro_batches"] == [True] * 5

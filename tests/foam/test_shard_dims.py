@@ -16,6 +16,8 @@ from foam.sharding import ShardingNotSupported, shard_dim
 from repro.memory_estimator import _as_rank, shard_as_trainer, sharded_estimate
 
 QUANTIZED = ("adamw8bit", "foam8bit")
+WITH_RULES = (*QUANTIZED, "gwt", "gwt_mini")
+"""The methods that declare a layout rule (GWT's: ``tests/foam/test_fsdp_gwt.py``)."""
 
 
 @pytest.mark.parametrize(
@@ -52,7 +54,7 @@ def test_the_method_rule_picks_the_other_dim_only_where_it_refuses_foams(
 def test_methods_without_a_layout_rule_keep_foams_choice():
     shapes = [(1376, 512), (512, 1376), (512, 512), (172, 64), (2048, 5461), (11008, 4096)]
     for method in foam.available_optimizers():
-        if method in QUANTIZED:
+        if method in WITH_RULES:
             continue
         hparams = (
             {"fold_axis": "last"} if "fold_axis" in foam.available_optimizers()[method] else {}

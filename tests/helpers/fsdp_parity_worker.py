@@ -29,6 +29,7 @@ import foam
 import models
 from foam.sharding import local
 from models.config import load_model_config
+from train.distributed import shutdown
 from train.parallelism import parallelize
 from train.step import train_step
 
@@ -151,7 +152,7 @@ def main(names: list[str]) -> None:
             }
             print(json.dumps(record), flush=True)
     if sharded:
-        dist.destroy_process_group()
+        shutdown(require_stopped=True)
 
 
 if __name__ == "__main__":

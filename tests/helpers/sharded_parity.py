@@ -2,8 +2,9 @@
 single-process step of the same optimizer, for any registered method.
 
 A small seeded model of 2-d matrices (and the embedding and norms every method leaves to AdamW)
-is sharded with ``fully_shard`` on ``W`` gloo ranks (CPU, one thread each), each matrix along the
-dim the trainer picks (``foam.sharding.shard_dim``, as ``train/parallelism.py``); seeded
+is sharded with ``fully_shard`` on ``W`` gloo ranks (CPU, one thread each), each matrix along
+FOAM's dim (``foam.sharding.shard_dim``) or, for a case that asks (``Case.method_layout``), the
+method's, as ``train/parallelism.py`` does (``foam.registry.shard_dims``); seeded
 gradients (summed over micro-batches when a case asks) feed several steps; the whole parameters
 and optimizer states (``full_tensor()``) come back to compare with ``run_single``'s.
 
@@ -15,7 +16,8 @@ trainer shards their 12 columns), attention heads of 2 rows (``n_heads=5`` over 
 row shards cut at 2 and 4 ranks, and a vocabulary of 11 rows.
 
 One spawn per world size runs every case given (a case whose optimizer refuses the layout comes
-back with its one-line error), so a suite pays the start-up of the ranks once.
+back with its one-line error), so a suite pays the start-up of the ranks once. Each rank ends
+with ``train.distributed.shutdown``, which fails the run where a gloo thread outlives it.
 """
 
 from __future__ import annotations
@@ -32,10 +34,25 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from torch import nn
 
+# FSDP2 and DCP are imported before any process group exists: imported after it, they import
+# torch.distributed.nn, whose functions bind the live world group as their default and keep it
+# (and its gloo threads) past the ranks' teardown, where a thread can abort the rank at exit
+# (train.distributed.shutdown checks that none is left).
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+import foam
+from foam.registry import shard_dims
 from foam.shard_owners import Owners
+from foam.shard_sums import PartialSums
+from foam.sharding import shard_dim
+from train.distributed import shutdown
 
 HIDDEN, HEADS, VOCAB = 10, 5, 11
 FFN_IN, FFN_OUT = 12, 16
@@ -59,6 +76,10 @@ class Case:
     scale: int = 1
     """``ParityModel``'s dims times this (not the heads): shapes large enough for 8-bit states'
     256-value quantisation blocks to line up with the shards."""
+    method_layout: bool = False
+    """Shard each matrix by the dim the trainer picks for ``method`` (``foam.registry.shard_dims``:
+    its layout rule may take rows where FOAM's fold takes columns); ``False``: FOAM's dim
+    (``foam.sharding.shard_dim``), which gives the layouts a method's build must refuse."""
 
     @property
     def name(self) -> str:
@@ -66,7 +87,8 @@ class Case:
         on = "" if self.model is None else f"@{self.model.__name__}"
         wider = f"@{self.scale}" if self.scale != 1 else ""
         dtype = "" if self.dtype == torch.float64 else f"@{str(self.dtype).removeprefix('torch.')}"
-        return f"{self.method}[{extra}]x{self.micro_batches}{on}{wider}{dtype}"
+        layout = "@method_layout" if self.method_layout else ""
+        return f"{self.method}[{extra}]x{self.micro_batches}{on}{wider}{dtype}{layout}"
 
     def build_model(self) -> nn.Module:
         if self.model is not None:
@@ -151,8 +173,6 @@ def whole_gradient(name: str, shape: torch.Size, step: int, case: Case) -> torch
 
 
 def build(case: Case, model: nn.Module) -> torch.optim.Optimizer:
-    import foam
-
     return foam.build_optimizer(case.method, model, **case.hparams)
 
 
@@ -161,8 +181,6 @@ def optimizer_states(
 ) -> tuple[dict[str, dict[str, Any]], dict[str, set[str]]]:
     """Every parameter's state with tensors whole (``full_tensor()``: a collective on DTensors,
     so every rank calls it in the same order), and which keys were DTensors."""
-    from torch.distributed.tensor import DTensor
-
     states, dtensors = {}, {}
     for name, p in model.named_parameters():
         state = optimizer.state.get(p, {})
@@ -204,27 +222,23 @@ def run_single(case: Case) -> Outcome:
         run_steps(case, model, optimizer, range(case.steps))
     except Exception as err:  # the harness reports refusals, the test judges them
         return Outcome(error=f"{type(err).__name__}: {err}")
-    import foam
-
     states, _ = optimizer_states(model, optimizer)
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     return Outcome(params, states, planned_whole=foam.planned_state_numel(optimizer))
 
 
-def shard_model(model: nn.Module, world: int) -> Any:
-    """``fully_shard`` per layer and the root, each matrix along the trainer's dim; the mesh."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import Shard
-
-    import foam
-    from foam.sharding import shard_dim
-
+def shard_model(model: nn.Module, world: int, case: Case) -> Any:
+    """``fully_shard`` per layer and the root, each matrix along the dim ``case`` asks for
+    (``Case.method_layout``); the mesh."""
     mesh = init_device_mesh("cpu", (world,))
     matrices = {id(p) for _, p in foam.split_params(model).matrices}
+    if case.method_layout:
+        dim_of = shard_dims(case.method, case.hparams)
+    else:
+        dim_of = lambda shape, ranks: shard_dim(shape, FOLD_AXIS, ranks)  # noqa: E731
 
     def placement(p: nn.Parameter) -> Shard:
-        return Shard(shard_dim(p.shape, FOLD_AXIS, world) if id(p) in matrices else 0)
+        return Shard(dim_of(tuple(p.shape), world) if id(p) in matrices else 0)
 
     for layer in model.layers:
         fully_shard(layer, mesh=mesh, shard_placement_fn=placement)
@@ -233,14 +247,10 @@ def shard_model(model: nn.Module, world: int) -> Any:
 
 
 def _distribute(p: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import distribute_tensor
-
     return distribute_tensor(whole, p.device_mesh, p.placements)
 
 
 def _sharded_outcome(case: Case, model: nn.Module, optimizer, steps: range) -> Outcome:
-    import foam
-
     run_steps(case, model, optimizer, steps, shard=_distribute)
     held = sum(
         value.to_local().numel() if hasattr(value, "to_local") else value.numel()
@@ -281,8 +291,6 @@ def _init(rank: int, world: int, init_file: str, skip_partial_sums: bool) -> Non
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     if skip_partial_sums:  # the negative control: a step that forgets to sum across ranks
-        from foam.shard_sums import PartialSums
-
         PartialSums.reduce = lambda self: self._pending.clear()
 
 
@@ -295,14 +303,14 @@ def _cases_worker(
 
         def run(case: Case = case) -> Outcome:
             model = case.build_model()
-            shard_model(model, world)
+            shard_model(model, world, case)
             optimizer = build(case, model)
             return _sharded_outcome(case, model, optimizer, range(case.steps))
 
         outcomes.append(_checked(run))
     if rank == 0:
         torch.save(outcomes, out)
-    dist.destroy_process_group()
+    shutdown(require_stopped=True)
 
 
 def _spawn(worker, world: int, args: tuple, timeout_s: float) -> None:
@@ -340,8 +348,6 @@ def run_sharded(
 
 
 def _dcp_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
     weights, optim = get_state_dict(model, optimizer)
     return {"model": weights, "optim": optim}
 
@@ -350,14 +356,11 @@ def _resume_worker(
     rank: int, world: int, init_file: str, case: Case, ckpt: str, saved: int, load: bool, out: str
 ) -> None:
     """``saved`` steps then a DCP save to ``ckpt``; or (``load``) a load of it and the rest."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-
     _init(rank, world, init_file, False)
 
     def run() -> Outcome:
         model = case.build_model()
-        shard_model(model, world)
+        shard_model(model, world, case)
         optimizer = build(case, model)
         if not load:
             run_steps(case, model, optimizer, range(saved), shard=_distribute)
@@ -373,7 +376,7 @@ def _resume_worker(
     outcome = _checked(run)
     if rank == 0:
         torch.save(outcome, out)
-    dist.destroy_process_group()
+    shutdown(require_stopped=True)
 
 
 def run_resumed(
