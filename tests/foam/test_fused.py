@@ -101,6 +101,26 @@ def test_cpu_kernel_matches_eager(shape, level, dtype, options):
         assert_agree(a, e, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("level", [2, "mini"])
+def test_cpu_kernel_results_do_not_depend_on_the_thread_count(level, dtype):
+    """1, 2 and 3 threads split a tall matrix's columns (FOAM-Mini folds along its 1300 rows:
+    one, two and three slices) and its row blocks (FOAM-2) differently; every sum still runs in
+    the same order, so the results are the same bits."""
+    needs_cpu_kernel()
+    before = torch.get_num_threads()
+    try:
+        outcomes = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outcomes.append(run("fused", (1300, 1100), dtype, level=level))
+    finally:
+        torch.set_num_threads(before)
+    for outcome in outcomes[1:]:
+        for a, e in zip(outcome, outcomes[0], strict=True):
+            assert torch.equal(a, e)
+
+
 def vector_shape(kind: str, level: int | str, width: int) -> tuple[int, int]:
     """A shape sized by the CPU step's vector width (8 with AVX2), so that each of its paths
     meets whole vectors, leftovers and tails on whatever CPU runs the test. ``cols``: blocks of
