@@ -49,6 +49,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 import foam
 import models
 from foam.sharding import SHARDED_METHODS, ShardingNotSupported, local
+from train.distributed import shutdown
 from train.parallelism import parallelize
 
 GB = 1e9
@@ -153,7 +154,7 @@ def _as_rank(rank: int, ranks: int) -> Iterator[None]:
     try:
         yield
     finally:
-        dist.destroy_process_group()
+        shutdown()
 
 
 def shard_as_trainer(

@@ -27,6 +27,7 @@ import foam
 import models
 from tests.helpers.cli import ENV, TINY, TORCHRUN, checkpoint_steps, train_losses
 from train import elastic
+from train.distributed import shutdown
 from train.errors import TrainingDiverged
 from train.replicas import ReplicasDiffer, check_replicas_agree
 from train.schedule import build_scheduler
@@ -432,7 +433,7 @@ def _replicas(rank: int, init_file: str, out: dict) -> None:
                 3, 7
             ] ^= 1
     out[rank] = verdicts
-    dist.destroy_process_group()
+    shutdown()
 
 
 @pytest.mark.slow

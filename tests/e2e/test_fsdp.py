@@ -25,6 +25,7 @@ from foam import fused
 from foam.sharding import shard_dim
 from tests.helpers.cli import TINY, command, run, torchrun, train_losses
 from tests.helpers.fsdp_parity import ENV, REPO, sharded_and_single
+from train.distributed import shutdown
 from train.parallelism import compiles_layers, uses_autocast
 
 PARITY = ["adamw", "foam", "foam_mini"]
@@ -449,7 +450,7 @@ def _mini_on_three_ranks(rank: int, init_file: str, results) -> None:
     full = p.detach().full_tensor()
     if rank == 0:
         results["sharded"] = full
-    dist.destroy_process_group()
+    shutdown()
 
 
 def mini_inputs() -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -544,7 +545,7 @@ def _fused_on_two_ranks(rank: int, init_file: str, results) -> None:
         ]
         if rank == 0:
             results[implementation] = (whole, foam.steps_run(optimizer))
-    dist.destroy_process_group()
+    shutdown()
 
 
 @pytest.mark.slow

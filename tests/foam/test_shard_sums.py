@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from foam.shard_sums import PartialSums
+from train.distributed import shutdown
 
 
 def test_one_process_leaves_the_parts_alone():
@@ -32,7 +33,7 @@ def _worker(rank: int, world: int, port: int, queue) -> None:
     c = sums.add(torch.arange(4.0) * (rank + 1))
     sums.reduce()
     queue.put((rank, a.tolist(), b.item(), c.tolist(), calls))
-    dist.destroy_process_group()
+    shutdown()
 
 
 @pytest.mark.distributed

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from foam.sharding import ShardingNotSupported
 from repro.memory_estimator import SPECS, estimate, shard_as_trainer, sharded_estimate, spec
 from tests.helpers.sharded_parity import _spawn
+from train.distributed import shutdown
 
 WORLD = 2
 MODEL = "llama_tiny"
@@ -67,7 +68,7 @@ def _worker(
             optimizer.step()
         held[method] = _held_bytes(optimizer)
     torch.save(held, f"{out}.{rank}")
-    dist.destroy_process_group()
+    shutdown()
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from train.distributed import shutdown
 from train.preemption import (
     ABORTED_EXIT_STATUS,
     CTRL_C_ANSWERS,
@@ -123,7 +124,7 @@ def _two_ranks(rank: int, init_file: str, results) -> None:
         os.kill(os.getpid(), signal.SIGUSR2)  # only rank 1 is signalled
     verdicts.append(stopper.poll())
     results[rank] = verdicts
-    dist.destroy_process_group()
+    shutdown()
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 
 import models
 from foam.profiling import peak_transient_bytes
-from train.distributed import wrap_ddp
+from train.distributed import shutdown, wrap_ddp
 from train.errors import TrainingDiverged
 from train.objective import MLM_LABELS
 from train.step import (
@@ -238,7 +238,7 @@ def _ddp_worker(rank: int, world_size: int, port: int, out: dict) -> None:
             out["loss"] = float(result.loss)
             out["grads"] = grads(model)
     finally:
-        dist.destroy_process_group()
+        shutdown()
 
 
 def _free_port() -> int:

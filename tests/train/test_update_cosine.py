@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 from tests.helpers.cli import command, records, run
+from train.distributed import shutdown
 from train.errors import ConfigError
 from train.update_cosine import UpdateCosine, averages, track_update_cosine
 
@@ -131,4 +132,4 @@ def test_sharded_matrices_are_refused_in_one_line():
         with pytest.raises(ConfigError, match="needs whole matrices"):
             UpdateCosine(model, optimizer, next_step=lambda: 1, due=bool, log=print)
     finally:
-        dist.destroy_process_group()
+        shutdown()
