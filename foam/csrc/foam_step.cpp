@@ -129,8 +129,8 @@ inline Vec float_of(IVec x) {
 }
 
 // Each 32-bit lane shifted by 16 bits, zeros shifted in: AVX2's shifts by an immediate, which
-// some CPUs run several times faster than ATen's shifts by a vector (AMD's Zen 2: those two
-// shifts and the rounding around them were a third of a bfloat16 step).
+// some CPUs run faster than ATen's shifts by a vector (AMD's Zen 2, a 64 x 512 bf16 FOAM-2 step
+// in cache: 0.92 against 1.03 ns an entry).
 inline IVec high_to_low(IVec x) {
 #if defined(CPU_CAPABILITY_AVX2)
   return _mm256_srli_epi32(x, 16);
@@ -447,9 +447,10 @@ FOAM_FLATTEN inline void apply_block(P* p, const G* g, float mean, float m_hat, 
 // registers, from the group's vectors of items: its entries (the `natural` layout) or its pairs'
 // sums (`pairs`, where a block of 2 is one item). Items are summed with their neighbours level by
 // level, two vectors into one, with shuffles that stay inside each 128-bit lane (a lane-crossing
-// shuffle costs several times as much on some CPUs: ATen's de-interleave made LLaMA-60M's
-// 512 x 512 fp32 FOAM-3 step 1.6 times slower): neighbour_sums(u, v) holds, in each 128-bit lane
-// of four floats, [u0 + u1, u2 + u3, v0 + v1, v2 + v3]. The additions are the eager fold's
+// shuffle costs several times as much on some CPUs: with ATen's de-interleave instead, a
+// 64 x 512 fp32 FOAM-3 step in cache took 0.82 against 0.53 ns an entry on AMD's Zen 2):
+// neighbour_sums(u, v) holds, in each 128-bit lane of four floats, [u0 + u1, u2 + u3, v0 + v1,
+// v2 + v3]. The additions are the eager fold's
 // ((g0 + g1) + (g2 + g3)) ...; the lanes end up holding the group's blocks in an order that
 // block_order works out at compile time, into which the folded states are permuted after their
 // load and out of which before their store (the only lane-crossing shuffles). spread_low and
@@ -787,8 +788,8 @@ FOAM_FLATTEN inline void short_rows_chunk(P* p, const G* g, S* m, S* v, int64_t 
   chunk_moments<kSquares>(layout, sum, sum_sq, m, v, k, c, mean, m_hat, v_hat);
   // Each row's parameter and gradient are loaded before the row above is stored: rows a multiple
   // of 4 KiB apart (LLaMA-350M's 1024 fp32 columns) otherwise make every load wait on the store
-  // just before it, whose address it shares in its low 12 bits (2736 x 1024 fp32 FOAM-3: 1.59
-  // ns an entry).
+  // just before it, whose address it shares in its low 12 bits (2736 x 1024 fp32 FOAM-3: 1.51
+  // against 1.31 ns an entry). Two rows back still alias; blocks of 8 such rows stay slow.
   Vec pv[2], gv[2];
   load_chunk(layout, p, k, pv[0], pv[1]);
   load_chunk(layout, g, k, gv[0], gv[1]);
@@ -853,9 +854,9 @@ void step_along_short_rows(P* p, const G* g, S* m, S* v, int64_t rows, int64_t c
 // per block and column. Work items are (block, slice of columns), so FOAM-Mini (one block) still
 // runs in parallel; a slice is as wide as the threads allow (whole rows on one thread), since the
 // fold and the update each stream their slice's rows: narrower slices read every row in short
-// pieces a page apart (LLaMA-350M's 2736 x 1024 fp32 FOAM-Mini, 512-column slices on one
-// thread: 1.74 ns an entry). A column's sum runs down its rows in order whatever the slices, so
-// the result does not depend on the thread count.
+// pieces a page apart (LLaMA-350M's 2736 x 1024 fp32 FOAM-Mini on one thread: 1.78 ns an entry
+// in 512-column slices, 0.93 in whole rows). A column's sum runs down its rows in order whatever
+// the slices, so the result does not depend on the thread count.
 template <typename P, typename G, typename S>
 void step_along_rows(P* p, const G* g, S* m, S* v, int64_t rows, int64_t cols, int64_t block,
                      const Scalars& s, float bc1, float bc2) {
