@@ -101,6 +101,29 @@ def test_cpu_kernel_matches_eager(shape, level, dtype, options):
         assert_agree(a, e, dtype)
 
 
+@pytest.mark.parametrize(
+    ("shape", "axis", "block"),
+    [((6, 40), 1, 4), ((40, 6), 0, 4), ((40, 6), 0, 40), ((6, 40), 1, 40)],
+    ids=["columns", "short-rows", "tall", "whole-rows"],
+)
+def test_a_nan_gradient_leaves_a_nan_bfloat16_parameter(shape, axis, block):
+    """A NaN whose low mantissa bits are all ones (a float32 gradient's payload) rounds to
+    -0.0 by the bit arithmetic of round-to-nearest-even alone: the bfloat16 parameter it
+    reaches must stay NaN, as torch's conversion keeps it, not turn into a number."""
+    needs_cpu_kernel()
+    rows, cols = shape
+    p = torch.ones(shape, dtype=torch.bfloat16)
+    g = torch.full(shape, 0.5)
+    g.view(torch.int32)[2, 3] = 0x7FFFFFFF
+    blocks = (rows, -(-cols // block)) if axis == 1 else (-(-rows // block), cols)
+    m, v = torch.zeros(blocks, dtype=torch.bfloat16), torch.zeros(blocks, dtype=torch.bfloat16)
+    geometry = [rows, cols, axis, block]
+    scalars = [0.9, 0.95, 1.0, 1.0, 1e-8, 1e-3, 1.0]
+    torch.ops.foam.step_([p], [g], [m], [v], geometry, [0.1, 0.05], scalars, False)
+    assert torch.isnan(p[2, 3])
+    assert torch.isfinite(p[0, 0]) and torch.isfinite(p[-1, -1])  # other blocks: numbers
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("level", [2, "mini"])
 def test_cpu_kernel_results_do_not_depend_on_the_thread_count(level, dtype):
