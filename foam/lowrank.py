@@ -24,7 +24,7 @@ the whole gradient (``refreshes_on_owners``: GaLore's SVD) steps each rank's sha
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -431,11 +431,11 @@ class ProjectedAdamW(CompressedAdamW):
             for _, shape, dim in self.state_layouts(plan, layout)
         )
 
-    def before_updates(self, todo: list[tuple[torch.Tensor, dict[str, Any], int]]) -> None:
-        """The bases of the sharded matrices due for a refresh, computed on their owners."""
-        if not self.refreshes_on_owners:
-            return
-        due = []
+    def sharded_todo(
+        self, todo: list[tuple[torch.Tensor, dict[str, Any], int]]
+    ) -> Iterator[tuple[torch.Tensor, dict[str, Any], Projection, Layout, int]]:
+        """This step's sharded matrices that take a projection (their state made where it is
+        missing), each with its group, plan, layout and the step it is about to take."""
         for p, group, index in todo:
             plan = self.plan_for(p, group)
             layout = None if plan is None else layout_of(p)
@@ -443,9 +443,17 @@ class ProjectedAdamW(CompressedAdamW):
                 continue
             if not self.state[p]:
                 self._init_state(p, group, index)
-            state = self.state[p]
-            if refresh_due(state, group, int(state["step"].item()) + 1):
-                due.append((p, plan, layout, state))
+            yield p, group, plan, layout, int(self.state[p]["step"].item()) + 1
+
+    def before_updates(self, todo: list[tuple[torch.Tensor, dict[str, Any], int]]) -> None:
+        """The bases of the sharded matrices due for a refresh, computed on their owners."""
+        if not self.refreshes_on_owners:
+            return
+        due = [
+            (p, plan, layout, self.state[p])
+            for p, group, plan, layout, t in self.sharded_todo(todo)
+            if refresh_due(self.state[p], group, t)
+        ]
         if not due:
             return
         grads = [local(p.grad) for p, _, _, _ in due]

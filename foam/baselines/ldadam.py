@@ -170,15 +170,7 @@ class LDAdamW(ProjectedAdamW):
         rank receives the basis (and ``low``) whole, as the single-process step computes them.
         """
         self._from_owners.clear()
-        due = []
-        for p, group, index in todo:
-            plan = self.plan_for(p, group)
-            layout = None if plan is None else layout_of(p)
-            if plan is None or layout is None:
-                continue
-            if not self.state[p]:
-                self._init_state(p, group, index)
-            due.append((p, group, plan, layout, int(self.state[p]["step"].item()) + 1))
+        due = list(self.sharded_todo(todo))
         if not due:
             return
         wide = compute_dtype(due[0][0].dtype)
