@@ -167,10 +167,10 @@ def build_cpu_extension() -> None:
 
 
 def cpu_vector_width() -> int | None:
-    """How many float32 entries one vector of the CPU step holds as built here (16 with AVX-512,
-    8 with AVX2, 4 with ARM's NEON, 8 in ATen's portable vectors elsewhere: what ``-march=native``
-    let ATen's vectors use), or None where the CPU step does not run. Block sizes below it share a vector, so its value
-    says which of the kernel's paths a matrix takes."""
+    """How many float32 entries one vector of the CPU step holds as built here (8 with AVX2,
+    AVX-512 CPUs included; 4 with ARM's NEON; 8 in ATen's portable vectors elsewhere), or None
+    where the CPU step does not run. Block sizes below it share a vector, so its value says which
+    of the kernel's paths a matrix takes."""
     if not kernel_available("cpu"):
         return None
     return int(torch.ops.foam.vector_width())
