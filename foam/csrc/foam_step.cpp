@@ -984,7 +984,7 @@ void step_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
   }
 }
 
-// The float32 entries of one vector the step was compiled for (4 NEON/SSE, 8 AVX2, 16 AVX-512):
+// The float32 entries of one vector the step was compiled for (4 NEON, 8 AVX2 or portable):
 // what the benchmark reports and the tests size their widths and tails by.
 int64_t vector_width() { return kW; }
 
